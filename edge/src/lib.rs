@@ -1,0 +1,4 @@
+//! Floodgate's edge: the stores that run the token-bucket script against Redis,
+//! and (with the edge issue) the request pipeline and its two hosts.
+
+pub mod store;

@@ -1,0 +1,73 @@
+//! Redis stores behind one trait. Each runs the whole check in ONE round trip: the
+//! token-bucket script via `EVALSHA`, falling back to `EVAL` within the same call
+//! when the server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+
+use std::fmt;
+
+use floodgate_shared::Micros;
+use floodgate_shared::script::{CallError, Check, ProtocolError, Verdict};
+
+#[cfg(feature = "native")]
+pub mod resp;
+
+/// What went wrong, and so whether trying again can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// No answer within the deadline. Retrying may help.
+    Timeout,
+    /// Could not reach or lost the server. Retrying may help.
+    Connect,
+    /// The server refused our credentials. Retrying will not help.
+    Auth,
+    /// The server answered with an error (bad script, wrong arguments, OOM...).
+    Redis,
+    /// The reply did not have the agreed shape, or the call was malformed.
+    Protocol,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct StoreError {
+    pub kind: StoreErrorKind,
+    pub message: String,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+impl StoreError {
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+    /// Whether the same call may succeed if tried again.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Timeout | StoreErrorKind::Connect)
+    }
+}
+
+impl From<CallError> for StoreError {
+    fn from(e: CallError) -> Self {
+        Self::new(StoreErrorKind::Protocol, e.to_string())
+    }
+}
+
+impl From<ProtocolError> for StoreError {
+    fn from(e: ProtocolError) -> Self {
+        Self::new(StoreErrorKind::Protocol, e.to_string())
+    }
+}
+
+/// A place where buckets live.
+#[allow(async_fn_in_trait)]
+pub trait BucketStore {
+    /// Checks (and, when every bucket has room, consumes) all `checks` atomically in
+    /// one round trip. `now = None` uses the store's clock (Redis `TIME`); tests pass
+    /// an explicit instant.
+    async fn check(&self, checks: &[Check<'_>], now: Option<Micros>)
+    -> Result<Verdict, StoreError>;
+}

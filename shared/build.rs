@@ -1,0 +1,23 @@
+//! Embeds the SHA-1 of every Lua script next to its source, so EVALSHA needs no
+//! run-time hashing and `SCRIPT LOAD` can be checked against a constant.
+
+use std::{env, fs, path::PathBuf};
+
+const SCRIPTS: &[(&str, &str)] = &[("TOKEN_BUCKET", "token_bucket.lua")];
+
+fn main() {
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let lua_dir = manifest.join("../lua");
+    let mut out = String::new();
+    for (name, file) in SCRIPTS {
+        let path = lua_dir.join(file);
+        println!("cargo:rerun-if-changed={}", path.display());
+        let source = fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let sha = sha1_smol::Sha1::from(&source).digest().to_string();
+        out.push_str(&format!("pub const {name}_SHA1: &str = \"{sha}\";\n"));
+    }
+    let dest =
+        PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("script_sha1.rs");
+    fs::write(dest, out).expect("writing script_sha1.rs");
+}

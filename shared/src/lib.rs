@@ -1,0 +1,17 @@
+//! Floodgate's pure core, shared by the edge, the dashboard and the tests.
+//!
+//! No I/O and no runtime: policy types and their validation ([`policy`]), the
+//! token-bucket transition ([`bucket`]), the response contract ([`contract`]),
+//! bucket key naming ([`keys`]), and the Lua scripts with the pure halves of calling
+//! them ([`script`]). Builds for native targets and for wasm32.
+
+pub mod bucket;
+pub mod contract;
+pub mod keys;
+pub mod policy;
+pub mod script;
+pub mod time;
+
+pub use bucket::{BucketState, Decision, Outcome, Transition, decide};
+pub use policy::{Dimension, FailureMode, Policy, PolicyError, Quota};
+pub use time::{Clock, FakeClock, Micros};

@@ -1,0 +1,556 @@
+//! Policy types: what is limited (dimensions), how much (quota), what one request
+//! costs and what happens when Redis cannot answer (failure mode).
+//!
+//! Operators write [`PolicySpec`] (JSON); [`Policy`] is the validated form the edge
+//! enforces. The dashboard and the edge run the same validation, so a policy one
+//! accepts is exactly a policy the other enforces. Every error names its field.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::{MICROS_PER_MS, MICROS_PER_SEC, Micros};
+
+/// The largest capacity (burst) and refill amount a quota may state.
+pub const MAX_CAPACITY: u64 = 1_000_000_000;
+/// The longest time an empty bucket may take to fill (capacity × refill interval):
+/// 400 days, enough for monthly and yearly plans. It bounds every stored value.
+pub const MAX_WINDOW: Micros = 400 * 86_400 * MICROS_PER_SEC;
+/// The longest period a quota may state.
+pub const MAX_PERIOD: Micros = 366 * 86_400 * MICROS_PER_SEC;
+/// Names of policies, routes and API key ids: `[a-z0-9_-]`, this long at most.
+pub const MAX_NAME_LEN: usize = 32;
+/// The largest policy document `Policy::from_json` reads.
+pub const MAX_POLICY_JSON: usize = 16 * 1024;
+
+/// A validation error that names the offending field (`quota.capacity`, `name`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct PolicyError {
+    pub field: String,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A quota: `capacity` tokens of burst, refilled continuously at `refill` tokens per
+/// `period`. 1,000 requests/minute is `{capacity: 1000, refill: 1000, period: "1m"}`.
+///
+/// Internally a quota is two integers: the emission interval `T` (µs per token,
+/// `period / refill` rounded UP so rounding can never admit more than stated) and
+/// the burst window `B = capacity × T` (µs an empty bucket takes to fill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    capacity: u64,
+    refill: u64,
+    period: Micros,
+    emission: Micros,
+    burst: Micros,
+}
+
+impl Quota {
+    /// Validates and builds a quota. `period` is in microseconds.
+    pub fn new(capacity: u64, refill: u64, period: Micros) -> Result<Self, PolicyError> {
+        if !(1..=MAX_CAPACITY).contains(&capacity) {
+            return Err(PolicyError::new(
+                "quota.capacity",
+                format!("must be between 1 and {MAX_CAPACITY}, got {capacity}"),
+            ));
+        }
+        if !(1..=MAX_CAPACITY).contains(&refill) {
+            return Err(PolicyError::new(
+                "quota.refill",
+                format!("must be between 1 and {MAX_CAPACITY}, got {refill}"),
+            ));
+        }
+        if !(MICROS_PER_MS..=MAX_PERIOD).contains(&period) {
+            return Err(PolicyError::new(
+                "quota.period",
+                format!("must be between 1ms and 366d, got {}", Period(period)),
+            ));
+        }
+        // refill ≤ 1e9 and period ≤ 366d keep every product below i64::MAX.
+        let refill_i = i64::try_from(refill).expect("refill ≤ 1e9");
+        if refill_i > period {
+            return Err(PolicyError::new(
+                "quota.refill",
+                format!(
+                    "refilling {refill} tokens per {} is faster than one token per microsecond",
+                    Period(period)
+                ),
+            ));
+        }
+        let emission = (period + refill_i - 1) / refill_i;
+        let burst = i64::try_from(capacity)
+            .ok()
+            .and_then(|c| c.checked_mul(emission))
+            .filter(|b| *b <= MAX_WINDOW)
+            .ok_or_else(|| {
+                PolicyError::new(
+                    "quota.capacity",
+                    format!(
+                        "an empty bucket of {capacity} tokens refilling {refill} per {} would take \
+                         longer than 400d to fill",
+                        Period(period)
+                    ),
+                )
+            })?;
+        Ok(Self {
+            capacity,
+            refill,
+            period,
+            emission,
+            burst,
+        })
+    }
+
+    /// Tokens per `period` over `period`, e.g. `per_minute(1000)`.
+    pub fn per_minute(limit: u64) -> Result<Self, PolicyError> {
+        Self::new(limit, limit, 60 * MICROS_PER_SEC)
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    pub fn refill(&self) -> u64 {
+        self.refill
+    }
+    pub fn period(&self) -> Micros {
+        self.period
+    }
+    /// µs per token (`T`).
+    pub fn emission_interval(&self) -> Micros {
+        self.emission
+    }
+    /// µs an empty bucket takes to fill (`B = capacity × T`).
+    pub fn burst_window(&self) -> Micros {
+        self.burst
+    }
+    /// `cost × T`, saturated just above [`MAX_WINDOW`]: any larger cost can never be
+    /// admitted anyway, and the saturated value keeps all arithmetic below 2^53.
+    pub fn cost_window(&self, cost: u32) -> Micros {
+        i64::from(cost)
+            .saturating_mul(self.emission)
+            .min(MAX_WINDOW + 1)
+    }
+}
+
+/// A duration written with one unit: `500ms`, `60s`, `1m`, `1h`, `1d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Period(pub Micros);
+
+const UNITS: [(&str, Micros); 5] = [
+    ("d", 86_400 * MICROS_PER_SEC),
+    ("h", 3_600 * MICROS_PER_SEC),
+    ("m", 60 * MICROS_PER_SEC),
+    ("s", MICROS_PER_SEC),
+    ("ms", MICROS_PER_MS),
+];
+
+impl Period {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let expected = || {
+            format!(
+                "expected a duration like \"500ms\", \"60s\", \"1m\", \"1h\" or \"1d\", got {:?}",
+                truncate(text, 40)
+            )
+        };
+        let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, unit) = text.split_at(digits);
+        let scale = UNITS
+            .iter()
+            .find(|(u, _)| *u == unit)
+            .map(|(_, s)| *s)
+            .ok_or_else(expected)?;
+        if number.is_empty() || number.len() > 18 {
+            return Err(expected());
+        }
+        let n: i64 = number.parse().map_err(|_| expected())?;
+        n.checked_mul(scale)
+            .map(Period)
+            .ok_or_else(|| "is too long".to_string())
+    }
+}
+
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (unit, scale) in UNITS {
+            if self.0 != 0 && self.0 % scale == 0 {
+                return write!(f, "{}{unit}", self.0 / scale);
+            }
+        }
+        write!(f, "{}us", self.0)
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// What a bucket is keyed by. A policy's bucket key includes exactly its dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// The authenticated API key (its id, never its secret).
+    ApiKey,
+    /// The configured route the request matched (never the raw path).
+    Endpoint,
+    /// The client address (IPv6 grouped by /64).
+    ClientIp,
+}
+
+/// What the edge does when Redis cannot give a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Admit the request (marked as degraded).
+    FailOpen,
+    /// Reject the request: it cannot be proven within quota.
+    FailClosed,
+}
+
+/// A validated, enforceable policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    name: String,
+    dimensions: Vec<Dimension>,
+    quota: Quota,
+    cost: u32,
+    failure_mode: FailureMode,
+}
+
+impl Policy {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The dimensions, sorted and without duplicates.
+    pub fn dimensions(&self) -> &[Dimension] {
+        &self.dimensions
+    }
+    pub fn has(&self, d: Dimension) -> bool {
+        self.dimensions.contains(&d)
+    }
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+    pub fn failure_mode(&self) -> FailureMode {
+        self.failure_mode
+    }
+
+    /// Parses and validates one policy document. Bounded in size; every error names
+    /// the field (`quota.capacity: must be between ...`).
+    pub fn from_json(text: &str) -> Result<Self, PolicyError> {
+        if text.len() > MAX_POLICY_JSON {
+            return Err(PolicyError::new(
+                "(document)",
+                format!(
+                    "is {} bytes; at most {MAX_POLICY_JSON} are accepted",
+                    text.len()
+                ),
+            ));
+        }
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let spec: PolicySpec = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." || path == "?" {
+                "(document)".to_string()
+            } else {
+                path
+            };
+            PolicyError::new(field, e.into_inner().to_string())
+        })?;
+        spec.validate()
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&PolicySpec::from(self)).expect("a policy spec always serializes")
+    }
+}
+
+/// The operator-facing form of a quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSpec {
+    /// Burst: the most tokens a bucket holds.
+    pub capacity: u64,
+    /// Tokens added per `period`; defaults to `capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refill: Option<u64>,
+    /// `500ms`, `60s`, `1m`, `1h`, `1d`.
+    pub period: String,
+}
+
+/// The operator-facing form of a policy, as written in JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    pub name: String,
+    pub dimensions: Vec<Dimension>,
+    pub quota: QuotaSpec,
+    /// Tokens one request takes; defaults to 1.
+    #[serde(default = "one")]
+    pub cost: u32,
+    pub failure_mode: FailureMode,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Checks a name used inside Redis keys: policy names, route names, key ids.
+pub fn validate_name(field: &str, name: &str) -> Result<(), PolicyError> {
+    if name.is_empty() {
+        return Err(PolicyError::new(field, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(PolicyError::new(
+            field,
+            format!(
+                "must be at most {MAX_NAME_LEN} characters, got {}",
+                name.len()
+            ),
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        return Err(PolicyError::new(
+            field,
+            format!(
+                "may contain only a-z, 0-9, '_' and '-', got {:?}",
+                truncate(name, 40)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl PolicySpec {
+    pub fn validate(&self) -> Result<Policy, PolicyError> {
+        validate_name("name", &self.name)?;
+        if self.dimensions.is_empty() {
+            return Err(PolicyError::new(
+                "dimensions",
+                "must name at least one of api_key, endpoint, client_ip",
+            ));
+        }
+        let mut dimensions = self.dimensions.clone();
+        dimensions.sort();
+        dimensions.dedup();
+        if dimensions.len() != self.dimensions.len() {
+            return Err(PolicyError::new(
+                "dimensions",
+                "must not repeat a dimension",
+            ));
+        }
+        let period =
+            Period::parse(&self.quota.period).map_err(|m| PolicyError::new("quota.period", m))?;
+        let quota = Quota::new(
+            self.quota.capacity,
+            self.quota.refill.unwrap_or(self.quota.capacity),
+            period.0,
+        )?;
+        if self.cost == 0 || u64::from(self.cost) > quota.capacity() {
+            return Err(PolicyError::new(
+                "cost",
+                format!(
+                    "must be between 1 and quota.capacity ({}), got {}",
+                    quota.capacity(),
+                    self.cost
+                ),
+            ));
+        }
+        Ok(Policy {
+            name: self.name.clone(),
+            dimensions,
+            quota,
+            cost: self.cost,
+            failure_mode: self.failure_mode,
+        })
+    }
+}
+
+impl From<&Policy> for PolicySpec {
+    fn from(p: &Policy) -> Self {
+        let q = p.quota();
+        Self {
+            name: p.name.clone(),
+            dimensions: p.dimensions.clone(),
+            quota: QuotaSpec {
+                capacity: q.capacity(),
+                refill: (q.refill() != q.capacity()).then_some(q.refill()),
+                period: Period(q.period()).to_string(),
+            },
+            cost: p.cost,
+            failure_mode: p.failure_mode,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"name":"default","dimensions":["api_key"],
+        "quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed"}"#;
+
+    fn err(json: &str) -> PolicyError {
+        Policy::from_json(json).expect_err("must be rejected")
+    }
+
+    fn with(field: &str, value: &str) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        let (outer, inner) = field
+            .split_once('.')
+            .map_or((field, None), |(a, b)| (a, Some(b)));
+        // a placeholder, swapped for the raw text so even invalid numbers get through
+        let hole = serde_json::Value::from("__hole__");
+        match inner {
+            Some(inner) => v[outer][inner] = hole,
+            None => v[outer] = hole,
+        }
+        v.to_string().replace("\"__hole__\"", value)
+    }
+
+    #[test]
+    fn the_worked_policy_parses_and_derives_its_intervals() {
+        let p = Policy::from_json(GOOD).unwrap();
+        assert_eq!(p.name(), "default");
+        assert_eq!(p.dimensions(), &[Dimension::ApiKey]);
+        assert_eq!(p.quota().capacity(), 1000);
+        assert_eq!(p.quota().emission_interval(), 60_000);
+        assert_eq!(p.quota().burst_window(), 60_000_000);
+        assert_eq!(p.cost(), 1);
+        assert_eq!(p.failure_mode(), FailureMode::FailClosed);
+    }
+
+    #[test]
+    fn a_policy_survives_a_json_round_trip() {
+        let p = Policy::from_json(&with("quota.refill", "10")).unwrap();
+        assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
+    }
+
+    #[test]
+    fn emission_interval_rounds_up_so_rounding_never_over_admits() {
+        let q = Quota::new(7, 7, 60 * MICROS_PER_SEC).unwrap();
+        assert_eq!(q.emission_interval(), 8_571_429);
+        assert!(q.emission_interval() * 7 >= 60 * MICROS_PER_SEC);
+    }
+
+    /// Each bad value is rejected with a message naming the field it sits in.
+    #[test]
+    fn bad_values_are_rejected_naming_their_field() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("quota.capacity", "0", "quota.capacity"),
+            ("quota.capacity", "-5", "quota.capacity"),
+            ("quota.capacity", "1.5", "quota.capacity"),
+            ("quota.capacity", "1e400", "quota.capacity"),
+            ("quota.capacity", "18446744073709551616", "quota.capacity"),
+            ("quota.capacity", "1000000001", "quota.capacity"),
+            ("quota.capacity", "\"1000\"", "quota.capacity"),
+            ("quota.capacity", "null", "quota.capacity"),
+            ("quota.refill", "0", "quota.refill"),
+            ("quota.refill", "-1", "quota.refill"),
+            ("quota.period", "\"0s\"", "quota.period"),
+            ("quota.period", "\"-1s\"", "quota.period"),
+            ("quota.period", "\"1 m\"", "quota.period"),
+            ("quota.period", "\"1y\"", "quota.period"),
+            ("quota.period", "\"NaN\"", "quota.period"),
+            ("quota.period", "\"inf\"", "quota.period"),
+            ("quota.period", "\"99999999999999999999d\"", "quota.period"),
+            ("quota.period", "\"400d\"", "quota.period"),
+            ("quota.period", "60", "quota.period"),
+            ("cost", "0", "cost"),
+            ("cost", "1001", "cost"),
+            ("cost", "4294967296", "cost"),
+            ("name", "\"\"", "name"),
+            ("name", "\"Default\"", "name"),
+            ("name", "\"a b\"", "name"),
+            ("name", "\"<script>\"", "name"),
+            ("name", &format!("\"{}\"", "x".repeat(33)), "name"),
+            ("dimensions", "[]", "dimensions"),
+            ("dimensions", "[\"api_key\",\"api_key\"]", "dimensions"),
+            ("dimensions", "[\"user\"]", "dimensions[0]"),
+            ("dimensions", "\"api_key\"", "dimensions"),
+            ("failure_mode", "\"maybe\"", "failure_mode"),
+        ];
+        for (field, value, named) in cases {
+            let e = err(&with(field, value));
+            assert_eq!(&e.field, named, "{field}={value} gave {e}");
+            assert!(!e.message.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_bucket_that_would_take_over_400_days_to_fill_is_rejected() {
+        // 1e9 tokens at one per minute: the window overflows the bound.
+        let e = err(&with(
+            "quota",
+            r#"{"capacity":1000000000,"refill":1,"period":"1m"}"#,
+        ));
+        assert_eq!(e.field, "quota.capacity");
+        assert!(e.message.contains("400d"), "{e}");
+        // Faster than one token per microsecond.
+        let e = err(&with(
+            "quota",
+            r#"{"capacity":10,"refill":1000000000,"period":"1s"}"#,
+        ));
+        assert_eq!(e.field, "quota.refill");
+    }
+
+    #[test]
+    fn structural_garbage_is_rejected_with_a_clear_error() {
+        for (doc, field) in [
+            ("", "(document)"),
+            ("[]", "(document)"),
+            ("{", "(document)"),
+            ("null", "(document)"),
+            ("\u{0}\u{1}", "(document)"),
+            (r#"{"name":"a"}"#, "(document)"),
+            (
+                &with("quota", r#"{"capacity":10,"period":"1s","extra":1}"#),
+                "quota",
+            ),
+        ] {
+            let e = err(doc);
+            assert!(e.field.starts_with(field), "{doc:?} gave {e}");
+        }
+        let e = err(&format!("{{\"name\":\"{}\"}}", "a".repeat(MAX_POLICY_JSON)));
+        assert!(e.message.contains("at most"), "{e}");
+        // deep nesting must not overflow the stack
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(Policy::from_json(&deep).is_err());
+    }
+
+    #[test]
+    fn periods_parse_and_print_in_one_unit() {
+        for (text, us) in [
+            ("500ms", 500_000),
+            ("60s", 60_000_000),
+            ("1m", 60_000_000),
+            ("2h", 7_200_000_000),
+            ("1d", 86_400_000_000),
+        ] {
+            assert_eq!(Period::parse(text).unwrap().0, us);
+        }
+        assert_eq!(Period(60_000_000).to_string(), "1m");
+        assert_eq!(Period(1_500_000).to_string(), "1500ms");
+        for bad in ["", "ms", "1", "1.5s", "+1s", "1S", "１s", "1sec"] {
+            assert!(Period::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

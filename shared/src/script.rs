@@ -1,0 +1,295 @@
+//! The Lua scripts (embedded with their SHA-1) and the pure halves of calling them:
+//! building the arguments and turning the reply into decisions. Both Redis clients
+//! (RESP and REST) are thin I/O around these two functions.
+
+use crate::bucket::{BucketState, Decision, Outcome, decide};
+use crate::keys::MAX_KEY_LEN;
+use crate::policy::Quota;
+use crate::time::{MAX_INSTANT, Micros};
+
+mod sha {
+    include!(concat!(env!("OUT_DIR"), "/script_sha1.rs"));
+}
+
+/// A Lua script and its SHA-1 (what `SCRIPT LOAD` returns and `EVALSHA` takes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LuaScript {
+    pub source: &'static str,
+    pub sha1: &'static str,
+}
+
+/// `lua/token_bucket.lua`.
+pub const TOKEN_BUCKET: LuaScript = LuaScript {
+    source: include_str!("../../lua/token_bucket.lua"),
+    sha1: sha::TOKEN_BUCKET_SHA1,
+};
+
+/// At most this many buckets are checked in one call.
+pub const MAX_CHECKS: usize = 16;
+
+/// One bucket to check for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    pub key: &'a str,
+    pub quota: &'a Quota,
+    pub cost: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    #[error("a call checks between 1 and {MAX_CHECKS} buckets, got {0}")]
+    Count(usize),
+    #[error("bucket key {0:?} is empty or longer than {MAX_KEY_LEN} bytes")]
+    Key(String),
+    #[error("bucket key {0:?} appears twice in one call")]
+    Duplicate(String),
+    #[error("instant {0} is outside 0..=2^52 µs")]
+    Instant(Micros),
+}
+
+/// `ARGV` for [`TOKEN_BUCKET`]; `now = None` lets Redis' `TIME` decide.
+pub fn token_bucket_args(
+    checks: &[Check<'_>],
+    now: Option<Micros>,
+) -> Result<Vec<String>, CallError> {
+    if checks.is_empty() || checks.len() > MAX_CHECKS {
+        return Err(CallError::Count(checks.len()));
+    }
+    for (i, c) in checks.iter().enumerate() {
+        if c.key.is_empty() || c.key.len() > MAX_KEY_LEN {
+            return Err(CallError::Key(c.key.chars().take(40).collect()));
+        }
+        if checks[..i].iter().any(|o| o.key == c.key) {
+            return Err(CallError::Duplicate(c.key.to_string()));
+        }
+    }
+    let mut args = Vec::with_capacity(1 + 2 * checks.len());
+    args.push(match now {
+        None => String::new(),
+        Some(t) if (0..=MAX_INSTANT).contains(&t) => t.to_string(),
+        Some(t) => return Err(CallError::Instant(t)),
+    });
+    for c in checks {
+        args.push(c.quota.burst_window().to_string());
+        args.push(c.quota.cost_window(c.cost).to_string());
+    }
+    Ok(args)
+}
+
+/// The script's reply did not have the agreed shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected token bucket reply: {0}")]
+pub struct ProtocolError(pub String);
+
+/// The outcome of one call over several buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Every bucket had room and all were consumed; otherwise none was.
+    pub admitted: bool,
+    /// Redis' clock at the decision.
+    pub now: Micros,
+    /// One decision per check, in order. When the request was denied, buckets that
+    /// had room report their untouched state.
+    pub decisions: Vec<Decision>,
+}
+
+impl Verdict {
+    /// The decision the response headers describe: when denied, the denying bucket
+    /// with the longest wait; when admitted, the bucket with the fewest tokens left.
+    pub fn headline(&self) -> &Decision {
+        let wait = |d: &Decision| match d.outcome {
+            Outcome::Allowed => -1,
+            Outcome::Denied { retry_after: None } => Micros::MAX,
+            Outcome::Denied {
+                retry_after: Some(w),
+            } => w,
+        };
+        if self.admitted {
+            self.decisions
+                .iter()
+                .min_by_key(|d| (d.remaining, d.limit))
+                .expect("at least one check")
+        } else {
+            self.decisions
+                .iter()
+                .max_by_key(|d| wait(d))
+                .expect("at least one check")
+        }
+    }
+}
+
+/// Interprets the script's reply `{admitted, now, full_at_1, ...}` by running the pure
+/// twin [`decide`] on the state the script read. The two must agree on admission,
+/// or the reply is rejected as a protocol error.
+pub fn interpret_token_bucket(
+    checks: &[Check<'_>],
+    reply: &[i64],
+) -> Result<Verdict, ProtocolError> {
+    let err = |m: String| Err(ProtocolError(m));
+    if reply.len() != checks.len() + 2 {
+        return err(format!(
+            "{} values for {} buckets",
+            reply.len(),
+            checks.len()
+        ));
+    }
+    let admitted = match reply[0] {
+        0 => false,
+        1 => true,
+        other => return err(format!("admitted flag {other}")),
+    };
+    let now = reply[1];
+    if !(0..=MAX_INSTANT).contains(&now) {
+        return err(format!("instant {now}"));
+    }
+    let mut decisions = Vec::with_capacity(checks.len());
+    let mut all_fit = true;
+    for (c, &full_at) in checks.iter().zip(&reply[2..]) {
+        if full_at < 0 || full_at > MAX_INSTANT {
+            return err(format!("bucket state {full_at}"));
+        }
+        let prev = (full_at > 0).then_some(BucketState { full_at });
+        let d = decide(prev, c.quota, now, c.cost).decision;
+        all_fit &= d.allowed();
+        // When another bucket denied, this one was not consumed: report it as it is.
+        decisions.push(if admitted || !d.allowed() {
+            d
+        } else {
+            decide(prev, c.quota, now, 0).decision
+        });
+    }
+    if all_fit != admitted {
+        return err(format!(
+            "script says admitted={admitted}, its twin says {all_fit}"
+        ));
+    }
+    Ok(Verdict {
+        admitted,
+        now,
+        decisions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q() -> Quota {
+        Quota::per_minute(10).unwrap()
+    }
+
+    #[test]
+    fn the_sha1_is_a_40_digit_hex_string() {
+        assert_eq!(TOKEN_BUCKET.sha1.len(), 40);
+        assert!(TOKEN_BUCKET.sha1.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(TOKEN_BUCKET.source.contains("redis.call('TIME')"));
+    }
+
+    #[test]
+    fn args_carry_now_then_burst_and_cost_per_bucket() {
+        let q = q();
+        let checks = [
+            Check {
+                key: "a",
+                quota: &q,
+                cost: 1,
+            },
+            Check {
+                key: "b",
+                quota: &q,
+                cost: 3,
+            },
+        ];
+        assert_eq!(
+            token_bucket_args(&checks, None).unwrap(),
+            ["", "60000000", "6000000", "60000000", "18000000"]
+        );
+        assert_eq!(token_bucket_args(&checks[..1], Some(5)).unwrap()[0], "5");
+    }
+
+    #[test]
+    fn bad_calls_are_refused_before_reaching_redis() {
+        let q = q();
+        let c = |key| Check {
+            key,
+            quota: &q,
+            cost: 1,
+        };
+        assert_eq!(token_bucket_args(&[], None), Err(CallError::Count(0)));
+        assert!(matches!(
+            token_bucket_args(&[c(""), c("x")], None),
+            Err(CallError::Key(_))
+        ));
+        assert!(matches!(
+            token_bucket_args(&[c("x"), c("x")], None),
+            Err(CallError::Duplicate(_))
+        ));
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        assert!(matches!(
+            token_bucket_args(&[c(&long)], None),
+            Err(CallError::Key(_))
+        ));
+        let many: Vec<String> = (0..=MAX_CHECKS).map(|i| i.to_string()).collect();
+        let many: Vec<_> = many.iter().map(|k| c(k)).collect();
+        assert!(matches!(
+            token_bucket_args(&many, None),
+            Err(CallError::Count(17))
+        ));
+        assert!(matches!(
+            token_bucket_args(&[c("x")], Some(-1)),
+            Err(CallError::Instant(-1))
+        ));
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        let q = q();
+        let checks = [Check {
+            key: "a",
+            quota: &q,
+            cost: 1,
+        }];
+        for bad in [
+            &[][..],
+            &[1, 5],
+            &[2, 5, 0],
+            &[1, -1, 0],
+            &[1, 5, -3],
+            &[1, 5, 0, 0],
+            &[0, 5, 0],
+        ] {
+            assert!(interpret_token_bucket(&checks, bad).is_err(), "{bad:?}");
+        }
+        let v = interpret_token_bucket(&checks, &[1, 5_000_000, 0]).unwrap();
+        assert!(v.admitted);
+        assert_eq!(v.decisions[0].remaining, 9);
+    }
+
+    #[test]
+    fn a_denial_by_one_bucket_reports_the_others_unconsumed() {
+        let (a, b) = (
+            Quota::per_minute(100).unwrap(),
+            Quota::per_minute(10).unwrap(),
+        );
+        let checks = [
+            Check {
+                key: "a",
+                quota: &a,
+                cost: 1,
+            },
+            Check {
+                key: "b",
+                quota: &b,
+                cost: 1,
+            },
+        ];
+        let now = 1_000_000_000;
+        // bucket b is empty: full in a minute
+        let v = interpret_token_bucket(&checks, &[0, now, 0, now + 60_000_000]).unwrap();
+        assert!(!v.admitted);
+        assert_eq!(v.decisions[0].remaining, 100);
+        assert!(v.decisions[0].allowed());
+        assert!(!v.decisions[1].allowed());
+        assert_eq!(v.headline().limit, 10);
+    }
+}

@@ -1,0 +1,136 @@
+//! Test harness: real `redis-server` processes on free loopback ports, started by
+//! the tests themselves and killed when dropped. Nothing assumes a running Redis.
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` owned by a test.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// A port that was free a moment ago (the kernel's pick for an ephemeral bind).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .expect("bind an ephemeral loopback port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisServer {
+    /// Starts a throwaway server: loopback only, no persistence.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g. `["--maxmemory", "1mb"]`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_pinned(None, extra)
+    }
+
+    /// Starts a server, optionally pinned to one CPU with `taskset` (benchmarks).
+    pub fn start_pinned(cpu: Option<usize>, extra: &[&str]) -> Self {
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("floodgate-redis-{port}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create a scratch dir");
+            let mut cmd = match cpu {
+                Some(c) => {
+                    let mut cmd = Command::new("taskset");
+                    cmd.args(["-c", &c.to_string(), "redis-server"]);
+                    cmd
+                }
+                None => Command::new("redis-server"),
+            };
+            cmd.args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--dir", dir.to_str().unwrap(), "--protected-mode", "yes"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+            let child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => panic!(
+                    "cannot start redis-server ({e}); the test command installs it (scripts/test)"
+                ),
+            };
+            let mut server = RedisServer { child, port, dir };
+            if server.wait_ready(Duration::from_secs(10)) {
+                return server;
+            }
+            last_error = format!("redis-server on port {port} did not become ready");
+            drop(server);
+        }
+        panic!("{last_error}");
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false; // exited: most likely the port was taken meanwhile
+            }
+            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
+                if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
+                {
+                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                        return true;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A plain blocking connection for assertions.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .expect("connect to the test redis")
+    }
+
+    /// The OS process id (fault tests send it signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A key name unique within one test process.
+pub fn unique_key(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("fg:{{t:{prefix}-{}}}:p", N.fetch_add(1, Ordering::Relaxed))
+}
