@@ -138,14 +138,13 @@ pub fn bucket_key(policy: &Policy, subject: &Subject<'_>) -> Result<String, KeyE
 /// The part of a key Redis Cluster hashes: the text between the first `{` and the
 /// next `}` when non-empty, else the whole key.
 pub fn hash_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
+    match key
+        .find('{')
+        .and_then(|open| Some((open, key[open + 1..].find('}')?)))
+    {
+        Some((open, len)) if len > 0 => &key[open + 1..open + 1 + len],
+        _ => key,
     }
-    key
 }
 
 #[cfg(test)]

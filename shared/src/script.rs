@@ -145,7 +145,7 @@ pub fn interpret_token_bucket(
     let mut decisions = Vec::with_capacity(checks.len());
     let mut all_fit = true;
     for (c, &full_at) in checks.iter().zip(&reply[2..]) {
-        if full_at < 0 || full_at > MAX_INSTANT {
+        if !(0..=MAX_INSTANT).contains(&full_at) {
             return err(format!("bucket state {full_at}"));
         }
         let prev = (full_at > 0).then_some(BucketState { full_at });
