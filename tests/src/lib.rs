@@ -85,13 +85,8 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false; // exited: most likely the port was taken meanwhile
             }
-            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
-                if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
-                {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return true;
-                    }
-                }
+            if answers_ping(self.port) {
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -118,6 +113,19 @@ impl RedisServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+}
+
+/// Whether a RESP server answers `PING` on `port` at all (`+PONG`, or an error such
+/// as `-NOAUTH` from a password-protected server: it is up either way).
+fn answers_ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 64];
+    s.write_all(b"PING\r\n").is_ok()
+        && matches!(s.read(&mut buf), Ok(n) if n > 0 && (buf[0] == b'+' || buf[0] == b'-'))
 }
 
 impl Drop for RedisServer {

@@ -26,7 +26,9 @@ fn classify(e: &redis::RedisError) -> StoreErrorKind {
         StoreErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreErrorKind::Connect
-    } else if matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+    {
         StoreErrorKind::Auth
     } else {
         StoreErrorKind::Redis
