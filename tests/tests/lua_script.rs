@@ -87,7 +87,8 @@ async fn corrupt_state_is_a_fresh_bucket_and_is_repaired() {
     let mut conn = server.connection();
     let q = Quota::new(5, 5, 60_000 * MICROS_PER_MS).unwrap();
     let far_future = (NOW + 401 * 86_400_000_000).to_string();
-    let setups: Vec<(&str, Box<dyn Fn(&mut redis::Connection, &str)>)> = vec![
+    type Setup = Box<dyn Fn(&mut redis::Connection, &str)>;
+    let setups: Vec<(&str, Setup)> = vec![
         (
             "garbage",
             Box::new(|c, k| c.set(k, "not a number").unwrap()),
