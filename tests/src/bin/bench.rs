@@ -1,1 +1,484 @@
-fn main() {}
+//! Floodgate's benchmark (not part of the test run): `scripts/bench`.
+//!
+//! Prints, in one run and side by side on the same redis-server:
+//! - `decide` ns/op (the pure transition);
+//! - decisions/s and latency of our RESP client at 1 and 50 concurrent callers vs
+//!   `redis-benchmark` running EVALSHA of the same script at the same concurrency;
+//! - Redis server µs per call (`INFO commandstats`) for our script and for the
+//!   design document's reference script (alone, + PEXPIRE, + TIME + PEXPIRE);
+//! - bytes per bucket after creating 1,000,000 buckets (`INFO memory` delta), ours
+//!   and the reference hash layout.
+//!
+//! Load goes to a redis-server this program starts on a loopback port, bounded in
+//! count. With `taskset` available, the server runs on CPU 0 and the clients on CPU 1.
+
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate_edge::store::BucketStore;
+use floodgate_edge::store::resp::RespStore;
+use floodgate_shared::bucket::{BucketState, decide};
+use floodgate_shared::keys::{Subject, bucket_key};
+use floodgate_shared::policy::{Policy, Quota};
+use floodgate_shared::script::{Check, TOKEN_BUCKET};
+use floodgate_tests::RedisServer;
+use rand::{Rng, SeedableRng};
+
+const REFERENCE: &str = r#"
+local capacity = tonumber(ARGV[1])
+local refill_rate = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens')) or capacity
+local last_refill = tonumber(redis.call('HGET', KEYS[1], 'last_refill')) or now
+local elapsed = now - last_refill
+local available = math.min(capacity, tokens + elapsed * refill_rate)
+if available < 1 then
+  redis.call('HMSET', KEYS[1], 'tokens', available, 'last_refill', now)
+  return 0
+end
+redis.call('HMSET', KEYS[1], 'tokens', available - 1, 'last_refill', now)
+return 1
+"#;
+
+fn reference_with(pexpire: bool, time: bool) -> String {
+    let mut s = REFERENCE.to_string();
+    if time {
+        s = s.replace(
+            "local now = tonumber(ARGV[3])",
+            "local t = redis.call('TIME')\nlocal now = t[1] + t[2] / 1000000",
+        );
+    }
+    if pexpire {
+        s = s.replace(
+            "  return 0\nend",
+            "  redis.call('PEXPIRE', KEYS[1], 60000)\n  return 0\nend",
+        );
+        s = s.replace(
+            "return 1\n",
+            "redis.call('PEXPIRE', KEYS[1], 60000)\nreturn 1\n",
+        );
+    }
+    s
+}
+
+struct Args {
+    quick: bool,
+}
+
+fn main() {
+    let args = Args {
+        quick: std::env::args().any(|a| a == "--quick"),
+    };
+    let scale: usize = if args.quick { 10 } else { 1 };
+    let pinned = Command::new("taskset").arg("-V").output().is_ok();
+    println!(
+        "# Floodgate benchmark{}",
+        if args.quick {
+            " (--quick: 1/10 of the counts)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "machine: {} CPUs; redis-server {}; server on CPU 0 and clients on CPU 1: {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        redis_version(),
+        if pinned {
+            "yes"
+        } else {
+            "no (taskset missing)"
+        }
+    );
+
+    bench_decide(10_000_000 / scale as u64);
+
+    let server = RedisServer::start_pinned(pinned.then_some(0), &[]);
+    let mut conn = server.connection();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(TOKEN_BUCKET.source)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(sha, TOKEN_BUCKET.sha1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    println!("\n## Decisions/s: our RESP client vs redis-benchmark, same script, same server");
+    println!("(random bucket keys from a 1,000,000-key space; redis-benchmark at pipeline 1)");
+    println!(
+        "| callers | client | decisions/s | p50 µs | p99 µs | server µs/call | ours ÷ redis-benchmark |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for callers in [1usize, 50] {
+        let n = if callers == 1 { 60_000 } else { 300_000 } / scale;
+        reset_stats(&mut conn);
+        let ours = rt.block_on(our_client(&server.url(), callers, n));
+        let ours_us = usec_per_call(&mut conn, "evalsha");
+        reset_stats(&mut conn);
+        let rb = redis_benchmark(server.port(), callers, 1, n, &sha);
+        let rb_us = usec_per_call(&mut conn, "evalsha");
+        println!(
+            "| {callers} | floodgate | {:.0} | {:.1} | {:.1} | {ours_us:.2} | **{:.2}** |",
+            ours.rate,
+            ours.p50_us,
+            ours.p99_us,
+            ours.rate / rb.rate
+        );
+        println!(
+            "| {callers} | redis-benchmark | {:.0} | {:.1} | {:.1} | {rb_us:.2} | |",
+            rb.rate, rb.p50_us, rb.p99_us
+        );
+    }
+
+    println!(
+        "\n## Redis server CPU per call, side by side (redis-benchmark, 50 clients, pipeline 16)"
+    );
+    println!("| script | keys | calls/s | server µs/call |");
+    println!("|---|---|---|---|");
+    let n = 400_000 / scale;
+    let scripts = [
+        (
+            "floodgate (TIME + GET + SET PX)",
+            TOKEN_BUCKET.source.to_string(),
+            vec!["", "60000000", "60000"],
+        ),
+        (
+            "reference (no TTL, client clock)",
+            reference_with(false, false),
+            vec!["1000", "16.67", "1764472066"],
+        ),
+        (
+            "reference + PEXPIRE",
+            reference_with(true, false),
+            vec!["1000", "16.67", "1764472066"],
+        ),
+        (
+            "reference + TIME + PEXPIRE",
+            reference_with(true, true),
+            vec!["1000", "16.67"],
+        ),
+    ];
+    for (keys, range) in [
+        ("random of 1M (mostly new)", 1_000_000),
+        ("random of 10k (existing)", 10_000),
+    ] {
+        for (name, source, argv) in &scripts {
+            let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+            let sha: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query(&mut conn)
+                .unwrap();
+            reset_stats(&mut conn);
+            let r = redis_benchmark_with(server.port(), 50, 16, n, range, &sha, argv);
+            println!(
+                "| {name} | {keys} | {:.0} | {:.2} |",
+                r.rate,
+                usec_per_call(&mut conn, "evalsha")
+            );
+        }
+    }
+
+    println!("\n## Memory per bucket at 1,000,000 buckets (cleanup TTL included)");
+    let buckets = 1_000_000 / scale;
+    let (ours, key_len) = rt.block_on(memory_ours(&server, buckets));
+    let reference = memory_reference(&mut conn, buckets);
+    println!("| layout | key | bytes/bucket |");
+    println!("|---|---|---|");
+    println!(
+        "| floodgate: one integer (full_at), SET PX | {key_len} B, `fg:{{k:<id>}}:default` | **{ours:.1}** |"
+    );
+    println!("| reference: hash tokens/last_refill + PEXPIRE | same keys | {reference:.1} |");
+    println!(
+        "\nbucket state shown in the reference layout, e.g.: {:?}",
+        example_view()
+    );
+}
+
+fn redis_version() -> String {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| {
+            s.split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(str::to_string))
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+fn example_view() -> floodgate_shared::bucket::BucketView {
+    let q = Quota::per_minute(1000).unwrap();
+    BucketState {
+        full_at: 1_764_000_030_000_000,
+    }
+    .view(&q, 1_764_000_000_000_000)
+}
+
+fn bench_decide(iterations: u64) {
+    let q = Quota::per_minute(1000).unwrap();
+    let mut state = None;
+    let mut now = 1_764_000_000_000_000i64;
+    let start = Instant::now();
+    let mut allowed = 0u64;
+    for _ in 0..iterations {
+        now += 37;
+        let t = decide(black_box(state), black_box(&q), black_box(now), 1);
+        allowed += u64::from(t.decision.allowed());
+        if let Some(s) = t.write {
+            state = Some(s);
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / iterations as f64;
+    println!("\n## decide: {ns:.1} ns/op ({iterations} decisions, {allowed} allowed)");
+}
+
+struct Rate {
+    rate: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+async fn our_client(url: &str, callers: usize, total: usize) -> Rate {
+    let store = Arc::new(
+        RespStore::connect(url, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    let quota = Quota::per_minute(1000).unwrap();
+    let per = total / callers;
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(callers);
+    for _ in 0..callers {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::from_os_rng();
+            let mut lat = Vec::with_capacity(per);
+            for _ in 0..per {
+                let key = format!("fg:{{k:{}}}:default", rng.random_range(0..1_000_000u32));
+                let t = Instant::now();
+                let v = store
+                    .check(
+                        &[Check {
+                            key: &key,
+                            quota: &quota,
+                            cost: 1,
+                        }],
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                lat.push(t.elapsed().as_nanos() as u32);
+                black_box(v);
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::with_capacity(total);
+    for t in tasks {
+        lat.extend(t.await.unwrap());
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
+    Rate {
+        rate: lat.len() as f64 / elapsed,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+fn redis_benchmark(port: u16, clients: usize, pipeline: usize, n: usize, sha: &str) -> Rate {
+    redis_benchmark_with(
+        port,
+        clients,
+        pipeline,
+        n,
+        1_000_000,
+        sha,
+        &["", "60000000", "60000"],
+    )
+}
+
+fn redis_benchmark_with(
+    port: u16,
+    clients: usize,
+    pipeline: usize,
+    n: usize,
+    range: usize,
+    sha: &str,
+    argv: &[&str],
+) -> Rate {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-P",
+            &pipeline.to_string(),
+            "-n",
+            &n.to_string(),
+        ])
+        .args([
+            "-r",
+            &range.to_string(),
+            "EVALSHA",
+            sha,
+            "1",
+            "fg:{k:__rand_int__}:default",
+        ])
+        .args(argv)
+        .output()
+        .expect("redis-benchmark (package redis-tools) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    let row = text.lines().last().unwrap_or_default();
+    let cols: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .map(|c| c.trim_matches('"').parse().unwrap_or(f64::NAN))
+        .collect();
+    assert!(
+        cols.len() >= 6 && cols[0] > 0.0,
+        "unexpected redis-benchmark output: {text}"
+    );
+    Rate {
+        rate: cols[0],
+        p50_us: cols[3] * 1000.0,
+        p99_us: cols[5] * 1000.0,
+    }
+}
+
+fn reset_stats(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(conn).unwrap();
+}
+
+fn usec_per_call(conn: &mut redis::Connection, command: &str) -> f64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn used_memory(conn: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn random_id(rng: &mut impl Rng) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..10)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// Creates `count` buckets through the real client path, keyed as the edge keys
+/// them (`fg:{k:<10-character key id>}:default`), with a quota whose buckets stay
+/// in debt (so none expires during the measurement).
+async fn memory_ours(server: &RedisServer, count: usize) -> (f64, usize) {
+    let mut conn = server.connection();
+    let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    let before = used_memory(&mut conn);
+    let policy = Policy::from_json(
+        r#"{"name":"default","dimensions":["api_key"],"quota":{"capacity":1000,"period":"1h"},"failure_mode":"fail_closed"}"#,
+    )
+    .unwrap();
+    let mut rng = rand::rng();
+    let ids: Vec<String> = (0..count).map(|_| random_id(&mut rng)).collect();
+    let key_len = bucket_key(
+        &policy,
+        &Subject {
+            api_key_id: Some(&ids[0]),
+            ..Subject::default()
+        },
+    )
+    .unwrap()
+    .len();
+    let store = Arc::new(
+        RespStore::connect(&server.url(), Duration::from_secs(10))
+            .await
+            .unwrap(),
+    );
+    let ids = Arc::new(ids);
+    let policy = Arc::new(policy);
+    let workers = 64;
+    let mut tasks = vec![];
+    for w in 0..workers {
+        let (store, ids, policy) = (store.clone(), ids.clone(), policy.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in (w..ids.len()).step_by(workers) {
+                let key = bucket_key(
+                    &policy,
+                    &Subject {
+                        api_key_id: Some(&ids[i]),
+                        ..Subject::default()
+                    },
+                )
+                .unwrap();
+                let v = store
+                    .check(
+                        &[Check {
+                            key: &key,
+                            quota: policy.quota(),
+                            cost: 1,
+                        }],
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                assert!(v.admitted);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let keys: usize = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    assert_eq!(keys, count, "every bucket is one key");
+    (
+        (used_memory(&mut conn) - before) as f64 / count as f64,
+        key_len,
+    )
+}
+
+/// The reference layout (hash with `tokens`, `last_refill`, plus PEXPIRE), same key
+/// shape and count, written server-side in batches.
+fn memory_reference(conn: &mut redis::Connection, count: usize) -> f64 {
+    let _: () = redis::cmd("FLUSHALL").query(conn).unwrap();
+    let before = used_memory(conn);
+    let script = r#"
+        for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+          local k = 'fg:{k:' .. string.format('%010d', i) .. '}:default'
+          redis.call('HSET', k, 'tokens', '999', 'last_refill', '1764472066.123')
+          redis.call('PEXPIRE', k, 3600000)
+        end
+        return 1"#;
+    let batch = 50_000;
+    for start in (0..count).step_by(batch) {
+        let end = (start + batch).min(count) - 1;
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .arg(start)
+            .arg(end)
+            .query(conn)
+            .unwrap();
+    }
+    (used_memory(conn) - before) as f64 / count as f64
+}
