@@ -111,6 +111,28 @@ impl Quota {
         })
     }
 
+    /// Parses the short form `<limit>/<period>` (`1000/1m`: capacity and refill 1000
+    /// per minute), as command lines take it.
+    pub fn parse_short(text: &str) -> Result<Self, PolicyError> {
+        let (limit, period) = text.split_once('/').ok_or_else(|| {
+            PolicyError::new(
+                "quota",
+                format!(
+                    "expected <limit>/<period> like 1000/1m, got {:?}",
+                    truncate(text, 40)
+                ),
+            )
+        })?;
+        let limit: u64 = limit.parse().map_err(|_| {
+            PolicyError::new(
+                "quota.capacity",
+                format!("expected a whole number, got {:?}", truncate(limit, 40)),
+            )
+        })?;
+        let period = Period::parse(period).map_err(|m| PolicyError::new("quota.period", m))?;
+        Self::new(limit, limit, period.0)
+    }
+
     /// Tokens per `period` over `period`, e.g. `per_minute(1000)`.
     pub fn per_minute(limit: u64) -> Result<Self, PolicyError> {
         Self::new(limit, limit, 60 * MICROS_PER_SEC)
@@ -534,6 +556,25 @@ mod tests {
         // deep nesting must not overflow the stack
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(Policy::from_json(&deep).is_err());
+    }
+
+    #[test]
+    fn the_short_form_parses_limit_and_period() {
+        let q = Quota::parse_short("1000/1m").unwrap();
+        assert_eq!(
+            (q.capacity(), q.refill(), q.period()),
+            (1000, 1000, 60_000_000)
+        );
+        for (bad, field) in [
+            ("1000", "quota"),
+            ("x/1m", "quota.capacity"),
+            ("-1/1m", "quota.capacity"),
+            ("0/1m", "quota.capacity"),
+            ("10/", "quota.period"),
+            ("10/1y", "quota.period"),
+        ] {
+            assert_eq!(Quota::parse_short(bad).unwrap_err().field, field, "{bad}");
+        }
     }
 
     #[test]
