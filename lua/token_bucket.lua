@@ -3,9 +3,9 @@
 -- Each bucket is ONE Redis string holding one integer: full_at, the instant
 -- (microseconds since the Unix epoch) at which the bucket is full again (the GCRA
 -- form of a token bucket; tokens(now) = capacity - max(0, full_at - now) / T).
--- Redis keeps it as an integer object (no string buffer). The key expires exactly
--- when the bucket is full again, because a full bucket and an absent key are the
--- same thing: idle buckets cost nothing.
+-- Redis keeps it as an integer object (no string buffer). The key expires at most
+-- one second after the bucket is full again, because a full bucket and an absent
+-- key are the same thing: idle buckets cost nothing.
 --
 -- KEYS[i]    bucket i (under Redis Cluster all KEYS share a hash tag; see keys.rs)
 -- ARGV[1]    now in microseconds, or "" to use Redis TIME (one clock for all edges)
@@ -24,6 +24,7 @@
 
 local MAX_WINDOW = 34560000000000 -- 400 days in microseconds
 local MAX_INSTANT = 4503599627370496 -- 2^52
+local EXPIRY_STEP = 1000000 -- keys expire on whole seconds (see phase 2)
 
 local n = #KEYS
 if n == 0 or #ARGV ~= 2 * n + 1 then
@@ -63,16 +64,26 @@ for i = 1, n do
   if full_at + cost - now > burst then reply[1] = 0 end
 end
 
--- Phase 2: consume every bucket; the key lives exactly until the bucket is full.
+-- Phase 2: consume every bucket. A key expires at its full_at rounded up to the
+-- next whole second (EXPIRY_STEP): by then the bucket is full, i.e. the same as an
+-- absent key. So the expiry in force is known from the value read, and a write that
+-- stays within the same second keeps it (KEEPTTL) instead of setting it again, which
+-- costs Redis more than the rest of the write.
 if reply[1] == 1 then
   for i = 1, n do
     local cost = tonumber(ARGV[2 * i + 1])
     if cost > 0 then
-      local full_at = reply[i + 2]
+      local old = reply[i + 2]
+      local full_at = old
       if full_at < now then full_at = now end
       full_at = full_at + cost
-      redis.call('SET', KEYS[i], string.format('%d', full_at),
-        'PX', string.format('%d', math.ceil((full_at - now) / 1000)))
+      local expiry = math.ceil(full_at / EXPIRY_STEP) * EXPIRY_STEP
+      if old > 0 and expiry == math.ceil(old / EXPIRY_STEP) * EXPIRY_STEP then
+        redis.call('SET', KEYS[i], string.format('%d', full_at), 'KEEPTTL')
+      else
+        redis.call('SET', KEYS[i], string.format('%d', full_at),
+          'PX', string.format('%d', math.ceil((expiry - now) / 1000)))
+      end
     end
   end
 end

@@ -14,7 +14,7 @@
 //! A request of cost `c` needs `c` tokens, i.e. `max(full_at, now) + c·T − now ≤ B`
 //! where `B = capacity × T`. Admitting it sets `full_at ← max(full_at, now) + c·T`;
 //! denying it changes nothing at all (nothing is written). A missing bucket is a
-//! full one, so the stored key may expire exactly at `full_at` (see `lua/`).
+//! full one, so the stored key may expire once `full_at` has passed (see `lua/`).
 //!
 //! All quantities are integer microseconds below 2^53, so the Lua script computes
 //! the same integers with doubles and the two agree bit for bit.

@@ -7,7 +7,7 @@ use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::{BucketStore, StoreErrorKind};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
-use floodgate_shared::time::MICROS_PER_MS;
+use floodgate_shared::time::{MICROS_PER_MS, MICROS_PER_SEC};
 use floodgate_tests::{RedisServer, unique_key};
 use redis::Commands;
 
@@ -173,9 +173,10 @@ async fn corrupt_state_is_a_fresh_bucket_and_is_repaired() {
     assert_eq!(kind, "hash");
 }
 
-/// The key expires exactly when the bucket would be full again.
+/// A key expires once its bucket is full again: never before (that would mint
+/// tokens), at most one second after (idle buckets cost nothing).
 #[tokio::test]
-async fn idle_buckets_expire_when_full_again() {
+async fn idle_buckets_expire_once_full_again() {
     let server = RedisServer::start();
     let store = store(&server).await;
     let mut conn = server.connection();
@@ -189,11 +190,18 @@ async fn idle_buckets_expire_when_full_again() {
     }];
     store.check(&checks, None).await.unwrap();
     let v = store.check(&checks, None).await.unwrap();
-    let pttl: i64 = conn.pttl(&key).unwrap();
-    let full_in_ms = (v.decisions[0].full_at - v.now) / 1000;
+    let full_at = v.decisions[0].full_at;
+    let expires_ms: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut conn)
+        .unwrap();
     assert!(
-        pttl <= full_in_ms + 1 && pttl >= full_in_ms - 100,
-        "pttl {pttl} vs full in {full_in_ms} ms"
+        expires_ms * 1000 >= full_at,
+        "expires at {expires_ms} ms, before the bucket is full at {full_at} µs"
+    );
+    assert!(
+        expires_ms * 1000 <= full_at + 1_000_000,
+        "lingers more than a second after full"
     );
     assert_eq!(
         redis::cmd("OBJECT")
@@ -203,17 +211,62 @@ async fn idle_buckets_expire_when_full_again() {
             .unwrap(),
         "int"
     );
-    tokio::time::sleep(Duration::from_millis(full_in_ms as u64 + 50)).await;
+    let wait_ms = (expires_ms * 1000 - v.now) / 1000 + 50;
+    tokio::time::sleep(Duration::from_millis(wait_ms as u64)).await;
     let exists: bool = conn.exists(&key).unwrap();
-    assert!(
-        !exists,
-        "the key outlived the time the bucket is full again"
-    );
+    assert!(!exists, "the key outlived its expiry");
     assert_eq!(
         store.check(&checks, None).await.unwrap().decisions[0].remaining,
         1,
         "absent = full"
     );
+}
+
+/// Writes within the same second keep the expiry in force (KEEPTTL); every write
+/// leaves the key expiring no earlier than its bucket is full, and at most a
+/// second later, across many writes that cross second boundaries.
+#[tokio::test]
+async fn the_expiry_always_covers_the_debt() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let mut conn = server.connection();
+    let q = Quota::new(200, 100, MICROS_PER_SEC).unwrap(); // 100/s, burst 200
+    let key = unique_key("keepttl");
+    let mut admitted = 0;
+    for i in 0..400 {
+        let cost = 1 + (i % 3);
+        let v = store
+            .check(
+                &[Check {
+                    key: &key,
+                    quota: &q,
+                    cost,
+                }],
+                None,
+            )
+            .await
+            .unwrap();
+        if v.admitted {
+            admitted += 1;
+            let full_at = v.decisions[0].full_at;
+            let expires_ms: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap();
+            assert!(
+                expires_ms * 1000 >= full_at,
+                "write {i}: expiry {expires_ms} ms < full_at {full_at} µs"
+            );
+            assert!(
+                expires_ms * 1000 < full_at + 1_001_000,
+                "write {i}: expiry {expires_ms} ms ≫ full_at {full_at} µs"
+            );
+        }
+        if i % 50 == 49 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    assert!(admitted > 100, "only {admitted} admitted");
 }
 
 /// The script refuses malformed arguments with a clear error (callers never send
