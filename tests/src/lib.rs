@@ -35,9 +35,18 @@ impl RedisServer {
 
     /// Starts a server, optionally pinned to one CPU with `taskset` (benchmarks).
     pub fn start_pinned(cpu: Option<usize>, extra: &[&str]) -> Self {
+        Self::launch(cpu, None, extra)
+    }
+
+    /// Starts a server on a given port (e.g. to restart one a client knows).
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
+        Self::launch(None, Some(port), extra)
+    }
+
+    fn launch(cpu: Option<usize>, fixed_port: Option<u16>, extra: &[&str]) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
-            let port = free_port();
+            let port = fixed_port.unwrap_or_else(free_port);
             let dir =
                 std::env::temp_dir().join(format!("floodgate-redis-{port}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create a scratch dir");
@@ -95,6 +104,11 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The scratch directory the server runs in (its unix socket can live here).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     pub fn url(&self) -> String {
