@@ -2,3 +2,6 @@
 //! and (with the edge issue) the request pipeline and its two hosts.
 
 pub mod store;
+
+#[cfg(feature = "native")]
+pub mod rest_endpoint;

@@ -9,6 +9,8 @@ use floodgate_shared::script::{CallError, Check, ProtocolError, Verdict};
 
 #[cfg(feature = "native")]
 pub mod resp;
+#[cfg(feature = "rest")]
+pub mod rest;
 
 /// What went wrong, and so whether trying again can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -120,6 +120,23 @@ impl RespStore {
         Ok(fresh)
     }
 
+    /// Runs commands back to back on one connection (a MULTI ... EXEC batch stays
+    /// atomic) within the deadline; one reply per command, Redis errors included.
+    pub async fn batch(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Reply>, StoreError> {
+        let mut frames = Vec::with_capacity(64 * commands.len());
+        for c in commands {
+            let parts: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
+            encode(&mut frames, &parts);
+        }
+        let pipe = self.pipe().await?;
+        self.within_deadline(async {
+            pipe.call_batch(frames, commands.len())
+                .await
+                .map_err(|e| err(StoreErrorKind::Connect, e))
+        })
+        .await
+    }
+
     /// Runs one command (binary-safe arguments) within the deadline.
     pub async fn command(&self, args: &[&[u8]]) -> Result<Reply, StoreError> {
         let mut frame = Vec::with_capacity(64);

@@ -9,10 +9,20 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::wire::{Reply, parse};
 
-type Responder = oneshot::Sender<Result<Reply, String>>;
+type Responder = oneshot::Sender<Result<Vec<Reply>, String>>;
 
+/// Encoded commands written back to back (nothing else is interleaved, so a
+/// MULTI ... EXEC batch stays atomic) and the number of replies they produce.
 struct Job {
-    frame: Vec<u8>,
+    frames: Vec<u8>,
+    count: usize,
+    reply: Responder,
+}
+
+/// A job whose replies are still arriving.
+struct Waiting {
+    want: usize,
+    got: Vec<Reply>,
     reply: Responder,
 }
 
@@ -38,9 +48,20 @@ impl Pipe {
     /// connection is gone (the message says why); Redis error replies are
     /// `Ok(Reply::Error)`.
     pub async fn call(&self, frame: Vec<u8>) -> Result<Reply, String> {
+        let mut replies = self.call_batch(frame, 1).await?;
+        Ok(replies.pop().expect("a batch of one has one reply"))
+    }
+
+    /// Sends `count` encoded commands back to back and waits for their replies.
+    pub async fn call_batch(&self, frames: Vec<u8>, count: usize) -> Result<Vec<Reply>, String> {
+        assert!(count > 0, "a batch holds at least one command");
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Job { frame, reply })
+            .send(Job {
+                frames,
+                count,
+                reply,
+            })
             .map_err(|_| "connection closed".to_string())?;
         rx.await.map_err(|_| "connection closed".to_string())?
     }
@@ -55,7 +76,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut pending: VecDeque<Responder> = VecDeque::new();
+    let mut pending: VecDeque<Waiting> = VecDeque::new();
     let mut inbox = Vec::with_capacity(16 * 1024);
     let mut outbox = Vec::with_capacity(16 * 1024);
     let mut accepting = true;
@@ -74,10 +95,14 @@ where
                         match parse(&inbox[used..]) {
                             Ok(Some((reply, n))) => {
                                 used += n;
-                                match pending.pop_front() {
+                                let Some(head) = pending.front_mut() else {
+                                    break Err("a reply nobody asked for".to_string());
+                                };
+                                head.got.push(reply);
+                                if head.got.len() == head.want {
+                                    let done = pending.pop_front().expect("front exists");
                                     // a caller that gave up (deadline) just drops its reply
-                                    Some(to) => { let _ = to.send(Ok(reply)); }
-                                    None => break Err("a reply nobody asked for".to_string()),
+                                    let _ = done.reply.send(Ok(done.got));
                                 }
                             }
                             Ok(None) => break Ok(()),
@@ -91,11 +116,11 @@ where
             job = rx.recv(), if accepting => match job {
                 None => accepting = false,
                 Some(job) => {
-                    outbox.extend_from_slice(&job.frame);
-                    pending.push_back(job.reply);
-                    while let Ok(job) = rx.try_recv() {
-                        outbox.extend_from_slice(&job.frame);
-                        pending.push_back(job.reply);
+                    let mut next = Some(job);
+                    while let Some(job) = next {
+                        outbox.extend_from_slice(&job.frames);
+                        pending.push_back(Waiting { want: job.count, got: Vec::with_capacity(job.count), reply: job.reply });
+                        next = rx.try_recv().ok();
                     }
                     if let Err(e) = write.write_all(&outbox).await {
                         break format!("write: {e}");
@@ -107,10 +132,8 @@ where
     };
     // The connection is unusable: fail everything in flight and everything queued.
     rx.close();
-    while let Ok(job) = rx.try_recv() {
-        pending.push_back(job.reply);
-    }
-    for to in pending {
+    let queued = std::iter::from_fn(|| rx.try_recv().ok()).map(|j| j.reply);
+    for to in pending.into_iter().map(|w| w.reply).chain(queued) {
         let _ = to.send(Err(failure.clone()));
     }
 }

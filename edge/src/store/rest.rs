@@ -1,0 +1,365 @@
+//! Redis over HTTPS with Upstash's REST protocol: the store the Worker uses.
+//!
+//! Built on `reqwest`, so the same code runs inside the Worker (wasm32, `fetch`) and
+//! natively (hosts, dashboard, tests). Every call has a deadline; every error says
+//! whether retrying can help ([`StoreError::is_retryable`]).
+//!
+//! Protocol (see `../shared/notes/upstash-rest.md`): `POST <base>` with a JSON array
+//! command; `POST <base>/pipeline` and `POST <base>/multi-exec` with an array of
+//! commands; `Authorization: Bearer <token>`; success `{"result": ...}`, failure
+//! HTTP 400 `{"error": "..."}`. With `Upstash-Encoding: base64` every string in a
+//! result is base64 except `"OK"`; this client asks for it on generic commands (so
+//! binary values survive JSON) and not on the token-bucket script, whose reply holds
+//! only integers.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use floodgate_shared::Micros;
+use floodgate_shared::script::{
+    Check, TOKEN_BUCKET, Verdict, interpret_token_bucket, token_bucket_args,
+};
+use serde_json::Value;
+
+use super::{BucketStore, StoreError, StoreErrorKind};
+
+/// A value in a REST reply, strings already decoded from base64.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestValue {
+    Null,
+    Int(i64),
+    Bytes(Vec<u8>),
+    Array(Vec<RestValue>),
+}
+
+impl RestValue {
+    /// The value as text, when it is a UTF-8 string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            RestValue::Bytes(b) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// One command's outcome inside `/pipeline` or `/multi-exec`: a value, or the
+/// error Redis answered for that command alone.
+pub type Outcome = Result<RestValue, String>;
+
+/// A Redis database behind an Upstash-protocol REST endpoint.
+#[derive(Clone)]
+pub struct RestStore {
+    client: reqwest::Client,
+    base: String,
+    auth: String,
+    deadline: Duration,
+}
+
+fn err(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
+    StoreError::new(kind, message)
+}
+
+fn decode_value(v: Value, base64: bool) -> Result<RestValue, StoreError> {
+    Ok(match v {
+        Value::Null => RestValue::Null,
+        Value::Number(n) => RestValue::Int(
+            n.as_i64()
+                .ok_or_else(|| err(StoreErrorKind::Protocol, format!("non-integer number {n}")))?,
+        ),
+        Value::String(s) if base64 && s != "OK" => RestValue::Bytes(
+            base64::engine::general_purpose::STANDARD
+                .decode(s.as_bytes())
+                .map_err(|e| {
+                    err(
+                        StoreErrorKind::Protocol,
+                        format!("bad base64 in result: {e}"),
+                    )
+                })?,
+        ),
+        Value::String(s) => RestValue::Bytes(s.into_bytes()),
+        Value::Array(items) => RestValue::Array(
+            items
+                .into_iter()
+                .map(|i| decode_value(i, base64))
+                .collect::<Result<_, _>>()?,
+        ),
+        other => {
+            return Err(err(
+                StoreErrorKind::Protocol,
+                format!("unexpected value {other}"),
+            ));
+        }
+    })
+}
+
+/// `{"result": v}` → Ok(v); `{"error": e}` → Err(e).
+fn decode_outcome(v: Value, base64: bool) -> Result<Outcome, StoreError> {
+    let Value::Object(mut map) = v else {
+        return Err(err(
+            StoreErrorKind::Protocol,
+            "expected an object with result or error",
+        ));
+    };
+    if let Some(e) = map.remove("error") {
+        return Ok(Err(e
+            .as_str()
+            .map_or_else(|| e.to_string(), str::to_string)));
+    }
+    match map.remove("result") {
+        Some(r) => Ok(Ok(decode_value(r, base64)?)),
+        None => Err(err(
+            StoreErrorKind::Protocol,
+            "object has neither result nor error",
+        )),
+    }
+}
+
+impl RestStore {
+    /// `url` is the database's REST URL (`UPSTASH_REDIS_REST_URL`), `token` its
+    /// bearer token; `deadline` bounds each call, fallbacks included.
+    pub fn new(url: &str, token: &str, deadline: Duration) -> Result<Self, StoreError> {
+        let base = url.trim_end_matches('/').to_string();
+        if !(base.starts_with("https://") || base.starts_with("http://")) {
+            return Err(err(
+                StoreErrorKind::Protocol,
+                format!("REST URL must be http(s)://, got {base:?}"),
+            ));
+        }
+        if token.is_empty() || token.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(err(
+                StoreErrorKind::Auth,
+                "REST token is empty or has spaces/control characters",
+            ));
+        }
+        let builder = reqwest::Client::builder();
+        #[cfg(not(target_arch = "wasm32"))]
+        let builder = builder.tcp_nodelay(true).pool_max_idle_per_host(256);
+        let client = builder
+            .build()
+            .map_err(|e| err(StoreErrorKind::Protocol, e.to_string()))?;
+        Ok(Self {
+            client,
+            base,
+            auth: format!("Bearer {token}"),
+            deadline,
+        })
+    }
+
+    /// POSTs a JSON body to `path` and returns the decoded JSON reply. HTTP 400 with
+    /// `{"error"}` is `Ok` (the caller decides what a Redis error means).
+    async fn post(&self, path: &str, body: String, base64: bool) -> Result<Value, StoreError> {
+        self.post_within(path, body, base64, self.deadline).await
+    }
+
+    async fn post_within(
+        &self,
+        path: &str,
+        body: String,
+        base64: bool,
+        limit: Duration,
+    ) -> Result<Value, StoreError> {
+        let mut req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", &self.auth)
+            .header("Content-Type", "application/json")
+            .timeout(limit)
+            .body(body);
+        if base64 {
+            req = req.header("Upstash-Encoding", "base64");
+        }
+        let resp = req.send().await.map_err(classify)?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.map_err(classify)?;
+        let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
+        match (status, parsed) {
+            (200 | 400, Ok(v)) => Ok(v),
+            (401 | 403, _) => Err(err(
+                StoreErrorKind::Auth,
+                format!("HTTP {status}: {}", snippet(&bytes)),
+            )),
+            (500..=599, _) => Err(err(
+                StoreErrorKind::Connect,
+                format!("HTTP {status}: {}", snippet(&bytes)),
+            )),
+            (_, _) => Err(err(
+                StoreErrorKind::Protocol,
+                format!("HTTP {status}: {}", snippet(&bytes)),
+            )),
+        }
+    }
+
+    /// Runs one command. A Redis error is `Err` with kind `Redis`.
+    pub async fn command(&self, args: &[&str]) -> Result<RestValue, StoreError> {
+        let v = self.post("", json_array(args), true).await?;
+        decode_outcome(v, true)?.map_err(|e| err(StoreErrorKind::Redis, e))
+    }
+
+    /// Runs several commands in ONE HTTP round trip (not atomic).
+    pub async fn pipeline(&self, commands: &[&[&str]]) -> Result<Vec<Outcome>, StoreError> {
+        self.batch("/pipeline", commands).await
+    }
+
+    /// Runs several commands atomically (MULTI/EXEC) in one HTTP round trip.
+    pub async fn multi_exec(&self, commands: &[&[&str]]) -> Result<Vec<Outcome>, StoreError> {
+        self.batch("/multi-exec", commands).await
+    }
+
+    async fn batch(&self, path: &str, commands: &[&[&str]]) -> Result<Vec<Outcome>, StoreError> {
+        let body = format!(
+            "[{}]",
+            commands
+                .iter()
+                .map(|c| json_array(c))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        match self.post(path, body, true).await? {
+            Value::Array(items) => {
+                if items.len() != commands.len() {
+                    return Err(err(
+                        StoreErrorKind::Protocol,
+                        format!("{} results for {} commands", items.len(), commands.len()),
+                    ));
+                }
+                items.into_iter().map(|i| decode_outcome(i, true)).collect()
+            }
+            // a discarded transaction, or a request the server refused as a whole
+            other => match decode_outcome(other, true)? {
+                Err(e) => Err(err(StoreErrorKind::Redis, e)),
+                Ok(v) => Err(err(
+                    StoreErrorKind::Protocol,
+                    format!("expected an array, got {v:?}"),
+                )),
+            },
+        }
+    }
+
+    /// Runs the token-bucket script: `EVALSHA`, and `EVAL` with the source in the
+    /// same call when the server answers `NOSCRIPT`. (Upstash's global replicas may
+    /// lack a script another region loaded; `EVAL` always works.)
+    pub async fn eval_token_bucket(
+        &self,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        let started = Clock::start();
+        let reply = match self
+            .script_call("EVALSHA", TOKEN_BUCKET.sha1, keys, args, self.deadline)
+            .await?
+        {
+            Err(e) if e.starts_with("NOSCRIPT") => {
+                let left = self.deadline.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(err(
+                        StoreErrorKind::Timeout,
+                        "deadline spent before the EVAL fallback",
+                    ));
+                }
+                self.script_call("EVAL", TOKEN_BUCKET.source, keys, args, left)
+                    .await?
+            }
+            other => other,
+        };
+        match reply {
+            Ok(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_i64()
+                        .ok_or_else(|| err(StoreErrorKind::Protocol, format!("non-integer {v}")))
+                })
+                .collect(),
+            Ok(other) => Err(err(
+                StoreErrorKind::Protocol,
+                format!("unexpected script reply {other}"),
+            )),
+            Err(e) => Err(err(StoreErrorKind::Redis, e)),
+        }
+    }
+
+    async fn script_call(
+        &self,
+        cmd: &str,
+        script: &str,
+        keys: &[&str],
+        args: &[String],
+        limit: Duration,
+    ) -> Result<Result<Value, String>, StoreError> {
+        let numkeys = keys.len().to_string();
+        let mut parts: Vec<&str> = Vec::with_capacity(3 + keys.len() + args.len());
+        parts.extend([cmd, script, numkeys.as_str()]);
+        parts.extend(keys);
+        parts.extend(args.iter().map(String::as_str));
+        let v = self
+            .post_within("", json_array(&parts), false, limit)
+            .await?;
+        let Value::Object(mut map) = v else {
+            return Err(err(
+                StoreErrorKind::Protocol,
+                "expected an object with result or error",
+            ));
+        };
+        if let Some(e) = map.remove("error") {
+            return Ok(Err(e
+                .as_str()
+                .map_or_else(|| e.to_string(), str::to_string)));
+        }
+        map.remove("result")
+            .map(Ok)
+            .ok_or_else(|| err(StoreErrorKind::Protocol, "no result"))
+    }
+}
+
+impl BucketStore for RestStore {
+    async fn check(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Micros>,
+    ) -> Result<Verdict, StoreError> {
+        let args = token_bucket_args(checks, now)?;
+        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+        let reply = self.eval_token_bucket(&keys, &args).await?;
+        Ok(interpret_token_bucket(checks, &reply)?)
+    }
+}
+
+fn json_array(args: &[&str]) -> String {
+    serde_json::to_string(args).expect("strings always serialize")
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned()
+}
+
+fn classify(e: reqwest::Error) -> StoreError {
+    let kind = if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_decode() || e.is_body() || e.is_builder() {
+        StoreErrorKind::Protocol
+    } else {
+        // connect failures, resets, aborted requests: the network, not the request
+        StoreErrorKind::Connect
+    };
+    err(kind, e.to_string())
+}
+
+/// Elapsed time, also in wasm32 (where `std::time::Instant` panics).
+struct Clock(
+    #[cfg(not(target_arch = "wasm32"))] std::time::Instant,
+    #[cfg(target_arch = "wasm32")] f64,
+);
+
+impl Clock {
+    fn start() -> Self {
+        #[cfg(not(target_arch = "wasm32"))]
+        return Clock(std::time::Instant::now());
+        #[cfg(target_arch = "wasm32")]
+        return Clock(js_sys::Date::now());
+    }
+    fn elapsed(&self) -> Duration {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.0.elapsed();
+        #[cfg(target_arch = "wasm32")]
+        return Duration::from_secs_f64(((js_sys::Date::now() - self.0) / 1000.0).max(0.0));
+    }
+}
