@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::Router;
+pub use axum::Router;
 use axum::body::{Body, Bytes, to_bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -89,7 +89,15 @@ pub async fn serve(
     config: &EndpointConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StoreError> {
-    let app = router(config).await?;
+    serve_router(listener, router(config).await?, shutdown).await
+}
+
+/// Serves an already built [`router`] until `shutdown` completes.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StoreError> {
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -156,3 +156,75 @@ pub fn unique_key(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!("fg:{{t:{prefix}-{}}}:p", N.fetch_add(1, Ordering::Relaxed))
 }
+
+/// A `floodgate-rest` endpoint served in-process (on the calling tokio runtime) in
+/// front of a test Redis, on a free loopback port. Stops when dropped.
+pub struct Endpoint {
+    pub url: String,
+    pub token: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Endpoint {
+    pub async fn start(redis: &RedisServer, token: &str) -> Self {
+        Self::start_with(floodgate_edge::rest_endpoint::EndpointConfig::new(
+            redis.url(),
+            token,
+        ))
+        .await
+    }
+
+    pub async fn start_with(config: floodgate_edge::rest_endpoint::EndpointConfig) -> Self {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind loopback");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let router = floodgate_edge::rest_endpoint::router(&config)
+            .await
+            .expect("endpoint connects to redis");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum_serve(listener, router, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Endpoint {
+            url,
+            token: config.token,
+            stop: Some(stop),
+        }
+    }
+}
+
+async fn axum_serve(
+    listener: tokio::net::TcpListener,
+    router: floodgate_edge::rest_endpoint::Router,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    floodgate_edge::rest_endpoint::serve_router(listener, router, stop)
+        .await
+        .expect("endpoint serves");
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// `tests/node` with its npm packages installed (`npm ci` on first use).
+pub fn node_modules() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node");
+    if !dir.join("node_modules/@upstash/redis").exists() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm runs (Node.js is a prerequisite)");
+        assert!(status.success(), "npm ci in {} failed", dir.display());
+    }
+    dir
+}

@@ -1,0 +1,313 @@
+//! floodgate-rest against the official `@upstash/redis` client, the same cases
+//! through our Rust REST client, and hostile HTTP input.
+
+use std::time::Duration;
+
+use floodgate_edge::store::rest::{RestStore, RestValue};
+use floodgate_edge::store::{BucketStore, StoreErrorKind};
+use floodgate_shared::policy::Quota;
+use floodgate_shared::script::{Check, TOKEN_BUCKET};
+use floodgate_tests::{Endpoint, RedisServer, node_modules, unique_key};
+
+const TOKEN: &str = "test-token-Zx81";
+
+fn lua_file() -> String {
+    format!("{}/../lua/token_bucket.lua", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_upstash_client_passes_against_the_endpoint() {
+    let redis = RedisServer::start();
+    let ep = Endpoint::start(&redis, TOKEN).await;
+    let dir = node_modules();
+    let out = tokio::process::Command::new("node")
+        .args(["--test", "--test-reporter=spec", "conformance.test.mjs"])
+        .current_dir(&dir)
+        .env("FLOODGATE_REST_URL", &ep.url)
+        .env("FLOODGATE_REST_TOKEN", &ep.token)
+        .env("FLOODGATE_SCRIPT", lua_file())
+        .output()
+        .await
+        .expect("node runs");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "the @upstash/redis conformance suite failed:\n{report}"
+    );
+    assert!(
+        report.contains("pass 5"),
+        "expected 5 passing cases:\n{report}"
+    );
+}
+
+#[tokio::test]
+async fn our_rest_client_passes_the_same_cases() {
+    let redis = RedisServer::start();
+    let ep = Endpoint::start(&redis, TOKEN).await;
+    let store = RestStore::new(&ep.url, TOKEN, Duration::from_secs(5)).unwrap();
+    let k = unique_key("rest");
+    let bytes = |s: &str| RestValue::Bytes(s.as_bytes().to_vec());
+
+    // get/set, unicode, missing
+    assert_eq!(
+        store.command(&["SET", &k, "héllo ✓ 🚦"]).await.unwrap(),
+        bytes("OK")
+    );
+    assert_eq!(
+        store.command(&["GET", &k]).await.unwrap(),
+        bytes("héllo ✓ 🚦")
+    );
+    assert_eq!(
+        store.command(&["GET", "missing-key"]).await.unwrap(),
+        RestValue::Null
+    );
+    assert_eq!(store.command(&["PING"]).await.unwrap(), bytes("PONG"));
+
+    // pipeline: per-command errors
+    let n = unique_key("n");
+    let out = store
+        .pipeline(&[&["SET", &n, "1"], &["INCR", &n], &["LPUSH", &n, "x"]])
+        .await
+        .unwrap();
+    assert_eq!(out[0], Ok(bytes("OK")));
+    assert_eq!(out[1], Ok(RestValue::Int(2)));
+    assert!(out[2].as_ref().unwrap_err().starts_with("WRONGTYPE"));
+
+    // multi-exec: atomic; a discarded transaction is one error
+    let t = unique_key("tx");
+    let out = store
+        .multi_exec(&[&["SET", &t, "10"], &["INCRBY", &t, "5"], &["GET", &t]])
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![Ok(bytes("OK")), Ok(RestValue::Int(15)), Ok(bytes("15"))]
+    );
+    let e = store
+        .multi_exec(&[&["SET", &t, "1"], &["NOSUCHCOMMAND"]])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, StoreErrorKind::Redis);
+    assert!(e.message.contains("EXECABORT"), "{e}");
+    assert_eq!(
+        store.command(&["GET", &t]).await.unwrap(),
+        bytes("15"),
+        "nothing of it ran"
+    );
+
+    // EVALSHA with the EVAL fallback after SCRIPT FLUSH, inside one check()
+    store.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+    let q = Quota::new(3, 3, 3_000_000).unwrap();
+    let key = unique_key("bucket");
+    let checks = [Check {
+        key: &key,
+        quota: &q,
+        cost: 1,
+    }];
+    let admitted: Vec<bool> = {
+        let mut v = vec![];
+        for _ in 0..4 {
+            v.push(store.check(&checks, None).await.unwrap().admitted);
+        }
+        v
+    };
+    assert_eq!(admitted, [true, true, true, false]);
+    let exists = store
+        .command(&["SCRIPT", "EXISTS", TOKEN_BUCKET.sha1])
+        .await
+        .unwrap();
+    assert_eq!(exists, RestValue::Array(vec![RestValue::Int(1)]));
+
+    // error shapes and bad tokens
+    let e = store.command(&["LPUSH", &k, "x"]).await.unwrap_err();
+    assert_eq!(e.kind, StoreErrorKind::Redis);
+    assert!(e.message.starts_with("WRONGTYPE"), "{e}");
+    let intruder = RestStore::new(&ep.url, "wrong", Duration::from_secs(5)).unwrap();
+    let e = intruder.command(&["GET", &k]).await.unwrap_err();
+    assert_eq!(e.kind, StoreErrorKind::Auth);
+    assert!(!e.is_retryable());
+    assert!(RestStore::new(&ep.url, "", Duration::from_secs(1)).is_err());
+    assert!(RestStore::new("ftp://x", TOKEN, Duration::from_secs(1)).is_err());
+}
+
+#[tokio::test]
+async fn rest_errors_say_whether_retrying_helps() {
+    let redis = RedisServer::start();
+    let ep = Endpoint::start(&redis, TOKEN).await;
+    let store = RestStore::new(&ep.url, TOKEN, Duration::from_millis(300)).unwrap();
+    let q = Quota::per_minute(10).unwrap();
+    let key = unique_key("rest-err");
+    let checks = [Check {
+        key: &key,
+        quota: &q,
+        cost: 1,
+    }];
+    // Redis hangs: the endpoint cannot answer within our deadline
+    let pid = redis.pid().to_string();
+    std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    let e = store.check(&checks, None).await.unwrap_err();
+    std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap();
+    assert_eq!(e.kind, StoreErrorKind::Timeout, "{e}");
+    assert!(e.is_retryable());
+    // nothing listens: connect error, retryable
+    let gone = RestStore::new(
+        &format!("http://127.0.0.1:{}", floodgate_tests::free_port()),
+        TOKEN,
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let e = gone.check(&checks, None).await.unwrap_err();
+    assert_eq!(e.kind, StoreErrorKind::Connect, "{e}");
+    assert!(e.is_retryable());
+}
+
+/// Hostile requests get the right status and a JSON error, and the endpoint keeps
+/// serving afterwards.
+#[tokio::test]
+async fn hostile_requests_get_json_errors_and_the_endpoint_keeps_serving() {
+    let redis = RedisServer::start();
+    let ep = Endpoint::start(&redis, TOKEN).await;
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let ten_mb = vec![b'['; 10 * 1024 * 1024];
+    let cases: Vec<(&str, &str, Option<&str>, Vec<u8>, u16)> = vec![
+        ("POST", "/", Some(&auth), b"{not json".to_vec(), 400),
+        ("POST", "/", Some(&auth), b"".to_vec(), 400),
+        ("POST", "/", Some(&auth), br#"{"cmd":"GET"}"#.to_vec(), 400),
+        (
+            "POST",
+            "/",
+            Some(&auth),
+            br#"["GET",["nested"]]"#.to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/",
+            Some(&auth),
+            br#"["SET","k",true]"#.to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/",
+            Some(&auth),
+            br#"["SET","k",null]"#.to_vec(),
+            400,
+        ),
+        ("POST", "/", Some(&auth), br#"[]"#.to_vec(), 400),
+        ("POST", "/", Some(&auth), br#"["MULTI"]"#.to_vec(), 400),
+        (
+            "POST",
+            "/",
+            Some(&auth),
+            br#"["BLPOP","k","0"]"#.to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/",
+            Some(&auth),
+            [&b"[\"GET\",\""[..], &[0xff, 0xfe], b"\"]"].concat(),
+            400,
+        ),
+        (
+            "POST",
+            "/",
+            Some(&auth),
+            format!("{}{}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes(),
+            400,
+        ),
+        (
+            "POST",
+            "/pipeline",
+            Some(&auth),
+            br#"["GET","k"]"#.to_vec(),
+            400,
+        ),
+        ("POST", "/pipeline", Some(&auth), br#"[]"#.to_vec(), 400),
+        (
+            "POST",
+            "/multi-exec",
+            Some(&auth),
+            br#"[["GET","k"],"x"]"#.to_vec(),
+            400,
+        ),
+        ("POST", "/", Some(&auth), ten_mb, 413),
+        ("GET", "/no/such/path", Some(&auth), vec![], 400),
+        ("GET", "/select/1", Some(&auth), vec![], 400),
+        ("DELETE", "/", Some(&auth), vec![], 405),
+        ("POST", "/", None, br#"["GET","k"]"#.to_vec(), 401),
+        (
+            "POST",
+            "/",
+            Some("Bearer wrong"),
+            br#"["GET","k"]"#.to_vec(),
+            401,
+        ),
+        (
+            "POST",
+            "/",
+            Some("Basic dGVzdA=="),
+            br#"["GET","k"]"#.to_vec(),
+            401,
+        ),
+        ("POST", "/pipeline", None, br#"[["GET","k"]]"#.to_vec(), 401),
+        (
+            "POST",
+            "/multi-exec",
+            None,
+            br#"[["GET","k"]]"#.to_vec(),
+            401,
+        ),
+        ("GET", "/get/k", None, vec![], 401),
+        ("GET", "/get/k?_token=wrong", None, vec![], 401),
+    ];
+    for (method, path, auth, body, status) in cases {
+        let mut req = http
+            .request(method.parse().unwrap(), format!("{}{path}", ep.url))
+            .body(body);
+        if let Some(a) = auth {
+            req = req.header("Authorization", a);
+        }
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert_eq!(resp.status().as_u16(), status, "{method} {path}");
+        let v: serde_json::Value = resp
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: body is not JSON: {e}"));
+        assert!(
+            v["error"].as_str().is_some_and(|s| !s.is_empty()),
+            "{method} {path}: {v}"
+        );
+        // still serving
+        let ok = http
+            .post(&ep.url)
+            .header("Authorization", format!("Bearer {TOKEN}"))
+            .body(r#"["PING"]"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status().as_u16(), 200, "after {method} {path}");
+    }
+    let via_query = http
+        .get(format!("{}/ping?_token={TOKEN}", ep.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(via_query.status().as_u16(), 200);
+}
