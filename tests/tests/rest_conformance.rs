@@ -181,7 +181,8 @@ async fn hostile_requests_get_json_errors_and_the_endpoint_keeps_serving() {
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
     let ten_mb = vec![b'['; 10 * 1024 * 1024];
-    let cases: Vec<(&str, &str, Option<&str>, Vec<u8>, u16)> = vec![
+    type Case<'a> = (&'a str, &'a str, Option<&'a str>, Vec<u8>, u16);
+    let cases: Vec<Case> = vec![
         ("POST", "/", Some(&auth), b"{not json".to_vec(), 400),
         ("POST", "/", Some(&auth), b"".to_vec(), 400),
         ("POST", "/", Some(&auth), br#"{"cmd":"GET"}"#.to_vec(), 400),
