@@ -9,6 +9,11 @@
 //! string base64 except `"OK"`); bearer token (or `?_token=`) on EVERY route, 401
 //! otherwise; Redis errors as HTTP 400 `{"error": <Redis's own message>}`.
 //!
+//! Upstash runs scripts whose shebang carries its own flag `allow-key-locking`
+//! (`@upstash/ratelimit`'s scripts do), which stock Redis rejects; the endpoint
+//! strips that flag before Redis sees the script and maps the script's SHA-1 as the
+//! client computed it to the SHA-1 Redis knows, so `EVALSHA` keeps hitting.
+//!
 //! Hardening: a body size limit (413), strict argument types (400), commands that
 //! would block or change the state of a shared connection refused (400), a
 //! bounded pool of Redis connections, graceful shutdown, loopback by default.
@@ -60,6 +65,113 @@ struct Endpoint {
     next: AtomicUsize,
     token: String,
     max_body: usize,
+    /// SHA-1 of a script as its client sent it → SHA-1 of what Redis runs.
+    script_shas: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Script flags only Upstash understands; stock Redis refuses the whole script.
+const UPSTASH_ONLY_FLAGS: &[&str] = &["allow-key-locking"];
+/// Bound on the SHA-1 map (cleared when full; clients then fall back to EVAL).
+const MAX_MAPPED_SCRIPTS: usize = 4096;
+
+fn sha1_hex(bytes: &[u8]) -> String {
+    sha1_smol::Sha1::from(bytes).digest().to_string()
+}
+
+/// The script without Upstash-only shebang flags, or None when it has none.
+fn strip_upstash_flags(script: &[u8]) -> Option<Vec<u8>> {
+    let end = script
+        .iter()
+        .position(|b| *b == b'\n')
+        .unwrap_or(script.len());
+    let line = std::str::from_utf8(&script[..end]).ok()?;
+    let rest = line.strip_prefix("#!lua")?;
+    let mut removed = false;
+    let mut kept_tokens = vec!["#!lua".to_string()];
+    for token in rest.split_whitespace() {
+        match token.strip_prefix("flags=") {
+            Some(flags) => {
+                let kept: Vec<&str> = flags
+                    .split(',')
+                    .filter(|f| !f.is_empty())
+                    .filter(|f| {
+                        let upstash = UPSTASH_ONLY_FLAGS.contains(f);
+                        removed |= upstash;
+                        !upstash
+                    })
+                    .collect();
+                if !kept.is_empty() {
+                    kept_tokens.push(format!("flags={}", kept.join(",")));
+                }
+            }
+            None => kept_tokens.push(token.to_string()),
+        }
+    }
+    removed.then(|| [kept_tokens.join(" ").as_bytes(), &script[end..]].concat())
+}
+
+impl Endpoint {
+    fn remember_script(&self, original: &[u8], local: &[u8]) -> String {
+        let (orig, local) = (sha1_hex(original), sha1_hex(local));
+        let mut map = self.script_shas.lock().expect("script map lock");
+        if map.len() >= MAX_MAPPED_SCRIPTS {
+            map.clear();
+        }
+        map.insert(orig.clone(), local);
+        orig
+    }
+
+    fn local_sha(&self, sha: &[u8]) -> Option<Vec<u8>> {
+        let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
+        self.script_shas
+            .lock()
+            .expect("script map lock")
+            .get(&sha)
+            .map(|s| s.clone().into_bytes())
+    }
+
+    /// Rewrites a command so stock Redis runs what Upstash would. Returns the
+    /// command and, for `SCRIPT LOAD`, the SHA-1 the client expects back.
+    fn prepare(&self, mut args: Vec<Vec<u8>>) -> (Vec<Vec<u8>>, Option<String>) {
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        let mut reply_sha = None;
+        match name.as_str() {
+            "EVAL" | "EVAL_RO" if args.len() > 1 => {
+                if let Some(stripped) = strip_upstash_flags(&args[1]) {
+                    self.remember_script(&args[1], &stripped);
+                    args[1] = stripped;
+                }
+            }
+            "EVALSHA" | "EVALSHA_RO" if args.len() > 1 => {
+                if let Some(local) = self.local_sha(&args[1]) {
+                    args[1] = local;
+                }
+            }
+            "SCRIPT" if args.len() == 3 && args[1].eq_ignore_ascii_case(b"LOAD") => {
+                if let Some(stripped) = strip_upstash_flags(&args[2]) {
+                    reply_sha = Some(self.remember_script(&args[2], &stripped));
+                    args[2] = stripped;
+                }
+            }
+            "SCRIPT" if args.len() > 2 && args[1].eq_ignore_ascii_case(b"EXISTS") => {
+                for a in &mut args[2..] {
+                    if let Some(local) = self.local_sha(a) {
+                        *a = local;
+                    }
+                }
+            }
+            _ => {}
+        }
+        (args, reply_sha)
+    }
+}
+
+/// A reply, with the SHA-1 the client expects when the script was rewritten.
+fn fix_reply(reply: Reply, sha: Option<String>) -> Reply {
+    match (reply, sha) {
+        (Reply::Bulk(Some(_)), Some(sha)) => Reply::Bulk(Some(sha.into_bytes())),
+        (reply, _) => reply,
+    }
 }
 
 /// Builds the endpoint's router, connecting its Redis pool first.
@@ -79,6 +191,7 @@ pub async fn router(config: &EndpointConfig) -> Result<Router, StoreError> {
         next: AtomicUsize::new(0),
         token: config.token.clone(),
         max_body: config.max_body,
+        script_shas: Default::default(),
     });
     Ok(Router::new().fallback(handle).with_state(state))
 }
@@ -334,13 +447,13 @@ async fn handle(
     let path = uri.path().trim_end_matches('/');
     let response = match path {
         "" => match parse_json(&body).and_then(|v| command_from_json(&v)) {
-            Ok(args) => single(store, args, base64).await,
+            Ok(args) => single(&ep, store, args, base64).await,
             Err(e) => error(StatusCode::BAD_REQUEST, e),
         },
         "/pipeline" | "/multi-exec" => match parse_json(&body).and_then(|v| commands_from_json(&v))
         {
-            Ok(cmds) if path == "/pipeline" => pipeline(store, cmds, base64).await,
-            Ok(cmds) => multi_exec(store, cmds, base64).await,
+            Ok(cmds) if path == "/pipeline" => pipeline(&ep, store, cmds, base64).await,
+            Ok(cmds) => multi_exec(&ep, store, cmds, base64).await,
             Err(e) => error(StatusCode::BAD_REQUEST, e),
         },
         _ => {
@@ -354,7 +467,7 @@ async fn handle(
             }
             match refused(&args) {
                 Some(e) => error(StatusCode::BAD_REQUEST, e),
-                None => single(store, args, base64).await,
+                None => single(&ep, store, args, base64).await,
             }
         }
     };
@@ -388,9 +501,10 @@ fn commands_from_json(v: &Value) -> Result<Vec<Vec<Vec<u8>>>, String> {
         .collect()
 }
 
-async fn single(store: &RespStore, args: Vec<Vec<u8>>, base64: bool) -> Response {
+async fn single(ep: &Endpoint, store: &RespStore, args: Vec<Vec<u8>>, base64: bool) -> Response {
+    let (args, sha) = ep.prepare(args);
     match store.batch(&[args]).await {
-        Ok(mut replies) => match replies.pop() {
+        Ok(mut replies) => match replies.pop().map(|r| fix_reply(r, sha)) {
             Some(Reply::Error(e)) => error(StatusCode::BAD_REQUEST, e),
             Some(r) => ok(json!({ "result": to_json(r, base64) })),
             None => error(StatusCode::INTERNAL_SERVER_ERROR, "ERR no reply"),
@@ -399,16 +513,32 @@ async fn single(store: &RespStore, args: Vec<Vec<u8>>, base64: bool) -> Response
     }
 }
 
-async fn pipeline(store: &RespStore, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Response {
+async fn pipeline(
+    ep: &Endpoint,
+    store: &RespStore,
+    cmds: Vec<Vec<Vec<u8>>>,
+    base64: bool,
+) -> Response {
+    let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.prepare(c)).unzip();
     match store.batch(&cmds).await {
         Ok(replies) => ok(Value::Array(
-            replies.into_iter().map(|r| outcome(r, base64)).collect(),
+            replies
+                .into_iter()
+                .zip(shas)
+                .map(|(r, sha)| outcome(fix_reply(r, sha), base64))
+                .collect(),
         )),
         Err(e) => store_failure(e),
     }
 }
 
-async fn multi_exec(store: &RespStore, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Response {
+async fn multi_exec(
+    ep: &Endpoint,
+    store: &RespStore,
+    cmds: Vec<Vec<Vec<u8>>>,
+    base64: bool,
+) -> Response {
+    let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.prepare(c)).unzip();
     let n = cmds.len();
     let mut batch = Vec::with_capacity(n + 2);
     batch.push(vec![b"MULTI".to_vec()]);
@@ -417,7 +547,11 @@ async fn multi_exec(store: &RespStore, cmds: Vec<Vec<Vec<u8>>>, base64: bool) ->
     match store.batch(&batch).await {
         Ok(mut replies) => match replies.pop() {
             Some(Reply::Array(Some(results))) if results.len() == n => ok(Value::Array(
-                results.into_iter().map(|r| outcome(r, base64)).collect(),
+                results
+                    .into_iter()
+                    .zip(shas)
+                    .map(|(r, sha)| outcome(fix_reply(r, sha), base64))
+                    .collect(),
             )),
             Some(Reply::Error(e)) => error(StatusCode::BAD_REQUEST, e),
             other => error(
@@ -493,6 +627,26 @@ mod tests {
                 false
             ),
             json!([3, null])
+        );
+    }
+
+    #[test]
+    fn upstash_only_script_flags_are_stripped() {
+        let s = b"#!lua flags=allow-key-locking\nreturn 1";
+        assert_eq!(strip_upstash_flags(s).unwrap(), b"#!lua\nreturn 1");
+        let s = b"#!lua flags=no-writes,allow-key-locking name=x\nreturn 1";
+        assert_eq!(
+            strip_upstash_flags(s).unwrap(),
+            b"#!lua flags=no-writes name=x\nreturn 1"
+        );
+        assert_eq!(
+            strip_upstash_flags(b"#!lua flags=no-writes\nreturn 1"),
+            None
+        );
+        assert_eq!(strip_upstash_flags(b"return 1"), None);
+        assert_eq!(
+            strip_upstash_flags(b"#!lua flags=allow-key-locking"),
+            Some(b"#!lua".to_vec())
         );
     }
 

@@ -228,3 +228,8 @@ pub fn node_modules() -> PathBuf {
     }
     dir
 }
+
+/// Hex SHA-1, as Redis names scripts.
+pub fn sha1_hex(bytes: &[u8]) -> String {
+    sha1_smol::Sha1::from(bytes).digest().to_string()
+}

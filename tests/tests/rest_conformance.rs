@@ -312,3 +312,46 @@ async fn hostile_requests_get_json_errors_and_the_endpoint_keeps_serving() {
         .unwrap();
     assert_eq!(via_query.status().as_u16(), 200);
 }
+
+/// Scripts with Upstash's own shebang flag (as @upstash/ratelimit sends them) run
+/// on stock Redis, and EVALSHA / SCRIPT LOAD / SCRIPT EXISTS use the SHA-1 the client
+/// computed.
+#[tokio::test]
+async fn upstash_only_script_flags_run_and_keep_the_clients_sha() {
+    let redis = RedisServer::start();
+    let ep = Endpoint::start(&redis, TOKEN).await;
+    let store = RestStore::new(&ep.url, TOKEN, Duration::from_secs(5)).unwrap();
+    let script = "#!lua flags=allow-key-locking\nreturn redis.call('INCR', KEYS[1])";
+    let sha = floodgate_tests::sha1_hex(script.as_bytes());
+    let k = unique_key("flagged");
+    let e = store
+        .command(&["EVALSHA", &sha, "1", &k])
+        .await
+        .unwrap_err();
+    assert!(e.message.starts_with("NOSCRIPT"), "{e}");
+    assert_eq!(
+        store.command(&["EVAL", script, "1", &k]).await.unwrap(),
+        RestValue::Int(1)
+    );
+    assert_eq!(
+        store.command(&["EVALSHA", &sha, "1", &k]).await.unwrap(),
+        RestValue::Int(2)
+    );
+    let out = store
+        .pipeline(&[&["EVALSHA", &sha, "1", &k], &["SCRIPT", "EXISTS", &sha]])
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            Ok(RestValue::Int(3)),
+            Ok(RestValue::Array(vec![RestValue::Int(1)]))
+        ]
+    );
+    let other = "#!lua flags=allow-key-locking\nreturn 42";
+    let loaded = store.command(&["SCRIPT", "LOAD", other]).await.unwrap();
+    assert_eq!(
+        loaded.as_str(),
+        Some(floodgate_tests::sha1_hex(other.as_bytes()).as_str())
+    );
+}

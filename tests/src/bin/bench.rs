@@ -196,6 +196,8 @@ fn main() {
         }
     }
 
+    bench_rest(&server, &rt, scale);
+
     println!("\n## Memory per bucket at 1,000,000 buckets (cleanup TTL included)");
     let buckets = 1_000_000 / scale;
     let (ours, key_len) = rt.block_on(memory_ours(&server, buckets));
@@ -258,18 +260,56 @@ struct Rate {
 }
 
 async fn our_client(url: &str, callers: usize, total: usize) -> Rate {
-    let store = Arc::new(
-        RespStore::connect(url, Duration::from_secs(5))
-            .await
-            .unwrap(),
-    );
+    let store = RespStore::connect(url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    drive(store, callers, total).await
+}
+
+/// `callers` concurrent tasks make `total` decisions through `store` on random
+/// bucket keys (1,000/min quota, as every side of the benchmark uses).
+async fn drive<S: BucketStore + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
+    let local = tokio::task::LocalSet::new();
+    local.run_until(drive_local(store, callers, total)).await
+}
+
+async fn drive_local<S: BucketStore + Clone + 'static>(
+    store: S,
+    callers: usize,
+    total: usize,
+) -> Rate {
     let quota = Quota::per_minute(1000).unwrap();
+    // warm-up, untimed (connections, script cache), as the Node side does
+    let warm: Vec<_> = (0..callers.min(50))
+        .map(|c| {
+            let store = store.clone();
+            tokio::task::spawn_local(async move {
+                for i in 0..10 {
+                    let key = format!("fg:{{k:warm-{c}-{i}}}:default");
+                    store
+                        .check(
+                            &[Check {
+                                key: &key,
+                                quota: &quota,
+                                cost: 1,
+                            }],
+                            None,
+                        )
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in warm {
+        w.await.unwrap();
+    }
     let per = total / callers;
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(callers);
     for _ in 0..callers {
         let store = store.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(tokio::task::spawn_local(async move {
             let mut rng = rand::rngs::StdRng::from_os_rng();
             let mut lat = Vec::with_capacity(per);
             for _ in 0..per {
@@ -494,4 +534,128 @@ fn memory_reference(conn: &mut redis::Connection, count: usize) -> f64 {
             .unwrap();
     }
     (used_memory(conn) - before) as f64 / count as f64
+}
+
+/// Floodgate's REST client vs @upstash/ratelimit's tokenBucket (Node), both through
+/// one floodgate-rest endpoint in front of the same Redis, at the same concurrency;
+/// and our client over REST vs over RESP.
+fn bench_rest(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
+    let token = "bench-token";
+    let exe = std::env::current_exe().unwrap();
+    let endpoint_bin = exe.with_file_name("floodgate-rest");
+    let node_dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node");
+    if !endpoint_bin.exists() || !node_dir.join("node_modules/@upstash/ratelimit").exists() {
+        println!(
+            "\n## REST: skipped (build floodgate-rest and run npm ci in tests/node; scripts/bench does both)"
+        );
+        return;
+    }
+    let port = floodgate_tests::free_port();
+    let pinned = Command::new("taskset").arg("-V").output().is_ok();
+    let mut cmd = if pinned {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(&endpoint_bin);
+        c
+    } else {
+        Command::new(&endpoint_bin)
+    };
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _endpoint = KillOnDrop(
+        cmd.args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--redis",
+            &server.url(),
+            "--pool",
+            "4",
+        ])
+        .env("FLOODGATE_REST_TOKEN", token)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("floodgate-rest starts"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "floodgate-rest did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    println!("\n## REST: Floodgate's REST client vs @upstash/ratelimit tokenBucket");
+    println!(
+        "(one floodgate-rest endpoint and Redis on CPU 0, clients on CPU 1; median of 3 alternating rounds)"
+    );
+    println!("| callers | client | decisions/s | p50 µs | p99 µs | Floodgate ÷ ratelimit |");
+    println!("|---|---|---|---|---|---|");
+    for callers in [1usize, 50] {
+        let n = if callers == 1 { 4_000 } else { 30_000 } / scale;
+        let (mut ours, mut theirs, mut resp) = (vec![], vec![], vec![]);
+        for _ in 0..3 {
+            let store =
+                floodgate_edge::store::rest::RestStore::new(&url, token, Duration::from_secs(5))
+                    .unwrap();
+            ours.push(rt.block_on(drive(store, callers, n)));
+            theirs.push(ratelimit_node(&node_dir, &url, token, callers, n));
+            resp.push(rt.block_on(our_client(&server.url(), callers, n)));
+        }
+        let median = |v: &mut Vec<Rate>| {
+            v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+            v.swap_remove(1)
+        };
+        let (ours, theirs, resp) = (median(&mut ours), median(&mut theirs), median(&mut resp));
+        println!(
+            "| {callers} | floodgate REST | {:.0} | {:.0} | {:.0} | **{:.2}× decisions/s, {:.2}× p99** |",
+            ours.rate,
+            ours.p50_us,
+            ours.p99_us,
+            ours.rate / theirs.rate,
+            ours.p99_us / theirs.p99_us
+        );
+        println!(
+            "| {callers} | @upstash/ratelimit | {:.0} | {:.0} | {:.0} | |",
+            theirs.rate, theirs.p50_us, theirs.p99_us
+        );
+        println!(
+            "| {callers} | floodgate RESP (direct) | {:.0} | {:.0} | {:.0} | REST ÷ RESP: {:.2}× |",
+            resp.rate,
+            resp.p50_us,
+            resp.p99_us,
+            ours.rate / resp.rate
+        );
+    }
+}
+
+fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize, n: usize) -> Rate {
+    let out = Command::new("node")
+        .arg("ratelimit-bench.mjs")
+        .current_dir(dir)
+        .env("FLOODGATE_REST_URL", url)
+        .env("FLOODGATE_REST_TOKEN", token)
+        .env("BENCH_CALLERS", callers.to_string())
+        .env("BENCH_REQUESTS", n.to_string())
+        .output()
+        .expect("node runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> f64 {
+        let at = text
+            .find(&format!("\"{name}\":"))
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        text[at + name.len() + 3..]
+            .split([',', '}'])
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    Rate {
+        rate: field("rate"),
+        p50_us: field("p50_us"),
+        p99_us: field("p99_us"),
+    }
 }
