@@ -355,3 +355,82 @@ async fn upstash_only_script_flags_run_and_keep_the_clients_sha() {
         Some(floodgate_tests::sha1_hex(other.as_bytes()).as_str())
     );
 }
+
+/// Concurrent checks are auto-pipelined; each still gets its own, correct decision,
+/// also when the script is missing (the NOSCRIPT → EVAL retry happens per batch),
+/// and a cancelled caller does not strand the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_are_pipelined_and_each_gets_its_own_decision() {
+    let redis = RedisServer::start();
+    let ep = Endpoint::start(&redis, TOKEN).await;
+    let store = RestStore::new(&ep.url, TOKEN, Duration::from_secs(5)).unwrap();
+    let q = std::sync::Arc::new(Quota::per_minute(10).unwrap());
+    for round in 0..3 {
+        if round == 1 {
+            store.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+        }
+        let mut tasks = vec![];
+        for i in 0..200u32 {
+            let (store, q) = (store.clone(), q.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = unique_key("batch");
+                let cost = 1 + i % 4;
+                let v = store
+                    .check(
+                        &[Check {
+                            key: &key,
+                            quota: &q,
+                            cost,
+                        }],
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                assert!(v.admitted);
+                assert_eq!(
+                    v.decisions[0].remaining,
+                    10 - u64::from(cost),
+                    "round {round}"
+                );
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    // cancelled callers: whatever happens to them, later checks still complete
+    for _ in 0..20 {
+        let (store, q) = (store.clone(), q.clone());
+        let call = tokio::spawn(async move {
+            let key = unique_key("cancel");
+            store
+                .check(
+                    &[Check {
+                        key: &key,
+                        quota: &q,
+                        cost: 1,
+                    }],
+                    None,
+                )
+                .await
+        });
+        tokio::task::yield_now().await;
+        call.abort();
+    }
+    let key = unique_key("after");
+    let v = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.check(
+            &[Check {
+                key: &key,
+                quota: &q,
+                cost: 1,
+            }],
+            None,
+        ),
+    )
+    .await
+    .expect("no check is stranded behind a cancelled one")
+    .unwrap();
+    assert!(v.admitted);
+}

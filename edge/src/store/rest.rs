@@ -11,6 +11,11 @@
 //! result is base64 except `"OK"`; this client asks for it on generic commands (so
 //! binary values survive JSON) and not on the token-bucket script, whose reply holds
 //! only integers.
+//!
+//! Bucket checks are auto-pipelined: checks that callers start while another is
+//! being prepared travel together in ONE `/pipeline` request (each still its own
+//! atomic `EVALSHA`), the way `@upstash/redis` batches concurrent commands. The
+//! first caller of a batch yields once to the executor, then sends what has queued.
 
 use std::time::Duration;
 
@@ -46,13 +51,66 @@ impl RestValue {
 /// error Redis answered for that command alone.
 pub type Outcome = Result<RestValue, String>;
 
-/// A Redis database behind an Upstash-protocol REST endpoint.
+/// A Redis database behind an Upstash-protocol REST endpoint. Cheap to clone;
+/// clones share connections and the auto-pipelining queue.
 #[derive(Clone)]
 pub struct RestStore {
     client: reqwest::Client,
     base: String,
     auth: String,
     deadline: Duration,
+    queue: std::sync::Arc<std::sync::Mutex<Vec<Queued>>>,
+}
+
+type ScriptResult = Result<Vec<i64>, StoreError>;
+
+/// A bucket check waiting for the next `/pipeline` request.
+struct Queued {
+    command: String,
+    keys: Vec<String>,
+    args: Vec<String>,
+    reply: futures_channel::oneshot::Sender<ScriptResult>,
+}
+
+/// The most checks one `/pipeline` request carries.
+const MAX_BATCH: usize = 256;
+
+/// Returns `Pending` once (waking itself), so other tasks run before the batch goes.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// Held by a batch's first caller until it has taken the queue: if that caller is
+/// dropped first (cancelled), the queued checks fail instead of waiting forever.
+struct LeaderGuard<'a> {
+    queue: &'a std::sync::Mutex<Vec<Queued>>,
+    armed: bool,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            for q in std::mem::take(&mut *self.queue.lock().expect("queue lock")) {
+                let _ = q.reply.send(Err(err(
+                    StoreErrorKind::Connect,
+                    "batch abandoned by its sender",
+                )));
+            }
+        }
+    }
 }
 
 fn err(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
@@ -142,6 +200,7 @@ impl RestStore {
             base,
             auth: format!("Bearer {token}"),
             deadline,
+            queue: Default::default(),
         })
     }
 
@@ -310,6 +369,152 @@ impl RestStore {
     }
 }
 
+impl RestStore {
+    /// The token-bucket script through the auto-pipelining queue.
+    async fn eval_batched(&self, keys: &[&str], args: Vec<String>) -> ScriptResult {
+        let (reply, rx) = futures_channel::oneshot::channel();
+        let queued = Queued {
+            command: "EVALSHA".into(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            args,
+            reply,
+        };
+        let leader = {
+            let mut q = self.queue.lock().expect("queue lock");
+            q.push(queued);
+            q.len() == 1
+        };
+        if leader {
+            let mut guard = LeaderGuard {
+                queue: &self.queue,
+                armed: true,
+            };
+            YieldOnce(false).await;
+            let batch = std::mem::take(&mut *self.queue.lock().expect("queue lock"));
+            guard.armed = false;
+            drop(guard);
+            let started = Clock::start();
+            for chunk in into_chunks(batch, MAX_BATCH) {
+                self.flush(chunk, &started).await;
+            }
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(err(
+                StoreErrorKind::Connect,
+                "batch abandoned by its sender",
+            ))
+        })
+    }
+
+    /// Sends one `/pipeline` of script calls; entries answered `NOSCRIPT` go again
+    /// as `EVAL` in a second `/pipeline`, within the same deadline.
+    async fn flush(&self, mut batch: Vec<Queued>, started: &Clock) {
+        for attempt in 0..2 {
+            let left = self.deadline.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                for q in batch {
+                    let _ = q.reply.send(Err(err(
+                        StoreErrorKind::Timeout,
+                        format!("no reply within {:?}", self.deadline),
+                    )));
+                }
+                return;
+            }
+            let body = format!(
+                "[{}]",
+                batch.iter().map(script_json).collect::<Vec<_>>().join(",")
+            );
+            let items = match self.post_within("/pipeline", body, false, left).await {
+                Ok(Value::Array(items)) if items.len() == batch.len() => items,
+                Ok(other) => {
+                    let e = err(
+                        StoreErrorKind::Protocol,
+                        format!(
+                            "unexpected /pipeline reply {}",
+                            snippet(other.to_string().as_bytes())
+                        ),
+                    );
+                    for q in batch {
+                        let _ = q.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+                Err(e) => {
+                    for q in batch {
+                        let _ = q.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+            };
+            let mut again = vec![];
+            for (mut q, item) in batch.into_iter().zip(items) {
+                match script_outcome(item) {
+                    Err(e)
+                        if attempt == 0
+                            && e.kind == StoreErrorKind::Redis
+                            && e.message.starts_with("NOSCRIPT") =>
+                    {
+                        q.command = "EVAL".into();
+                        again.push(q);
+                    }
+                    result => {
+                        let _ = q.reply.send(result);
+                    }
+                }
+            }
+            if again.is_empty() {
+                return;
+            }
+            batch = again;
+        }
+    }
+}
+
+fn into_chunks(mut batch: Vec<Queued>, size: usize) -> Vec<Vec<Queued>> {
+    let mut out = vec![];
+    while batch.len() > size {
+        let rest = batch.split_off(size);
+        out.push(batch);
+        batch = rest;
+    }
+    out.push(batch);
+    out
+}
+
+fn script_json(q: &Queued) -> String {
+    let script = if q.command == "EVAL" {
+        TOKEN_BUCKET.source
+    } else {
+        TOKEN_BUCKET.sha1
+    };
+    let numkeys = q.keys.len().to_string();
+    let mut parts: Vec<&str> = vec![q.command.as_str(), script, numkeys.as_str()];
+    parts.extend(q.keys.iter().map(String::as_str));
+    parts.extend(q.args.iter().map(String::as_str));
+    json_array(&parts)
+}
+
+/// `{"result": [ints]}` → the integers; `{"error": e}` → a Redis error.
+fn script_outcome(item: Value) -> ScriptResult {
+    match decode_outcome(item, false)? {
+        Ok(RestValue::Array(values)) => values
+            .into_iter()
+            .map(|v| match v {
+                RestValue::Int(i) => Ok(i),
+                other => Err(err(
+                    StoreErrorKind::Protocol,
+                    format!("non-integer {other:?}"),
+                )),
+            })
+            .collect(),
+        Ok(other) => Err(err(
+            StoreErrorKind::Protocol,
+            format!("unexpected script reply {other:?}"),
+        )),
+        Err(e) => Err(err(StoreErrorKind::Redis, e)),
+    }
+}
+
 impl BucketStore for RestStore {
     async fn check(
         &self,
@@ -318,7 +523,7 @@ impl BucketStore for RestStore {
     ) -> Result<Verdict, StoreError> {
         let args = token_bucket_args(checks, now)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.eval_token_bucket(&keys, &args).await?;
+        let reply = self.eval_batched(&keys, args).await?;
         Ok(interpret_token_bucket(checks, &reply)?)
     }
 }

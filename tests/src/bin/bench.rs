@@ -65,11 +65,14 @@ fn reference_with(pexpire: bool, time: bool) -> String {
 
 struct Args {
     quick: bool,
+    /// `--only rest`: run just the REST comparison (while iterating on it).
+    only_rest: bool,
 }
 
 fn main() {
     let args = Args {
         quick: std::env::args().any(|a| a == "--quick"),
+        only_rest: std::env::args().any(|a| a == "rest"),
     };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
@@ -106,6 +109,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if args.only_rest {
+        bench_rest(&server, &rt, scale);
+        return;
+    }
 
     println!("\n## Decisions/s: our RESP client vs redis-benchmark, same script, same server");
     println!(
