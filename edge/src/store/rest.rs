@@ -293,80 +293,6 @@ impl RestStore {
             },
         }
     }
-
-    /// Runs the token-bucket script: `EVALSHA`, and `EVAL` with the source in the
-    /// same call when the server answers `NOSCRIPT`. (Upstash's global replicas may
-    /// lack a script another region loaded; `EVAL` always works.)
-    pub async fn eval_token_bucket(
-        &self,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        let started = Clock::start();
-        let reply = match self
-            .script_call("EVALSHA", TOKEN_BUCKET.sha1, keys, args, self.deadline)
-            .await?
-        {
-            Err(e) if e.starts_with("NOSCRIPT") => {
-                let left = self.deadline.saturating_sub(started.elapsed());
-                if left.is_zero() {
-                    return Err(err(
-                        StoreErrorKind::Timeout,
-                        "deadline spent before the EVAL fallback",
-                    ));
-                }
-                self.script_call("EVAL", TOKEN_BUCKET.source, keys, args, left)
-                    .await?
-            }
-            other => other,
-        };
-        match reply {
-            Ok(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    v.as_i64()
-                        .ok_or_else(|| err(StoreErrorKind::Protocol, format!("non-integer {v}")))
-                })
-                .collect(),
-            Ok(other) => Err(err(
-                StoreErrorKind::Protocol,
-                format!("unexpected script reply {other}"),
-            )),
-            Err(e) => Err(err(StoreErrorKind::Redis, e)),
-        }
-    }
-
-    async fn script_call(
-        &self,
-        cmd: &str,
-        script: &str,
-        keys: &[&str],
-        args: &[String],
-        limit: Duration,
-    ) -> Result<Result<Value, String>, StoreError> {
-        let numkeys = keys.len().to_string();
-        let mut parts: Vec<&str> = Vec::with_capacity(3 + keys.len() + args.len());
-        parts.extend([cmd, script, numkeys.as_str()]);
-        parts.extend(keys);
-        parts.extend(args.iter().map(String::as_str));
-        let v = self
-            .post_within("", json_array(&parts), false, limit)
-            .await?;
-        let Value::Object(mut map) = v else {
-            return Err(err(
-                StoreErrorKind::Protocol,
-                "expected an object with result or error",
-            ));
-        };
-        if let Some(e) = map.remove("error") {
-            return Ok(Err(e
-                .as_str()
-                .map_or_else(|| e.to_string(), str::to_string)));
-        }
-        map.remove("result")
-            .map(Ok)
-            .ok_or_else(|| err(StoreErrorKind::Protocol, "no result"))
-    }
 }
 
 impl RestStore {
@@ -407,7 +333,9 @@ impl RestStore {
     }
 
     /// Sends one `/pipeline` of script calls; entries answered `NOSCRIPT` go again
-    /// as `EVAL` in a second `/pipeline`, within the same deadline.
+    /// as `EVAL` in a second `/pipeline`, within the same deadline. (`EVAL`, not
+    /// `SCRIPT LOAD`: Upstash's global replicas may lack a script another region
+    /// loaded; `EVAL` always works.)
     async fn flush(&self, mut batch: Vec<Queued>, started: &Clock) {
         for attempt in 0..2 {
             let left = self.deadline.saturating_sub(started.elapsed());
