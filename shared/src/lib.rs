@@ -9,6 +9,7 @@ pub mod bucket;
 pub mod contract;
 pub mod keys;
 pub mod policy;
+pub mod routes;
 pub mod script;
 pub mod time;
 
