@@ -5,6 +5,7 @@
 //! bucket key naming ([`keys`]), and the Lua scripts with the pure halves of calling
 //! them ([`script`]). Builds for native targets and for wasm32.
 
+pub mod apikeys;
 pub mod bucket;
 pub mod contract;
 pub mod keys;
