@@ -7,6 +7,7 @@
 
 pub mod apikeys;
 pub mod bucket;
+pub mod config;
 pub mod contract;
 pub mod keys;
 pub mod policy;

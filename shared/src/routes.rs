@@ -203,7 +203,7 @@ impl RouteTable {
             }
             out.push(Route { name, pattern });
         }
-        out.sort_by(|a, b| b.pattern.specificity().cmp(&a.pattern.specificity()));
+        out.sort_by_key(|r| std::cmp::Reverse(r.pattern.specificity()));
         Ok(Self { routes: out })
     }
 

@@ -1,0 +1,371 @@
+//! The edge's configuration: policies, the plans that attach them to API keys, the
+//! routes that attach endpoint limits, and the per-IP limits. One JSON document,
+//! validated as a whole (every error names its field), stored in Redis under
+//! [`CONFIG_KEY`] and cached by the edge.
+//!
+//! ```json
+//! {"policies": [
+//!    {"name":"default","dimensions":["api_key"],"quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed"},
+//!    {"name":"search","dimensions":["api_key","endpoint"],"quota":{"capacity":100,"period":"1m"},"failure_mode":"fail_closed"},
+//!    {"name":"checkout","dimensions":["api_key","endpoint"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_closed"}],
+//!  "plans": {"free": ["default"]},
+//!  "routes": [{"name":"search","pattern":"/v1/search","policies":["search"]},
+//!             {"name":"checkout","pattern":"/v1/checkout","policies":["checkout"]}],
+//!  "ip_policies": []}
+//! ```
+//!
+//! For a request by a key on plan P that matched route R from IP A, the buckets
+//! checked are: P's policies (per key), R's policies (per key and route) and the IP
+//! policies (per IP) — all in one atomic call.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::keys::{KeyError, Subject, bucket_key};
+use crate::policy::{Dimension, Policy, PolicyError, PolicySpec, validate_name};
+use crate::routes::{Route, RouteTable};
+use crate::script::MAX_CHECKS;
+
+/// Where the configuration lives in Redis.
+pub const CONFIG_KEY: &str = "fg:config";
+/// The largest configuration document accepted.
+pub const MAX_CONFIG_JSON: usize = 256 * 1024;
+pub const MAX_POLICIES: usize = 64;
+pub const MAX_ROUTES: usize = 256;
+pub const MAX_PLANS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    pub name: String,
+    pub pattern: String,
+    pub policies: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigSpec {
+    pub policies: Vec<PolicySpec>,
+    pub plans: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    #[serde(default)]
+    pub ip_policies: Vec<String>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeConfig {
+    spec: ConfigSpec,
+    policies: Vec<Policy>,
+    plans: BTreeMap<String, Vec<usize>>,
+    routes: RouteTable,
+    route_policies: BTreeMap<String, Vec<usize>>,
+    ip_policies: Vec<usize>,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError::new(field, message)
+}
+
+impl EdgeConfig {
+    pub fn from_json(text: &str) -> Result<Self, PolicyError> {
+        if text.len() > MAX_CONFIG_JSON {
+            return Err(err(
+                "(document)",
+                format!(
+                    "is {} bytes; at most {MAX_CONFIG_JSON} are accepted",
+                    text.len()
+                ),
+            ));
+        }
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let spec: ConfigSpec = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." || path == "?" {
+                "(document)".to_string()
+            } else {
+                path
+            };
+            err(field, e.into_inner().to_string())
+        })?;
+        Self::new(spec)
+    }
+
+    pub fn new(spec: ConfigSpec) -> Result<Self, PolicyError> {
+        if spec.policies.is_empty() || spec.policies.len() > MAX_POLICIES {
+            return Err(err(
+                "policies",
+                format!("must hold 1 to {MAX_POLICIES} policies"),
+            ));
+        }
+        let mut policies: Vec<Policy> = Vec::with_capacity(spec.policies.len());
+        for (i, p) in spec.policies.iter().enumerate() {
+            let policy = p
+                .validate()
+                .map_err(|e| err(format!("policies[{i}].{}", e.field), e.message))?;
+            if policies.iter().any(|q| q.name() == policy.name()) {
+                return Err(err(
+                    format!("policies[{i}].name"),
+                    format!("{:?} is used twice", policy.name()),
+                ));
+            }
+            policies.push(policy);
+        }
+        let find = |field: String, name: &str, want: &dyn Fn(&Policy) -> Result<(), String>| {
+            let i = policies
+                .iter()
+                .position(|p| p.name() == name)
+                .ok_or_else(|| err(field.clone(), format!("no policy is named {name:?}")))?;
+            want(&policies[i]).map_err(|m| err(field, m))?;
+            Ok::<usize, PolicyError>(i)
+        };
+        if spec.plans.is_empty() || spec.plans.len() > MAX_PLANS {
+            return Err(err("plans", format!("must hold 1 to {MAX_PLANS} plans")));
+        }
+        let mut plans = BTreeMap::new();
+        for (plan, names) in &spec.plans {
+            validate_name(&format!("plans.{plan}"), plan)?;
+            let per_key = |p: &Policy| {
+                if !p.has(Dimension::ApiKey) || p.has(Dimension::Endpoint) {
+                    Err(format!(
+                        "policy {:?} must be keyed by api_key and not by endpoint (endpoint limits go on routes)",
+                        p.name()
+                    ))
+                } else {
+                    Ok(())
+                }
+            };
+            let idx = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| find(format!("plans.{plan}[{i}]"), n, &per_key))
+                .collect::<Result<Vec<_>, _>>()?;
+            plans.insert(plan.clone(), idx);
+        }
+        if spec.routes.len() > MAX_ROUTES {
+            return Err(err(
+                "routes",
+                format!("must hold at most {MAX_ROUTES} routes"),
+            ));
+        }
+        let routes = RouteTable::new(
+            spec.routes
+                .iter()
+                .map(|r| (r.name.clone(), r.pattern.clone()))
+                .collect(),
+        )?;
+        let mut route_policies = BTreeMap::new();
+        for (i, r) in spec.routes.iter().enumerate() {
+            let per_endpoint = |p: &Policy| {
+                if p.has(Dimension::Endpoint) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "policy {:?} must be keyed by endpoint to be attached to a route",
+                        p.name()
+                    ))
+                }
+            };
+            let idx = r
+                .policies
+                .iter()
+                .enumerate()
+                .map(|(j, n)| find(format!("routes[{i}].policies[{j}]"), n, &per_endpoint))
+                .collect::<Result<Vec<_>, _>>()?;
+            route_policies.insert(r.name.clone(), idx);
+        }
+        let per_ip = |p: &Policy| {
+            if p.dimensions() == [Dimension::ClientIp] {
+                Ok(())
+            } else {
+                Err(format!(
+                    "policy {:?} must be keyed by client_ip alone",
+                    p.name()
+                ))
+            }
+        };
+        let ip_policies = spec
+            .ip_policies
+            .iter()
+            .enumerate()
+            .map(|(i, n)| find(format!("ip_policies[{i}]"), n, &per_ip))
+            .collect::<Result<Vec<_>, _>>()?;
+        let most_route = route_policies.values().map(Vec::len).max().unwrap_or(0);
+        let most_plan = plans.values().map(Vec::len).max().unwrap_or(0);
+        if most_route + most_plan + ip_policies.len() > MAX_CHECKS {
+            return Err(err(
+                "plans",
+                format!("a request may be checked against at most {MAX_CHECKS} policies"),
+            ));
+        }
+        Ok(Self {
+            spec,
+            policies,
+            plans,
+            routes,
+            route_policies,
+            ip_policies,
+        })
+    }
+
+    pub fn spec(&self) -> &ConfigSpec {
+        &self.spec
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.spec).expect("a config always serializes")
+    }
+
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    pub fn has_plan(&self, plan: &str) -> bool {
+        self.plans.contains_key(plan)
+    }
+
+    pub fn policy(&self, name: &str) -> Option<&Policy> {
+        self.policies.iter().find(|p| p.name() == name)
+    }
+
+    /// The buckets one request must pass: `(bucket key, policy)` for the key's plan,
+    /// the matched route and the client IP. `None` when the plan is not configured.
+    /// IP policies are skipped when the client IP is unknown.
+    pub fn checks<'a>(
+        &'a self,
+        key_id: &str,
+        plan: &str,
+        route: Option<&Route>,
+        ip: Option<IpAddr>,
+    ) -> Option<Result<Vec<(String, &'a Policy)>, KeyError>> {
+        let plan = self.plans.get(plan)?;
+        let subject = Subject {
+            api_key_id: Some(key_id),
+            route: route.map(|r| r.name.as_str()),
+            client_ip: ip,
+        };
+        let route_idx = route
+            .and_then(|r| self.route_policies.get(&r.name))
+            .map_or(&[][..], Vec::as_slice);
+        let ip_idx = if ip.is_some() {
+            self.ip_policies.as_slice()
+        } else {
+            &[]
+        };
+        Some(
+            plan.iter()
+                .chain(route_idx)
+                .chain(ip_idx)
+                .map(|&i| {
+                    let p = &self.policies[i];
+                    bucket_key(p, &subject).map(|k| (k, p))
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub const DEMO: &str = r#"{"policies":[
+        {"name":"default","dimensions":["api_key"],"quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed"},
+        {"name":"search","dimensions":["api_key","endpoint"],"quota":{"capacity":100,"period":"1m"},"failure_mode":"fail_closed"},
+        {"name":"checkout","dimensions":["api_key","endpoint"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_closed"},
+        {"name":"per-ip","dimensions":["client_ip"],"quota":{"capacity":5000,"period":"1m"},"failure_mode":"fail_open"}],
+      "plans":{"free":["default"]},
+      "routes":[{"name":"search","pattern":"/v1/search","policies":["search"]},
+                {"name":"checkout","pattern":"/v1/checkout","policies":["checkout"]}],
+      "ip_policies":["per-ip"]}"#;
+
+    #[test]
+    fn the_demo_config_yields_the_expected_buckets() {
+        let c = EdgeConfig::from_json(DEMO).unwrap();
+        let ip = Some("203.0.113.9".parse().unwrap());
+        let search = c.routes().resolve("/v1/search").cloned();
+        let keys: Vec<String> = c
+            .checks("Ab3dE5gH1j", "free", search.as_ref(), ip)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "fg:{k:Ab3dE5gH1j}:default",
+                "fg:{k:Ab3dE5gH1j}:search:e:search",
+                "fg:{ip:203.0.113.9}:per-ip"
+            ]
+        );
+        let other = c.routes().resolve("/v1/anything/else");
+        assert!(other.is_none());
+        assert_eq!(
+            c.checks("Ab3dE5gH1j", "free", None, None)
+                .unwrap()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(c.checks("Ab3dE5gH1j", "gold", None, None).is_none());
+        assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn inconsistent_configs_are_rejected_naming_the_field() {
+        let v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (
+                Box::new(|v| v["plans"]["free"] = serde_json::json!(["nope"])),
+                "plans.free[0]",
+            ),
+            (
+                Box::new(|v| v["plans"]["free"] = serde_json::json!(["search"])),
+                "plans.free[0]",
+            ),
+            (
+                Box::new(|v| v["routes"][0]["policies"] = serde_json::json!(["default"])),
+                "routes[0].policies[0]",
+            ),
+            (
+                Box::new(|v| v["routes"][1]["pattern"] = serde_json::json!("no-slash")),
+                "routes[1].pattern",
+            ),
+            (
+                Box::new(|v| v["ip_policies"] = serde_json::json!(["default"])),
+                "ip_policies[0]",
+            ),
+            (
+                Box::new(|v| v["policies"][1]["name"] = serde_json::json!("default")),
+                "policies[1].name",
+            ),
+            (
+                Box::new(|v| v["policies"][0]["quota"]["capacity"] = serde_json::json!(0)),
+                "policies[0].quota.capacity",
+            ),
+            (Box::new(|v| v["plans"] = serde_json::json!({})), "plans"),
+            (
+                Box::new(|v| v["plans"] = serde_json::json!({"Bad Plan": ["default"]})),
+                "plans.Bad Plan",
+            ),
+            (
+                Box::new(|v| v["policies"] = serde_json::json!([])),
+                "policies",
+            ),
+            (Box::new(|v| v["extra"] = serde_json::json!(1)), "extra"),
+        ];
+        for (mutate, field) in cases {
+            let mut doc = v.clone();
+            mutate(&mut doc);
+            let e = EdgeConfig::from_json(&doc.to_string()).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        }
+        assert!(EdgeConfig::from_json(&" ".repeat(MAX_CONFIG_JSON + 1)).is_err());
+        assert!(EdgeConfig::from_json("{").is_err());
+    }
+}
