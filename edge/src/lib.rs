@@ -1,7 +1,14 @@
 //! Floodgate's edge: the stores that run the token-bucket script against Redis,
 //! and (with the edge issue) the request pipeline and its two hosts.
 
+pub mod pipeline;
 pub mod store;
 
+#[cfg(feature = "native")]
+pub mod admin;
+#[cfg(feature = "native")]
+pub mod demo_upstream;
+#[cfg(feature = "native")]
+pub mod native_host;
 #[cfg(feature = "native")]
 pub mod rest_endpoint;

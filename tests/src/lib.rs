@@ -233,3 +233,28 @@ pub fn node_modules() -> PathBuf {
 pub fn sha1_hex(bytes: &[u8]) -> String {
     sha1_smol::Sha1::from(bytes).digest().to_string()
 }
+
+/// The demo configuration of the edge tests and the run command: 1,000/min per key,
+/// `/v1/search` 100/min and `/v1/checkout` 10/min per key (independent buckets).
+pub const DEMO_CONFIG: &str = include_str!("../../config/demo.json");
+
+/// Serves a router in-process on a free loopback port (with peer addresses), until
+/// the returned guard is dropped. Returns the base URL.
+pub async fn serve(
+    router: floodgate_edge::rest_endpoint::Router,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (url, stop)
+}

@@ -1,6 +1,11 @@
-//! `floodgate-cli`: check or show one bucket against a Redis server.
+//! `floodgate-cli`: administer what the edge reads from Redis, and poke buckets.
 //!
 //! ```text
+//! floodgate-cli [--redis URL] config set <file | ->     validate and store the configuration
+//! floodgate-cli [--redis URL] config show
+//! floodgate-cli [--redis URL] key create --plan <plan> [--owner <text>]   prints the secret ONCE
+//! floodgate-cli [--redis URL] key list
+//! floodgate-cli [--redis URL] key revoke <id>
 //! floodgate-cli [--redis URL] check <bucket key> <limit>/<period> [cost]
 //! floodgate-cli [--redis URL] show  <bucket key> <limit>/<period>
 //! ```
@@ -17,7 +22,12 @@ use floodgate_shared::contract::Answer;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 
-const USAGE: &str = "usage: floodgate-cli [--redis URL] check <bucket key> <limit>/<period> [cost]
+const USAGE: &str = "usage: floodgate-cli [--redis URL] config set <file | ->
+       floodgate-cli [--redis URL] config show
+       floodgate-cli [--redis URL] key create --plan <plan> [--owner <text>]
+       floodgate-cli [--redis URL] key list
+       floodgate-cli [--redis URL] key revoke <id>
+       floodgate-cli [--redis URL] check <bucket key> <limit>/<period> [cost]
        floodgate-cli [--redis URL] show  <bucket key> <limit>/<period>
 URL defaults to $FLOODGATE_REDIS_URL or redis://127.0.0.1:6379/";
 
@@ -43,6 +53,9 @@ fn main() -> ExitCode {
 }
 
 fn run(url: &str, args: &[String]) -> Result<(), String> {
+    if matches!(args.first().map(String::as_str), Some("config" | "key")) {
+        return admin(url, args);
+    }
     let (command, key, quota, cost) = match args {
         [c, k, q] => (c.as_str(), k, q, None),
         [c, k, q, cost] if c == "check" => (c.as_str(), k, q, Some(cost)),
@@ -114,6 +127,83 @@ fn run(url: &str, args: &[String]) -> Result<(), String> {
                 }
                 println!("Content-Type: {content_type}\n\n{body}");
             }
+        }
+        Ok(())
+    })
+}
+
+fn admin(url: &str, args: &[String]) -> Result<(), String> {
+    use floodgate_edge::admin;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let store = RespStore::connect(url, Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match args.as_slice() {
+            ["config", "set", file] => {
+                let text = if *file == "-" {
+                    let mut s = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                        .map_err(|e| e.to_string())?;
+                    s
+                } else {
+                    std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?
+                };
+                let c = admin::set_config(&store, &text)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "stored: {} policies, {} plans, {} routes",
+                    c.spec().policies.len(),
+                    c.spec().plans.len(),
+                    c.spec().routes.len()
+                );
+            }
+            ["config", "show"] => {
+                match admin::get_config(&store).await.map_err(|e| e.to_string())? {
+                    Some(c) => println!("{c}"),
+                    None => return Err("no configuration is stored".into()),
+                }
+            }
+            ["key", "create", rest @ ..] => {
+                let (mut plan, mut owner) = (None, String::new());
+                let mut it = rest.iter();
+                while let Some(flag) = it.next() {
+                    match (*flag, it.next()) {
+                        ("--plan", Some(v)) => plan = Some(*v),
+                        ("--owner", Some(v)) => owner = v.to_string(),
+                        _ => return Err(USAGE.to_string()),
+                    }
+                }
+                let plan = plan.ok_or("key create needs --plan")?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                let (record, secret) = admin::create_key(&store, &owner, plan, now)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                eprintln!(
+                    "created key {} (plan {}); the secret is shown this once:",
+                    record.id, record.plan
+                );
+                println!("{secret}");
+            }
+            ["key", "list"] => {
+                for r in admin::list_keys(&store).await.map_err(|e| e.to_string())? {
+                    println!("{}\t{:?}\t{}\t{}", r.id, r.status, r.plan, r.owner);
+                }
+            }
+            ["key", "revoke", id] => {
+                let r = admin::revoke_key(&store, id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("revoked {}", r.id);
+            }
+            _ => return Err(USAGE.to_string()),
         }
         Ok(())
     })

@@ -73,3 +73,10 @@ pub trait BucketStore {
     async fn check(&self, checks: &[Check<'_>], now: Option<Micros>)
     -> Result<Verdict, StoreError>;
 }
+
+/// Plain reads of the records the edge caches (configuration, API keys).
+#[allow(async_fn_in_trait)]
+pub trait RecordStore {
+    /// The value of a string key, `None` when absent.
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+}

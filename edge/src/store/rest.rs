@@ -443,6 +443,23 @@ fn script_outcome(item: Value) -> ScriptResult {
     }
 }
 
+impl super::RecordStore for RestStore {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.command(&["GET", key]).await {
+            Ok(RestValue::Bytes(b)) => Ok(Some(b)),
+            Ok(RestValue::Null) => Ok(None),
+            Ok(other) => Err(err(
+                StoreErrorKind::Protocol,
+                format!("unexpected GET reply {other:?}"),
+            )),
+            Err(e) if e.kind == StoreErrorKind::Redis && e.message.starts_with("WRONGTYPE") => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl BucketStore for RestStore {
     async fn check(
         &self,

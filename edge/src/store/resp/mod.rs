@@ -270,6 +270,20 @@ async fn open(s: &Settings, deadline: Duration) -> Result<Pipe, StoreError> {
     Ok(pipe)
 }
 
+impl super::RecordStore for RespStore {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.command(&[b"GET", key.as_bytes()]).await? {
+            Reply::Bulk(v) => Ok(v),
+            Reply::Error(e) if e.starts_with("WRONGTYPE") => Ok(None),
+            Reply::Error(e) => Err(reply_error(e)),
+            other => Err(err(
+                StoreErrorKind::Protocol,
+                format!("unexpected GET reply {other:?}"),
+            )),
+        }
+    }
+}
+
 impl BucketStore for RespStore {
     async fn check(
         &self,

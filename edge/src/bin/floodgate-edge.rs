@@ -1,0 +1,132 @@
+//! `floodgate-edge`: the native host of the edge pipeline.
+//!
+//! ```text
+//! floodgate-edge --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
+//!                [--redis redis://127.0.0.1:6379/ | --rest-url http://127.0.0.1:8079]
+//!                [--key-header authorization] [--forward-key] [--identity-header x-floodgate-key-id]
+//!                [--cache-ttl-ms 5000] [--deadline-ms 50] [--no-limit]
+//! ```
+//! With `--rest-url`, the token comes from `FLOODGATE_REST_TOKEN` (or
+//! `UPSTASH_REDIS_REST_TOKEN`). `--no-limit` proxies without limiting (a baseline
+//! for benchmarks). Ctrl-C or SIGTERM stops it after requests in flight.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use floodgate_edge::native_host::{HostConfig, NativeStore, router};
+use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::rest::RestStore;
+use floodgate_shared::time::SystemClock;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("floodgate-edge: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut listen = "127.0.0.1:8080".to_string();
+    let mut upstream = None;
+    let mut redis = "redis://127.0.0.1:6379/".to_string();
+    let mut rest_url = None;
+    let mut host = HostConfig::new("");
+    let mut settings = PipelineConfig::default();
+    let mut deadline = Duration::from_millis(50);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--listen" => listen = value()?,
+            "--upstream" => upstream = Some(value()?),
+            "--redis" => redis = value()?,
+            "--rest-url" => rest_url = Some(value()?),
+            "--key-header" => {
+                let v = value()?;
+                host.key_header = v.parse().map_err(|_| format!("bad header name {v:?}"))?;
+                settings.bearer = host.key_header == "authorization";
+            }
+            "--identity-header" => {
+                let v = value()?;
+                host.identity_header = v.parse().map_err(|_| format!("bad header name {v:?}"))?;
+            }
+            "--forward-key" => host.forward_key = true,
+            "--no-limit" => host.limiter = false,
+            "--cache-ttl-ms" => {
+                settings.cache_ttl = value()?
+                    .parse::<i64>()
+                    .map_err(|_| "--cache-ttl-ms takes milliseconds")?
+                    * 1000
+            }
+            "--deadline-ms" => {
+                deadline = Duration::from_millis(
+                    value()?
+                        .parse()
+                        .map_err(|_| "--deadline-ms takes milliseconds")?,
+                )
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let upstream = upstream.ok_or("--upstream is required")?;
+    if !upstream.starts_with("http://") && !upstream.starts_with("https://") {
+        return Err(format!(
+            "--upstream must be an http(s) URL, got {upstream:?}"
+        ));
+    }
+    host.upstream = upstream.trim_end_matches('/').to_string();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let store = match &rest_url {
+            Some(url) => {
+                let token = std::env::var("FLOODGATE_REST_TOKEN")
+                    .or_else(|_| std::env::var("UPSTASH_REDIS_REST_TOKEN"))
+                    .map_err(
+                        |_| "--rest-url needs FLOODGATE_REST_TOKEN or UPSTASH_REDIS_REST_TOKEN",
+                    )?;
+                NativeStore::Rest(RestStore::new(url, &token, deadline).map_err(|e| e.to_string())?)
+            }
+            None => NativeStore::Resp(
+                RespStore::connect(&redis, deadline)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        let pipeline = Pipeline::new(store, SystemClock, settings);
+        let app = router(pipeline, host.clone());
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| format!("bind {listen}: {e}"))?;
+        eprintln!(
+            "floodgate-edge: listening on http://{} → {} (limiter {}, store {})",
+            listener.local_addr().map_err(|e| e.to_string())?,
+            host.upstream,
+            if host.limiter { "on" } else { "OFF" },
+            rest_url.as_deref().unwrap_or(&redis)
+        );
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| e.to_string())
+    })
+}

@@ -1,0 +1,284 @@
+//! The edge's request pipeline, free of any host: authenticate the API key, resolve
+//! the policies that apply, check them all in ONE store round trip, and tell the
+//! host what to do — answer directly (401/403/429/503) or forward upstream with
+//! the quota headers. The Worker and the native host are thin adapters around it.
+//!
+//! Configuration and key records are cached in memory for a short TTL, so a warm
+//! request costs one round trip in total (the bucket check). A revoked key stops
+//! working within that TTL.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+use floodgate_shared::apikeys::{
+    KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
+};
+use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
+use floodgate_shared::contract::Answer;
+use floodgate_shared::policy::FailureMode;
+use floodgate_shared::script::Check;
+use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
+
+use crate::store::{BucketStore, RecordStore, StoreError};
+
+/// What the pipeline needs to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The raw path, without the query.
+    pub path: &'a str,
+    /// The value of the credentials header, if any.
+    pub credentials: Option<&'a [u8]>,
+    pub client_ip: Option<IpAddr>,
+}
+
+/// What the host does with the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Answer now; the upstream never sees the request.
+    Respond {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: String,
+    },
+    /// Forward upstream, identifying the caller by `key_id`, and add `headers` to
+    /// the upstream's response.
+    Forward {
+        key_id: String,
+        route: Option<String>,
+        headers: Vec<(&'static str, String)>,
+    },
+}
+
+/// How the pipeline behaves.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// `true`: credentials are `Authorization: Bearer <key>`; `false`: the header
+    /// holds the key itself (the host picks the header).
+    pub bearer: bool,
+    /// How long configuration and key records are cached (µs).
+    pub cache_ttl: Micros,
+    /// Most key records cached at once (unknown keys included).
+    pub max_cached_keys: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            bearer: true,
+            cache_ttl: 5 * MICROS_PER_SEC,
+            max_cached_keys: 100_000,
+        }
+    }
+}
+
+struct Cached<T> {
+    value: T,
+    until: Micros,
+}
+
+/// The pipeline over a store `S` (RESP or REST) and a clock `C`.
+pub struct Pipeline<S, C> {
+    store: S,
+    clock: C,
+    settings: PipelineConfig,
+    config: Mutex<Option<Cached<std::sync::Arc<EdgeConfig>>>>,
+    keys: Mutex<HashMap<String, Cached<Option<KeyRecord>>>>,
+}
+
+fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
+    let body = match hint {
+        Some(h) => serde_json::json!({ "error": error, "hint": h }),
+        None => serde_json::json!({ "error": error }),
+    };
+    Gate::Respond {
+        status,
+        headers: vec![("Content-Type", "application/json".into())],
+        body: body.to_string(),
+    }
+}
+
+fn unavailable(why: &str) -> Gate {
+    let mut g = json_error(503, "Rate limiter unavailable", Some(why));
+    if let Gate::Respond { headers, .. } = &mut g {
+        headers.push(("Retry-After", "1".into()));
+    }
+    g
+}
+
+impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
+    pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
+        Self {
+            store,
+            clock,
+            settings,
+            config: Mutex::new(None),
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    async fn config(&self) -> Result<std::sync::Arc<EdgeConfig>, String> {
+        let now = self.clock.now();
+        if let Some(c) = self
+            .config
+            .lock()
+            .expect("config lock")
+            .as_ref()
+            .filter(|c| c.until > now)
+        {
+            return Ok(c.value.clone());
+        }
+        let fetched = match self.store.get(CONFIG_KEY).await {
+            Ok(Some(raw)) => std::str::from_utf8(&raw)
+                .map_err(|_| "the stored configuration is not UTF-8".to_string())
+                .and_then(|t| {
+                    EdgeConfig::from_json(t)
+                        .map_err(|e| format!("the stored configuration is invalid: {e}"))
+                }),
+            Ok(None) => Err("no configuration is stored (floodgate-cli config set)".to_string()),
+            Err(e) => Err(format!("configuration unavailable: {e}")),
+        };
+        let mut slot = self.config.lock().expect("config lock");
+        match fetched {
+            Ok(c) => {
+                let c = std::sync::Arc::new(c);
+                *slot = Some(Cached {
+                    value: c.clone(),
+                    until: now + self.settings.cache_ttl,
+                });
+                Ok(c)
+            }
+            // keep serving the last good configuration while the store is unreachable
+            Err(e) => slot.as_ref().map(|c| c.value.clone()).ok_or(e),
+        }
+    }
+
+    async fn key(&self, secret: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let hash = hash_secret(secret);
+        let now = self.clock.now();
+        if let Some(c) = self
+            .keys
+            .lock()
+            .expect("key cache lock")
+            .get(&hash)
+            .filter(|c| c.until > now)
+        {
+            return Ok(c.value.clone());
+        }
+        let record = self
+            .store
+            .get(&record_key(&hash))
+            .await?
+            .and_then(|raw| KeyRecord::from_json(&raw));
+        let mut cache = self.keys.lock().expect("key cache lock");
+        if cache.len() >= self.settings.max_cached_keys {
+            cache.retain(|_, c| c.until > now);
+            if cache.len() >= self.settings.max_cached_keys {
+                cache.clear();
+            }
+        }
+        cache.insert(
+            hash,
+            Cached {
+                value: record.clone(),
+                until: now + self.settings.cache_ttl,
+            },
+        );
+        Ok(record)
+    }
+
+    /// Decides what happens to one request.
+    pub async fn gate(&self, req: RequestHead<'_>) -> Gate {
+        let secret = match key_from_header(req.credentials, self.settings.bearer) {
+            Ok(s) => s,
+            Err(KeyProblem::Missing) => {
+                return json_error(
+                    401,
+                    "Missing API key",
+                    Some("send Authorization: Bearer <your API key>"),
+                );
+            }
+            Err(KeyProblem::Malformed) => return json_error(401, "Invalid API key", None),
+        };
+        let record = match self.key(secret).await {
+            Ok(Some(r)) if r.status == KeyStatus::Active => r,
+            Ok(Some(_)) => return json_error(401, "API key revoked", None),
+            Ok(None) => return json_error(401, "Invalid API key", None),
+            Err(e) => return unavailable(&format!("cannot verify the API key: {e}")),
+        };
+        let config = match self.config().await {
+            Ok(c) => c,
+            Err(e) => return unavailable(&e),
+        };
+        let route = config.routes().resolve(req.path);
+        let checks = match config.checks(&record.id, &record.plan, route, req.client_ip) {
+            None => return json_error(403, "The API key's plan is not configured", None),
+            Some(Err(e)) => {
+                return json_error(
+                    403,
+                    "The request cannot be rate limited",
+                    Some(&e.to_string()),
+                );
+            }
+            Some(Ok(c)) => c,
+        };
+        let route_name = route.map(|r| r.name.clone());
+        if checks.is_empty() {
+            return Gate::Forward {
+                key_id: record.id,
+                route: route_name,
+                headers: vec![],
+            };
+        }
+        let calls: Vec<Check<'_>> = checks
+            .iter()
+            .map(|(key, p)| Check {
+                key,
+                quota: p.quota(),
+                cost: p.cost(),
+            })
+            .collect();
+        match self.store.check(&calls, None).await {
+            Ok(verdict) => match Answer::for_decision(verdict.headline()) {
+                Answer::Forward { headers } => Gate::Forward {
+                    key_id: record.id,
+                    route: route_name,
+                    headers: headers.pairs(),
+                },
+                Answer::Reject {
+                    status,
+                    headers,
+                    content_type,
+                    body,
+                } => {
+                    let mut h = headers.pairs();
+                    h.push(("Content-Type", content_type.into()));
+                    Gate::Respond {
+                        status,
+                        headers: h,
+                        body: body.into(),
+                    }
+                }
+            },
+            Err(e) => {
+                // An explicit decision: fail closed if any matching policy says so.
+                if checks
+                    .iter()
+                    .any(|(_, p)| p.failure_mode() == FailureMode::FailClosed)
+                {
+                    unavailable(&format!("rate limit state unavailable: {e}"))
+                } else {
+                    Gate::Forward {
+                        key_id: record.id,
+                        route: route_name,
+                        headers: vec![("X-RateLimit-Degraded", "fail-open".into())],
+                    }
+                }
+            }
+        }
+    }
+}
