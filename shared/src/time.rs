@@ -27,6 +27,12 @@ pub trait Clock {
     fn now(&self) -> Micros;
 }
 
+impl<C: Clock + ?Sized> Clock for &C {
+    fn now(&self) -> Micros {
+        (**self).now()
+    }
+}
+
 /// A clock that only moves when told to.
 #[derive(Debug, Default)]
 pub struct FakeClock(AtomicI64);

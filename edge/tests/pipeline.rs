@@ -1,0 +1,230 @@
+//! The pipeline against an in-memory store and a fake clock: caching, failure
+//! modes, and one store round trip per admitted request.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
+use floodgate_edge::store::{BucketStore, RecordStore, StoreError, StoreErrorKind};
+use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
+use floodgate_shared::bucket::{BucketState, decide};
+use floodgate_shared::config::CONFIG_KEY;
+use floodgate_shared::script::{Check, Verdict, interpret_token_bucket};
+use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC, Micros};
+
+const T0: Micros = 1_764_000_000_000_000;
+
+/// Buckets and records in memory, running the same transition as the script.
+#[derive(Default)]
+struct MemStore {
+    records: Mutex<HashMap<String, Vec<u8>>>,
+    buckets: Mutex<HashMap<String, BucketState>>,
+    gets: AtomicUsize,
+    checks: AtomicUsize,
+    down: AtomicBool,
+    now: Mutex<Micros>,
+}
+
+impl BucketStore for &MemStore {
+    async fn check(
+        &self,
+        checks: &[Check<'_>],
+        _now: Option<Micros>,
+    ) -> Result<Verdict, StoreError> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let now = *self.now.lock().unwrap();
+        let mut buckets = self.buckets.lock().unwrap();
+        let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
+        let all = checks
+            .iter()
+            .zip(&prev)
+            .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
+        if all {
+            for (c, p) in checks.iter().zip(&prev) {
+                if let Some(w) = decide(*p, c.quota, now, c.cost).write {
+                    buckets.insert(c.key.to_string(), w);
+                }
+            }
+        }
+        let mut reply = vec![i64::from(all), now];
+        reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
+        Ok(interpret_token_bucket(checks, &reply).unwrap())
+    }
+}
+
+impl RecordStore for &MemStore {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        Ok(self.records.lock().unwrap().get(key).cloned())
+    }
+}
+
+const CONFIG: &str = r#"{"policies":[
+  {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
+  {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"}],
+  "plans":{"free":["default"],"lenient":["soft"]}}"#;
+
+fn setup(store: &MemStore, plan: &str) -> String {
+    let (id, secret) = new_secret(&[7u8; 42]);
+    let record = KeyRecord {
+        id,
+        owner: String::new(),
+        plan: plan.into(),
+        status: KeyStatus::Active,
+        created: 0,
+    };
+    let mut r = store.records.lock().unwrap();
+    r.insert(CONFIG_KEY.into(), CONFIG.as_bytes().to_vec());
+    r.insert(
+        record_key(&hash_secret(&secret)),
+        record.to_json().into_bytes(),
+    );
+    *store.now.lock().unwrap() = T0;
+    format!("Bearer {secret}")
+}
+
+fn head(auth: &str) -> RequestHead<'_> {
+    RequestHead {
+        path: "/v1/x",
+        credentials: Some(auth.as_bytes()),
+        client_ip: None,
+    }
+}
+
+fn status(g: &Gate) -> u16 {
+    match g {
+        Gate::Respond { status, .. } => *status,
+        Gate::Forward { .. } => 200,
+    }
+}
+
+#[tokio::test]
+async fn a_warm_request_costs_one_store_round_trip() {
+    let store = MemStore::default();
+    let auth = setup(&store, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let statuses: Vec<u16> = futures_statuses(&p, &auth, 4).await;
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        2,
+        "config and key fetched once, then cached"
+    );
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst),
+        4,
+        "one check call per request"
+    );
+}
+
+async fn futures_statuses<C: Clock>(p: &Pipeline<&MemStore, C>, auth: &str, n: usize) -> Vec<u16> {
+    let mut out = vec![];
+    for _ in 0..n {
+        out.push(status(&p.gate(head(auth)).await));
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
+    let store = MemStore::default();
+    let auth = setup(&store, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        &store,
+        &clock,
+        PipelineConfig {
+            cache_ttl: MICROS_PER_SEC,
+            ..PipelineConfig::default()
+        },
+    );
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    clock.advance(2 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        4,
+        "refetched after the TTL"
+    );
+    // a broken configuration written meanwhile: the last good one keeps serving
+    store
+        .records
+        .lock()
+        .unwrap()
+        .insert(CONFIG_KEY.into(), b"{broken".to_vec());
+    clock.advance(2 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    // the key is revoked: refused once the cache entry expires
+    let key = store
+        .records
+        .lock()
+        .unwrap()
+        .keys()
+        .find(|k| k.starts_with("fg:apikey:"))
+        .cloned()
+        .unwrap();
+    let mut rec = KeyRecord::from_json(&store.records.lock().unwrap()[&key]).unwrap();
+    rec.status = KeyStatus::Revoked;
+    store
+        .records
+        .lock()
+        .unwrap()
+        .insert(key, rec.to_json().into_bytes());
+    assert_eq!(status(&p.gate(head(&auth)).await), 200, "still cached");
+    clock.advance(2 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await), 401);
+}
+
+#[tokio::test]
+async fn a_store_outage_is_an_explicit_per_policy_decision() {
+    for (plan, expected) in [("free", 503), ("lenient", 200)] {
+        let store = MemStore::default();
+        let auth = setup(&store, plan);
+        let clock = FakeClock::at(T0);
+        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        store.down.store(true, Ordering::SeqCst);
+        let g = p.gate(head(&auth)).await;
+        assert_eq!(status(&g), expected, "plan {plan}");
+        match g {
+            Gate::Respond { headers, body, .. } => {
+                assert!(headers.iter().any(|(k, v)| *k == "Retry-After" && v == "1"));
+                assert!(body.contains("Rate limiter unavailable"));
+            }
+            Gate::Forward { headers, .. } => {
+                assert!(
+                    headers
+                        .iter()
+                        .any(|(k, v)| *k == "X-RateLimit-Degraded" && v == "fail-open")
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
+    let store = MemStore::default();
+    let auth = setup(&store, "gold");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await), 403);
+    store.records.lock().unwrap().remove(CONFIG_KEY);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    store
+        .records
+        .lock()
+        .unwrap()
+        .insert(CONFIG_KEY.into(), b"{not json".to_vec());
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+}
