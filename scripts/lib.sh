@@ -40,7 +40,7 @@ ensure_wasm_toolchain() {
     WASM_BUILD_STD=()
     return 0
   fi
-  ensure_packages rustc-web cargo-web rust-web-src rust-web-llvm
+  ensure_packages rustc-web cargo-web rust-web-src rust-web-llvm lld-22
   WASM_CARGO=(env RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 /usr/bin/cargo)
   WASM_BUILD_STD=(-Zbuild-std=std,panic_abort)
 }
@@ -48,4 +48,43 @@ ensure_wasm_toolchain() {
 # wasm_cargo ARGS...: runs cargo for wasm32 with the toolchain found above.
 wasm_cargo() {
   "${WASM_CARGO[@]}" "$@" --target wasm32-unknown-unknown "${WASM_BUILD_STD[@]}" --target-dir target/wasm
+}
+
+# Tools installed from the crate registry by version, cached across runs.
+TOOLS="${FLOODGATE_TOOLS:-$HOME/.cache/floodgate/tools}"
+
+# ensure_cargo_tool CRATE VERSION BIN: installs CRATE@VERSION into $TOOLS unless present.
+ensure_cargo_tool() {
+  if [ -x "$TOOLS/bin/$3" ] && "$TOOLS/bin/$3" --version 2>/dev/null | grep -qF "$2"; then return 0; fi
+  say "installing $1 $2 (once; cached in $TOOLS)"
+  cargo install --quiet --root "$TOOLS" "$1" --version "$2" --locked 2>/dev/null \
+    || cargo install --quiet --root "$TOOLS" "$1" --version "$2"
+}
+
+# ensure_worker_toolchain: everything to build the Worker and run it in workerd:
+# the wasm32 toolchain, worker-build, wasm-bindgen-cli at the version Cargo.lock
+# pins, and (npm, edge/worker) wrangler, miniflare, esbuild, wasm-opt, Node 22.
+# None of them downloads anything at run time.
+ensure_worker_toolchain() {
+  ensure_wasm_toolchain
+  ensure_cargo_tool worker-build 0.8.7 worker-build
+  ensure_cargo_tool wasm-bindgen-cli 0.2.130 wasm-bindgen
+  (cd edge/worker && { [ -d node_modules/wrangler ] || npm ci --no-audit --no-fund --loglevel=error; })
+  if [ "${WASM_CARGO[0]}" = env ] && [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown/lib ]; then
+    # worker-build looks for the target's libdir in the sysroot; std is built from source
+    as_root mkdir -p /usr/lib/rustlib/wasm32-unknown-unknown/lib
+  fi
+}
+
+# worker_env: the environment worker-build runs in.
+worker_env() {
+  local w="$PWD/edge/worker/node_modules/.bin"
+  local common=(WASM_BINDGEN_BIN="$TOOLS/bin/wasm-bindgen" WASM_OPT_BIN="$w/wasm-opt" ESBUILD_BIN="$w/esbuild"
+    WRANGLER_SEND_METRICS=false CLOUDFLARE_CF_FETCH_ENABLED=false)
+  if [ "${WASM_CARGO[0]}" = env ]; then
+    echo env PATH="/usr/bin:$PATH" RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
+      CARGO_UNSTABLE_BUILD_STD=std,panic_abort "${common[@]}"
+  else
+    echo env "${common[@]}"
+  fi
 }

@@ -1,0 +1,42 @@
+// Serves the built Worker (build/) in workerd through Miniflare on a loopback port,
+// for the run command and the end-to-end tests. Configuration from the environment:
+//   PORT, UPSTREAM_URL, UPSTASH_REDIS_REST_URL, UPSTASH_REDIS_REST_TOKEN,
+//   CACHE_TTL_MS (default 5000), DEADLINE_MS (default 1000).
+// Prints "ready <url>" once it accepts requests; SIGTERM/SIGINT stop it.
+import { Miniflare } from "miniflare";
+import { fileURLToPath } from "node:url";
+import { dirname, join } from "node:path";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const need = (name) => {
+  const v = process.env[name];
+  if (!v) {
+    console.error(`serve.mjs: ${name} is not set`);
+    process.exit(2);
+  }
+  return v;
+};
+const mf = new Miniflare({
+  modules: true,
+  scriptPath: join(here, "build/index.js"),
+  modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"], fallthrough: true }],
+  compatibilityDate: "2026-04-01",
+  host: "127.0.0.1",
+  port: Number(process.env.PORT ?? 8787),
+  cf: false,
+  bindings: {
+    UPSTREAM_URL: need("UPSTREAM_URL"),
+    UPSTASH_REDIS_REST_URL: need("UPSTASH_REDIS_REST_URL"),
+    UPSTASH_REDIS_REST_TOKEN: need("UPSTASH_REDIS_REST_TOKEN"),
+    CACHE_TTL_MS: process.env.CACHE_TTL_MS ?? "5000",
+    DEADLINE_MS: process.env.DEADLINE_MS ?? "1000",
+  },
+});
+const url = await mf.ready;
+console.log(`ready ${url}`);
+const stop = async () => {
+  await mf.dispose();
+  process.exit(0);
+};
+process.on("SIGTERM", stop);
+process.on("SIGINT", stop);
