@@ -40,3 +40,9 @@ const stop = async () => {
 };
 process.on("SIGTERM", stop);
 process.on("SIGINT", stop);
+// Tests hold our stdin open and close it (or die) when done: stop then too, so no
+// workerd process outlives them.
+if (process.env.STOP_ON_STDIN_EOF === "1") {
+  process.stdin.on("end", stop);
+  process.stdin.resume();
+}

@@ -258,3 +258,119 @@ pub async fn serve(
     });
     (url, stop)
 }
+
+/// serve.mjs and its workerd: stopped by closing stdin, then waited for briefly.
+struct WorkerProcess(Option<tokio::process::Child>);
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        drop(child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.start_kill();
+    }
+}
+
+/// Which host of the edge pipeline a test drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeKind {
+    /// `floodgate_edge::native_host` in-process, over RESP.
+    Native,
+    /// The built Cloudflare Worker in workerd (Miniflare), over an in-process
+    /// `floodgate-rest` endpoint: the production path.
+    Worker,
+}
+
+/// A running edge; stops (and kills its processes) when dropped.
+pub struct EdgeInstance {
+    pub url: String,
+    _guards: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+/// Starts an edge of `kind` in front of `upstream`, reading config, keys and buckets
+/// from `redis`.
+pub async fn start_edge(
+    kind: EdgeKind,
+    redis: &RedisServer,
+    upstream: &str,
+    cache_ttl_ms: i64,
+) -> EdgeInstance {
+    use floodgate_edge::native_host::{self, HostConfig, NativeStore};
+    use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+    match kind {
+        EdgeKind::Native => {
+            let store = floodgate_edge::store::resp::RespStore::connect(
+                &redis.url(),
+                std::time::Duration::from_secs(2),
+            )
+            .await
+            .expect("connect to redis");
+            let settings = PipelineConfig {
+                cache_ttl: cache_ttl_ms * 1000,
+                ..PipelineConfig::default()
+            };
+            let pipeline = Pipeline::new(
+                NativeStore::Resp(store),
+                floodgate_shared::time::SystemClock,
+                settings,
+            );
+            let (url, stop) = serve(native_host::router(pipeline, HostConfig::new(upstream))).await;
+            EdgeInstance {
+                url,
+                _guards: vec![Box::new(stop)],
+            }
+        }
+        EdgeKind::Worker => {
+            let token = "worker-test-token";
+            let endpoint = Endpoint::start(redis, token).await;
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../edge/worker");
+            assert!(
+                dir.join("build/index.js").exists() && dir.join("node_modules/miniflare").exists(),
+                "the Worker is not built: run scripts/worker build (scripts/test does)"
+            );
+            let port = free_port();
+            // workerd logs every client disconnect as an error: keep its stderr in a file
+            let log = std::env::temp_dir().join(format!("floodgate-workerd-{port}.log"));
+            let log_file = std::fs::File::create(&log).expect("create the workerd log");
+            let mut child = tokio::process::Command::new(dir.join("node_modules/.bin/node"))
+                .arg("serve.mjs")
+                .current_dir(&dir)
+                .env("PORT", port.to_string())
+                .env("UPSTREAM_URL", upstream)
+                .env("UPSTASH_REDIS_REST_URL", &endpoint.url)
+                .env("UPSTASH_REDIS_REST_TOKEN", token)
+                .env("CACHE_TTL_MS", cache_ttl_ms.to_string())
+                .env("STOP_ON_STDIN_EOF", "1")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(log_file)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("node runs serve.mjs");
+            let stdout = child.stdout.take().unwrap();
+            let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+            let ready = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
+                .await
+                .expect("workerd starts within 60 s")
+                .expect("read serve.mjs output");
+            assert!(
+                ready.as_deref().is_some_and(|l| l.starts_with("ready")),
+                "serve.mjs said {ready:?}; see {}",
+                log.display()
+            );
+            // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
+            EdgeInstance {
+                url: format!("http://127.0.0.1:{port}"),
+                _guards: vec![Box::new(WorkerProcess(Some(child))), Box::new(endpoint)],
+            }
+        }
+    }
+}

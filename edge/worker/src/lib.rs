@@ -30,7 +30,10 @@ thread_local! {
 }
 
 fn var(env: &Env, name: &str) -> Option<String> {
-    env.var(name).ok().map(|v| v.to_string()).or_else(|| env.secret(name).ok().map(|v| v.to_string()))
+    env.var(name)
+        .ok()
+        .map(|v| v.to_string())
+        .or_else(|| env.secret(name).ok().map(|v| v.to_string()))
 }
 
 fn pipeline(env: &Env) -> Result<Rc<EdgePipeline>> {
@@ -38,24 +41,41 @@ fn pipeline(env: &Env) -> Result<Rc<EdgePipeline>> {
         return Ok(p);
     }
     let url = var(env, "UPSTASH_REDIS_REST_URL").ok_or("UPSTASH_REDIS_REST_URL is not set")?;
-    let token = var(env, "UPSTASH_REDIS_REST_TOKEN").ok_or("UPSTASH_REDIS_REST_TOKEN is not set")?;
-    let ms = |name: &str, default: u64| var(env, name).and_then(|v| v.parse().ok()).unwrap_or(default);
+    let token =
+        var(env, "UPSTASH_REDIS_REST_TOKEN").ok_or("UPSTASH_REDIS_REST_TOKEN is not set")?;
+    let ms = |name: &str, default: u64| {
+        var(env, name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     let store = RestStore::new(&url, &token, Duration::from_millis(ms("DEADLINE_MS", 1000)))
         .map_err(|e| worker::Error::RustError(e.to_string()))?;
-    let settings = PipelineConfig { cache_ttl: ms("CACHE_TTL_MS", 5000) as i64 * 1000, ..PipelineConfig::default() };
+    let settings = PipelineConfig {
+        cache_ttl: ms("CACHE_TTL_MS", 5000) as i64 * 1000,
+        ..PipelineConfig::default()
+    };
     let p = Rc::new(Pipeline::new(store, WorkerClock, settings));
     PIPELINE.with(|slot| *slot.borrow_mut() = Some(p.clone()));
     Ok(p)
 }
 
 const HOP_BY_HOP: &[&str] = &[
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
-    "upgrade", "host", "content-length",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
 ];
 const IDENTITY: &str = "x-floodgate-key-id";
 
 fn json(status: u16, error: &str) -> Result<Response> {
-    let mut r = Response::ok(serde_json::json!({ "error": error }).to_string())?.with_status(status);
+    let mut r =
+        Response::ok(serde_json::json!({ "error": error }).to_string())?.with_status(status);
     r.headers_mut().set("content-type", "application/json")?;
     Ok(r)
 }
@@ -75,30 +95,50 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
         return json(414, "Request URI too long");
     }
     let credentials = req.headers().get("authorization")?;
-    let client_ip = req.headers().get("cf-connecting-ip")?.and_then(|v| v.parse().ok());
-    let head = RequestHead { path: url.path(), credentials: credentials.as_deref().map(str::as_bytes), client_ip };
+    let client_ip = req
+        .headers()
+        .get("cf-connecting-ip")?
+        .and_then(|v| v.parse().ok());
+    let head = RequestHead {
+        path: url.path(),
+        credentials: credentials.as_deref().map(str::as_bytes),
+        client_ip,
+    };
     let (key_id, quota) = match pipeline.gate(head).await {
-        Gate::Respond { status, headers, body } => {
+        Gate::Respond {
+            status,
+            headers,
+            body,
+        } => {
             let mut r = Response::ok(body)?.with_status(status);
             for (k, v) in headers {
                 r.headers_mut().set(k, &v)?;
             }
             return Ok(r);
         }
-        Gate::Forward { key_id, headers, .. } => (key_id, headers),
+        Gate::Forward {
+            key_id, headers, ..
+        } => (key_id, headers),
     };
 
     let forward_key = var(&env, "FORWARD_KEY").as_deref() == Some("true");
     let out = Headers::new();
     for (k, v) in req.headers().entries() {
         let lower = k.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&lower.as_str()) || lower == IDENTITY || (!forward_key && lower == "authorization") {
+        if HOP_BY_HOP.contains(&lower.as_str())
+            || lower == IDENTITY
+            || (!forward_key && lower == "authorization")
+        {
             continue;
         }
         out.append(&k, &v)?;
     }
     out.set(IDENTITY, &key_id)?;
-    let target = format!("{upstream}{}{}", url.path(), url.query().map(|q| format!("?{q}")).unwrap_or_default());
+    let target = format!(
+        "{upstream}{}{}",
+        url.path(),
+        url.query().map(|q| format!("?{q}")).unwrap_or_default()
+    );
     let mut init = RequestInit::new();
     init.with_method(req.method()).with_headers(out);
     if !matches!(req.method(), Method::Get | Method::Head) {
@@ -117,5 +157,7 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
     }
     let status = resp.status_code();
     let body = resp.stream()?;
-    Ok(Response::from_stream(body)?.with_status(status).with_headers(headers))
+    Ok(Response::from_stream(body)?
+        .with_status(status)
+        .with_headers(headers))
 }

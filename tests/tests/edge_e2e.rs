@@ -1,41 +1,50 @@
-//! End to end through the native host: real Redis, the real pipeline, a real
-//! upstream, over HTTP.
+//! End to end through BOTH hosts of the pipeline — the native host and the
+//! Cloudflare Worker in workerd — with real Redis, a real upstream, over HTTP.
+//! Every case runs once per host.
 
 use std::time::Duration;
 
 use floodgate_edge::admin;
 use floodgate_edge::demo_upstream::{self, Seen};
-use floodgate_edge::native_host::{self, HostConfig, NativeStore};
-use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
 use floodgate_edge::store::resp::RespStore;
-use floodgate_shared::time::SystemClock;
-use floodgate_tests::{DEMO_CONFIG, RedisServer, serve};
+use floodgate_tests::{DEMO_CONFIG, EdgeInstance, EdgeKind, RedisServer, serve, start_edge};
 use reqwest::StatusCode;
 
 struct Stack {
     redis: RedisServer,
     seen: Seen,
+    upstream: String,
     edge: String,
     secret: String,
     key_id: String,
-    _stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    _edge: EdgeInstance,
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn edge_on(
-    redis: &RedisServer,
-    upstream: &str,
-    cache_ttl_ms: i64,
-) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
-        .await
-        .unwrap();
-    let settings = PipelineConfig {
-        cache_ttl: cache_ttl_ms * 1000,
-        ..PipelineConfig::default()
-    };
-    let pipeline = Pipeline::new(NativeStore::Resp(store), SystemClock, settings);
-    serve(native_host::router(pipeline, HostConfig::new(upstream))).await
+/// Runs each listed case against the native host and against the Worker.
+macro_rules! on_both_hosts {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn native() {
+                super::$case(floodgate_tests::EdgeKind::Native).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn worker() {
+                super::$case(floodgate_tests::EdgeKind::Worker).await
+            }
+        }
+    )*};
 }
+
+on_both_hosts!(
+    admitted_requests_carry_the_quota_headers_and_reach_the_upstream_as_the_key_id,
+    the_1001st_request_in_a_minute_is_a_429_and_never_reaches_the_upstream,
+    endpoint_buckets_are_independent_and_spellings_cannot_dodge_them,
+    missing_unknown_and_revoked_keys_get_401_json,
+    random_paths_and_hostile_requests_create_no_redis_keys,
+    fifty_clients_over_three_edges_admit_exactly_the_quota,
+);
 
 /// The demo configuration with the refill slowed to one token per hour, so a test
 /// that takes seconds sees no refill: "1,000 per minute" then means exactly 1,000
@@ -46,7 +55,7 @@ fn test_config() -> String {
     c
 }
 
-async fn stack(cache_ttl_ms: i64) -> Stack {
+async fn stack(kind: EdgeKind, cache_ttl_ms: i64) -> Stack {
     let redis = RedisServer::start();
     let admin_store = RespStore::connect(&redis.url(), Duration::from_secs(2))
         .await
@@ -58,15 +67,17 @@ async fn stack(cache_ttl_ms: i64) -> Stack {
         .await
         .unwrap();
     let seen = Seen::default();
-    let (upstream, stop_up) = serve(demo_upstream::router(seen.clone())).await;
-    let (edge, stop_edge) = edge_on(&redis, &upstream, cache_ttl_ms).await;
+    let (upstream, stop) = serve(demo_upstream::router(seen.clone())).await;
+    let instance = start_edge(kind, &redis, &upstream, cache_ttl_ms).await;
     Stack {
         redis,
         seen,
-        edge,
+        upstream,
+        edge: instance.url.clone(),
         secret,
         key_id: record.id,
-        _stops: vec![stop_up, stop_edge],
+        _edge: instance,
+        _stop: stop,
     }
 }
 
@@ -77,9 +88,10 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admitted_requests_carry_the_quota_headers_and_reach_the_upstream_as_the_key_id() {
-    let s = stack(5_000).await;
+async fn admitted_requests_carry_the_quota_headers_and_reach_the_upstream_as_the_key_id(
+    kind: EdgeKind,
+) {
+    let s = stack(kind, 5_000).await;
     let r = client()
         .post(format!("{}/v1/items?x=1", s.edge))
         .bearer_auth(&s.secret)
@@ -116,12 +128,14 @@ async fn admitted_requests_carry_the_quota_headers_and_reach_the_upstream_as_the
         "the identity header is the edge's, not the client's"
     );
     assert_eq!(echo["authorization_forwarded"], false);
-    assert_eq!(echo["forwarded_for"], "127.0.0.1");
+    if kind == EdgeKind::Native {
+        // (in production Cloudflare itself sets X-Forwarded-For before the Worker runs)
+        assert_eq!(echo["forwarded_for"], "127.0.0.1");
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_1001st_request_in_a_minute_is_a_429_and_never_reaches_the_upstream() {
-    let s = stack(5_000).await;
+async fn the_1001st_request_in_a_minute_is_a_429_and_never_reaches_the_upstream(kind: EdgeKind) {
+    let s = stack(kind, 5_000).await;
     let c = client();
     for i in 0..1000 {
         let r = c
@@ -160,9 +174,8 @@ async fn the_1001st_request_in_a_minute_is_a_429_and_never_reaches_the_upstream(
     assert_eq!(s.seen.path("/v1/items/last"), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn endpoint_buckets_are_independent_and_spellings_cannot_dodge_them() {
-    let s = stack(5_000).await;
+async fn endpoint_buckets_are_independent_and_spellings_cannot_dodge_them(kind: EdgeKind) {
+    let s = stack(kind, 5_000).await;
     let c = client();
     let spellings = [
         "/v1/checkout",
@@ -207,9 +220,8 @@ async fn endpoint_buckets_are_independent_and_spellings_cannot_dodge_them() {
     assert_eq!(r.headers()["x-ratelimit-remaining"], "99");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_unknown_and_revoked_keys_get_401_json() {
-    let s = stack(100).await;
+async fn missing_unknown_and_revoked_keys_get_401_json(kind: EdgeKind) {
+    let s = stack(kind, 100).await;
     let c = client();
     let get = |auth: Option<String>| {
         let mut r = c.get(format!("{}/v1/items", s.edge));
@@ -266,9 +278,8 @@ async fn missing_unknown_and_revoked_keys_get_401_json() {
 }
 
 /// 10,000 distinct random paths mint no bucket keys beyond the policies'.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_paths_and_hostile_requests_create_no_redis_keys() {
-    let s = stack(5_000).await;
+async fn random_paths_and_hostile_requests_create_no_redis_keys(kind: EdgeKind) {
+    let s = stack(kind, 5_000).await;
     let c = client();
     let mut conn = s.redis.connection();
     let before: usize = redis::cmd("DBSIZE").query(&mut conn).unwrap();
@@ -332,13 +343,11 @@ async fn random_paths_and_hostile_requests_create_no_redis_keys() {
 
 /// 50 concurrent clients spread over 3 edge instances sharing one Redis admit
 /// exactly the quota.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_clients_over_three_edges_admit_exactly_the_quota() {
-    let s = stack(5_000).await;
-    let (upstream, _stop) = serve(demo_upstream::router(s.seen.clone())).await;
-    let (e2, _s2) = edge_on(&s.redis, &upstream, 5_000).await;
-    let (e3, _s3) = edge_on(&s.redis, &upstream, 5_000).await;
-    let edges = [s.edge.clone(), e2, e3];
+async fn fifty_clients_over_three_edges_admit_exactly_the_quota(kind: EdgeKind) {
+    let s = stack(kind, 5_000).await;
+    let e2 = start_edge(kind, &s.redis, &s.upstream, 5_000).await;
+    let e3 = start_edge(kind, &s.redis, &s.upstream, 5_000).await;
+    let edges = [s.edge.clone(), e2.url.clone(), e3.url.clone()];
     let mut tasks = vec![];
     for i in 0..50 {
         let (edge, secret) = (edges[i % 3].clone(), s.secret.clone());
