@@ -44,6 +44,7 @@ on_both_hosts!(
     missing_unknown_and_revoked_keys_get_401_json,
     random_paths_and_hostile_requests_create_no_redis_keys,
     fifty_clients_over_three_edges_admit_exactly_the_quota,
+    an_unreachable_upstream_is_a_502_json,
 );
 
 /// The demo configuration with the refill slowed to one token per hour, so a test
@@ -372,4 +373,19 @@ async fn fifty_clients_over_three_edges_admit_exactly_the_quota(kind: EdgeKind) 
     }
     assert_eq!(admitted, 1000, "1,500 attempts against a bucket of 1,000");
     assert_eq!(s.seen.total(), 1000);
+}
+
+async fn an_unreachable_upstream_is_a_502_json(kind: EdgeKind) {
+    let s = stack(kind, 5_000).await;
+    let nowhere = format!("http://127.0.0.1:{}", floodgate_tests::free_port());
+    let edge = start_edge(kind, &s.redis, &nowhere, 5_000).await;
+    let r = client()
+        .get(format!("{}/v1/items", edge.url))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "Upstream unavailable");
 }
