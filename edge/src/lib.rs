@@ -2,6 +2,7 @@
 //! and (with the edge issue) the request pipeline and its two hosts.
 
 pub mod pipeline;
+pub mod stats;
 pub mod store;
 
 #[cfg(feature = "native")]

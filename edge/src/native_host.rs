@@ -49,6 +49,13 @@ impl BucketStore for NativeStore {
 }
 
 impl RecordStore for NativeStore {
+    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
+        match self {
+            NativeStore::Resp(s) => s.write_batch(commands).await,
+            NativeStore::Rest(s) => s.write_batch(commands).await,
+        }
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
             NativeStore::Resp(s) => s.get(key).await,

@@ -20,6 +20,7 @@ use floodgate_shared::policy::FailureMode;
 use floodgate_shared::script::Check;
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
+use crate::stats::{Outcome, Stats};
 use crate::store::{BucketStore, RecordStore, StoreError};
 
 /// What the pipeline needs to know about a request.
@@ -84,6 +85,7 @@ pub struct Pipeline<S, C> {
     settings: PipelineConfig,
     config: Mutex<Option<Cached<std::sync::Arc<EdgeConfig>>>>,
     keys: Mutex<HashMap<String, Cached<Option<KeyRecord>>>>,
+    stats: Stats,
 }
 
 fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
@@ -114,11 +116,21 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             settings,
             config: Mutex::new(None),
             keys: Mutex::new(HashMap::new()),
+            stats: Stats::default(),
         }
     }
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// Writes the pending per-endpoint counters in one batch, if a flush is due
+    /// (`every` µs since the last). Hosts call it off the request path.
+    pub async fn flush_stats(&self, every: Micros) -> Result<(), StoreError> {
+        match self.stats.take_due(self.clock.now(), every) {
+            Some(batch) => self.store.write_batch(batch).await,
+            None => Ok(()),
+        }
     }
 
     async fn config(&self) -> Result<std::sync::Arc<EdgeConfig>, String> {
@@ -242,19 +254,31 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 cost: p.cost(),
             })
             .collect();
-        match self.store.check(&calls, None).await {
+        let started = self.clock.now();
+        let result = self.store.check(&calls, None).await;
+        let finished = self.clock.now();
+        let latency = u64::try_from(finished - started).ok();
+        let count = |outcome| {
+            self.stats
+                .record(finished, route_name.as_deref(), outcome, latency)
+        };
+        match result {
             Ok(verdict) => match Answer::for_decision(verdict.headline()) {
-                Answer::Forward { headers } => Gate::Forward {
-                    key_id: record.id,
-                    route: route_name,
-                    headers: headers.pairs(),
-                },
+                Answer::Forward { headers } => {
+                    count(Outcome::Allowed);
+                    Gate::Forward {
+                        key_id: record.id,
+                        route: route_name,
+                        headers: headers.pairs(),
+                    }
+                }
                 Answer::Reject {
                     status,
                     headers,
                     content_type,
                     body,
                 } => {
+                    count(Outcome::Throttled);
                     let mut h = headers.pairs();
                     h.push(("Content-Type", content_type.into()));
                     Gate::Respond {
@@ -265,6 +289,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 }
             },
             Err(e) => {
+                count(Outcome::Degraded);
                 // An explicit decision: fail closed if any matching policy says so.
                 if checks
                     .iter()

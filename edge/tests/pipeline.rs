@@ -24,6 +24,7 @@ struct MemStore {
     checks: AtomicUsize,
     down: AtomicBool,
     now: Mutex<Micros>,
+    writes: Mutex<Vec<Vec<String>>>,
 }
 
 impl BucketStore for &MemStore {
@@ -57,6 +58,11 @@ impl BucketStore for &MemStore {
 }
 
 impl RecordStore for &MemStore {
+    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
+        self.writes.lock().unwrap().extend(commands);
+        Ok(())
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {

@@ -79,4 +79,8 @@ pub trait BucketStore {
 pub trait RecordStore {
     /// The value of a string key, `None` when absent.
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Runs several write commands in ONE round trip (not atomic); fails if any
+    /// command failed.
+    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError>;
 }

@@ -444,6 +444,18 @@ fn script_outcome(item: Value) -> ScriptResult {
 }
 
 impl super::RecordStore for RestStore {
+    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
+        let parts: Vec<Vec<&str>> = commands
+            .iter()
+            .map(|c| c.iter().map(String::as_str).collect())
+            .collect();
+        let refs: Vec<&[&str]> = parts.iter().map(Vec::as_slice).collect();
+        for outcome in self.pipeline(&refs).await? {
+            outcome.map_err(|e| err(StoreErrorKind::Redis, e))?;
+        }
+        Ok(())
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match self.command(&["GET", key]).await {
             Ok(RestValue::Bytes(b)) => Ok(Some(b)),

@@ -81,7 +81,7 @@ fn json(status: u16, error: &str) -> Result<Response> {
 }
 
 #[event(fetch)]
-async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
+async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     let upstream = match var(&env, "UPSTREAM_URL") {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => return json(500, "UPSTREAM_URL is not set"),
@@ -104,7 +104,14 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
         credentials: credentials.as_deref().map(str::as_bytes),
         client_ip,
     };
-    let (key_id, quota) = match pipeline.gate(head).await {
+    let gate = pipeline.gate(head).await;
+    // per-endpoint counters: written in one batch at most once a second, after the
+    // response (waitUntil), never delaying it
+    let flusher = pipeline.clone();
+    ctx.wait_until(async move {
+        let _ = flusher.flush_stats(1_000_000).await;
+    });
+    let (key_id, quota) = match gate {
         Gate::Respond {
             status,
             headers,

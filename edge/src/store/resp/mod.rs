@@ -271,6 +271,19 @@ async fn open(s: &Settings, deadline: Duration) -> Result<Pipe, StoreError> {
 }
 
 impl super::RecordStore for RespStore {
+    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
+        let bytes: Vec<Vec<Vec<u8>>> = commands
+            .into_iter()
+            .map(|c| c.into_iter().map(String::into_bytes).collect())
+            .collect();
+        for reply in self.batch(&bytes).await? {
+            if let Reply::Error(e) = reply {
+                return Err(reply_error(e));
+            }
+        }
+        Ok(())
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match self.command(&[b"GET", key.as_bytes()]).await? {
             Reply::Bulk(v) => Ok(v),

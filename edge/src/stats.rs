@@ -1,0 +1,220 @@
+//! Per-endpoint counters (allowed, throttled, degraded) and the latency of the
+//! store call, kept in memory on the request path and written in ONE batch per
+//! flush, off the request path (`waitUntil` in the Worker, a background task
+//! natively). The dashboard reads them.
+//!
+//! Layout: one hash per minute, `fg:stats:<unix minute>`, fields
+//! `<route>|allowed`, `<route>|throttled`, `<route>|degraded` (route `_` when no
+//! route matched) and `lat|<upper bound µs>` (a latency histogram of store calls),
+//! expiring after two days.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use floodgate_shared::time::{MICROS_PER_SEC, Micros};
+
+/// Histogram bucket upper bounds (µs) of the store-call latency.
+pub const LATENCY_BOUNDS_US: [u64; 12] = [
+    250,
+    500,
+    1_000,
+    2_000,
+    3_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    1_000_000,
+    u64::MAX,
+];
+/// How long stats stay in Redis.
+pub const STATS_TTL_SECS: u64 = 2 * 86_400;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    Allowed,
+    Throttled,
+    Degraded,
+}
+
+impl Outcome {
+    fn name(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Throttled => "throttled",
+            Outcome::Degraded => "degraded",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    /// (minute, field) → count
+    counts: BTreeMap<(i64, String), u64>,
+    last_flush: Micros,
+}
+
+/// Counters waiting for the next flush.
+#[derive(Default)]
+pub struct Stats {
+    pending: Mutex<Pending>,
+}
+
+/// The most distinct (minute, field) entries kept between flushes (bounded memory).
+const MAX_PENDING: usize = 10_000;
+
+impl Stats {
+    /// Counts one decision at `now`, and the store call's latency when there was one.
+    pub fn record(
+        &self,
+        now: Micros,
+        route: Option<&str>,
+        outcome: Outcome,
+        store_latency_us: Option<u64>,
+    ) {
+        let minute = now / (60 * MICROS_PER_SEC);
+        let mut p = self.pending.lock().expect("stats lock");
+        if p.counts.len() >= MAX_PENDING {
+            return; // a flush is overdue; dropping counts beats unbounded memory
+        }
+        *p.counts
+            .entry((
+                minute,
+                format!("{}|{}", route.unwrap_or("_"), outcome.name()),
+            ))
+            .or_default() += 1;
+        if let Some(us) = store_latency_us {
+            let bound = LATENCY_BOUNDS_US
+                .iter()
+                .find(|b| us <= **b)
+                .copied()
+                .unwrap_or(u64::MAX);
+            let label = if bound == u64::MAX {
+                "inf".to_string()
+            } else {
+                bound.to_string()
+            };
+            *p.counts
+                .entry((minute, format!("lat|{label}")))
+                .or_default() += 1;
+        }
+    }
+
+    /// When at least `every` has passed since the last flush and something is
+    /// pending: the commands of one batched write (HINCRBY per field, EXPIRE per
+    /// minute). The counts are taken; a failed write loses them (never blocks).
+    pub fn take_due(&self, now: Micros, every: Micros) -> Option<Vec<Vec<String>>> {
+        let mut p = self.pending.lock().expect("stats lock");
+        if p.counts.is_empty() || now - p.last_flush < every {
+            return None;
+        }
+        p.last_flush = now;
+        let counts = std::mem::take(&mut p.counts);
+        drop(p);
+        let mut commands = Vec::with_capacity(counts.len() + 2);
+        let mut minutes = vec![];
+        for ((minute, field), n) in counts {
+            if minutes.last() != Some(&minute) {
+                minutes.push(minute);
+            }
+            commands.push(vec![
+                "HINCRBY".into(),
+                stats_key(minute),
+                field,
+                n.to_string(),
+            ]);
+        }
+        for m in minutes {
+            commands.push(vec![
+                "EXPIRE".into(),
+                stats_key(m),
+                STATS_TTL_SECS.to_string(),
+            ]);
+        }
+        Some(commands)
+    }
+}
+
+/// The hash holding one minute's counters.
+pub fn stats_key(minute: i64) -> String {
+    format!("fg:stats:{minute}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_batched_per_minute_and_flushed_at_most_once_per_interval() {
+        let s = Stats::default();
+        let t = 1_764_000_000_000_000;
+        s.record(t, Some("search"), Outcome::Allowed, Some(800));
+        s.record(t, Some("search"), Outcome::Allowed, Some(800));
+        s.record(t, None, Outcome::Throttled, Some(20_000_000));
+        s.record(
+            t + 60 * MICROS_PER_SEC,
+            Some("search"),
+            Outcome::Degraded,
+            None,
+        );
+        let batch = s.take_due(t, MICROS_PER_SEC).unwrap();
+        let m = t / 60_000_000;
+        assert!(batch.contains(&vec![
+            "HINCRBY".into(),
+            stats_key(m),
+            "search|allowed".into(),
+            "2".into()
+        ]));
+        assert!(batch.contains(&vec![
+            "HINCRBY".into(),
+            stats_key(m),
+            "_|throttled".into(),
+            "1".into()
+        ]));
+        assert!(batch.contains(&vec![
+            "HINCRBY".into(),
+            stats_key(m),
+            "lat|1000".into(),
+            "2".into()
+        ]));
+        assert!(batch.contains(&vec![
+            "HINCRBY".into(),
+            stats_key(m),
+            "lat|inf".into(),
+            "1".into()
+        ]));
+        assert!(batch.contains(&vec![
+            "HINCRBY".into(),
+            stats_key(m + 1),
+            "search|degraded".into(),
+            "1".into()
+        ]));
+        assert_eq!(batch.iter().filter(|c| c[0] == "EXPIRE").count(), 2);
+        assert_eq!(
+            s.take_due(t + 2 * MICROS_PER_SEC, MICROS_PER_SEC),
+            None,
+            "nothing pending"
+        );
+        s.record(t, None, Outcome::Allowed, None);
+        assert_eq!(
+            s.take_due(t + MICROS_PER_SEC / 2, MICROS_PER_SEC),
+            None,
+            "too soon"
+        );
+        assert!(s.take_due(t + MICROS_PER_SEC, MICROS_PER_SEC).is_some());
+    }
+
+    #[test]
+    fn pending_counts_are_bounded() {
+        let s = Stats::default();
+        for i in 0..(MAX_PENDING as i64 + 500) {
+            s.record(i * 60 * MICROS_PER_SEC, None, Outcome::Allowed, None);
+        }
+        let batch = s.take_due(i64::MAX / 2, 1).unwrap();
+        assert_eq!(
+            batch.iter().filter(|c| c[0] == "HINCRBY").count(),
+            MAX_PENDING
+        );
+    }
+}
