@@ -1,7 +1,8 @@
 // Serves the built Worker (build/) in workerd through Miniflare on a loopback port,
 // for the run command and the end-to-end tests. Configuration from the environment:
 //   PORT, UPSTREAM_URL, UPSTASH_REDIS_REST_URL, UPSTASH_REDIS_REST_TOKEN,
-//   CACHE_TTL_MS (default 5000), DEADLINE_MS (default 1000).
+//   CACHE_TTL_MS (default 5000), DEADLINE_MS (default 1000);
+//   SCRIPT=passthrough serves passthrough.mjs (no limiter) instead: a baseline.
 // Prints "ready <url>" once it accepts requests; SIGTERM/SIGINT stop it.
 import { Miniflare } from "miniflare";
 import { fileURLToPath } from "node:url";
@@ -16,9 +17,10 @@ const need = (name) => {
   }
   return v;
 };
+const passthrough = process.env.SCRIPT === "passthrough"; // the benchmark's baseline
 const mf = new Miniflare({
   modules: true,
-  scriptPath: join(here, "build/index.js"),
+  scriptPath: join(here, passthrough ? "passthrough.mjs" : "build/index.js"),
   modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"], fallthrough: true }],
   compatibilityDate: "2026-04-01",
   host: "127.0.0.1",

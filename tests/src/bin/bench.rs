@@ -65,14 +65,16 @@ fn reference_with(pexpire: bool, time: bool) -> String {
 
 struct Args {
     quick: bool,
-    /// `--only rest`: run just the REST comparison (while iterating on it).
+    /// `rest` / `edge`: run just that section.
     only_rest: bool,
+    only_edge: bool,
 }
 
 fn main() {
     let args = Args {
         quick: std::env::args().any(|a| a == "--quick"),
         only_rest: std::env::args().any(|a| a == "rest"),
+        only_edge: std::env::args().any(|a| a == "edge"),
     };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
@@ -111,6 +113,10 @@ fn main() {
         .unwrap();
     if args.only_rest {
         bench_rest(&server, &rt, scale);
+        return;
+    }
+    if args.only_edge {
+        bench_edge(&server, &rt, scale);
         return;
     }
 
@@ -204,6 +210,7 @@ fn main() {
     }
 
     bench_rest(&server, &rt, scale);
+    bench_edge(&server, &rt, scale);
 
     println!("\n## Memory per bucket at 1,000,000 buckets (cleanup TTL included)");
     let buckets = 1_000_000 / scale;
@@ -665,4 +672,329 @@ fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize,
         p50_us: field("p50_us"),
         p99_us: field("p99_us"),
     }
+}
+
+/// A child process killed when dropped.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a sibling binary of this benchmark on CPU 0 (beside Redis) and waits for
+/// its port.
+fn sibling(name: &str, args: &[&str], env: &[(&str, &str)], port: u16) -> Proc {
+    let bin = std::env::current_exe().unwrap().with_file_name(name);
+    let mut cmd = if Command::new("taskset").arg("-V").output().is_ok() {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    let child = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/bench builds it)", bin.display()));
+    wait_port(port);
+    Proc(child)
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Closed loop: `workers` clients send requests back to back for `secs`.
+async fn saturate(url: &str, secret: &str, workers: usize, secs: f64, max: usize) -> f64 {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(workers)
+        .build()
+        .unwrap();
+    let stop = Instant::now() + Duration::from_secs_f64(secs);
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let local = tokio::task::LocalSet::new();
+    let start = Instant::now();
+    local
+        .run_until(async {
+            let mut tasks = vec![];
+            for w in 0..workers {
+                let (client, done, url, secret) = (
+                    client.clone(),
+                    done.clone(),
+                    url.to_string(),
+                    secret.to_string(),
+                );
+                tasks.push(tokio::task::spawn_local(async move {
+                    let mut i = 0;
+                    while Instant::now() < stop
+                        && done.load(std::sync::atomic::Ordering::Relaxed) < max
+                    {
+                        let r = client
+                            .get(format!("{url}/v1/items/{w}/{i}"))
+                            .bearer_auth(&secret)
+                            .send()
+                            .await;
+                        if let Ok(r) = r {
+                            let ok = r.status().is_success();
+                            let _ = r.bytes().await;
+                            if ok {
+                                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                        i += 1;
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await;
+    done.load(std::sync::atomic::Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Open loop at a fixed rate for `secs`: latency from each request's scheduled
+/// send time (no coordinated omission). Returns (p50 µs, p99 µs, failures).
+async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> (f64, f64, usize) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .build()
+        .unwrap();
+    let n = (rate * secs) as usize;
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async {
+            let start = tokio::time::Instant::now();
+            let mut tasks = Vec::with_capacity(n);
+            for i in 0..n {
+                let at = start + Duration::from_secs_f64(i as f64 / rate);
+                tokio::time::sleep_until(at).await;
+                let (client, url, secret) = (client.clone(), url.to_string(), secret.to_string());
+                tasks.push(tokio::task::spawn_local(async move {
+                    let r = client
+                        .get(format!("{url}/v1/items/{i}"))
+                        .bearer_auth(&secret)
+                        .send()
+                        .await;
+                    let ok = match r {
+                        Ok(r) => {
+                            let ok = r.status().is_success();
+                            let _ = r.bytes().await;
+                            ok
+                        }
+                        Err(_) => false,
+                    };
+                    (at.elapsed().as_nanos() as u64, ok)
+                }));
+            }
+            let mut lat = Vec::with_capacity(n);
+            let mut failed = 0;
+            for t in tasks {
+                let (ns, ok) = t.await.unwrap();
+                lat.push(ns);
+                failed += usize::from(!ok);
+            }
+            lat.sort_unstable();
+            let pct =
+                |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
+            (pct(0.5), pct(0.99), failed)
+        })
+        .await
+}
+
+const BENCH_CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
+  "quota":{"capacity":10000000,"period":"1m"},"failure_mode":"fail_closed"}],"plans":{"free":["default"]}}"#;
+
+/// The edge: native host with the limiter vs without (throughput at saturation,
+/// added latency at a fixed 5k req/s); the Worker in workerd vs a pass-through
+/// Worker (added latency); the Worker's bundle size.
+fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
+    use floodgate_edge::admin;
+    let secret = rt.block_on(async {
+        let store = RespStore::connect(&server.url(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        admin::set_config(&store, BENCH_CONFIG).await.unwrap();
+        admin::create_key(&store, "bench", "free", 0)
+            .await
+            .unwrap()
+            .1
+    });
+    let (up, on, off) = (
+        floodgate_tests::free_port(),
+        floodgate_tests::free_port(),
+        floodgate_tests::free_port(),
+    );
+    let _upstream = sibling(
+        "floodgate-demo-upstream",
+        &["--listen", &format!("127.0.0.1:{up}")],
+        &[],
+        up,
+    );
+    let upstream = format!("http://127.0.0.1:{up}");
+    let redis = server.url();
+    let _on = sibling(
+        "floodgate-edge",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{on}"),
+            "--upstream",
+            &upstream,
+            "--redis",
+            &redis,
+        ],
+        &[],
+        on,
+    );
+    let _off = sibling(
+        "floodgate-edge",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{off}"),
+            "--upstream",
+            &upstream,
+            "--redis",
+            &redis,
+            "--no-limit",
+        ],
+        &[],
+        off,
+    );
+    let (on_url, off_url) = (
+        format!("http://127.0.0.1:{on}"),
+        format!("http://127.0.0.1:{off}"),
+    );
+
+    println!(
+        "\n## The edge: native host, limiter on vs off (same upstream; median of 3 alternating rounds)"
+    );
+    let secs = 3.0 / scale as f64;
+    let (mut r_on, mut r_off) = (vec![], vec![]);
+    for _ in 0..3 {
+        r_on.push(rt.block_on(saturate(&on_url, &secret, 64, secs, 200_000)));
+        r_off.push(rt.block_on(saturate(&off_url, &secret, 64, secs, 200_000)));
+    }
+    r_on.sort_by(f64::total_cmp);
+    r_off.sort_by(f64::total_cmp);
+    println!("| host | requests/s at saturation (64 clients) |");
+    println!("|---|---|");
+    println!("| limiter on | {:.0} |", r_on[1]);
+    println!("| limiter off | {:.0} |", r_off[1]);
+    println!("| **on ÷ off** | **{:.2}** |", r_on[1] / r_off[1]);
+
+    let rate = 5000.0;
+    let fixed_secs = 4.0 / scale as f64;
+    let (p50_on, p99_on, f_on) = rt.block_on(fixed_rate(&on_url, &secret, rate, fixed_secs));
+    let (p50_off, p99_off, f_off) = rt.block_on(fixed_rate(&off_url, &secret, rate, fixed_secs));
+    println!("\n| at a fixed {rate:.0} req/s for {fixed_secs:.1} s | p50 µs | p99 µs | failed |");
+    println!("|---|---|---|---|");
+    println!("| limiter on | {p50_on:.0} | {p99_on:.0} | {f_on} |");
+    println!("| limiter off | {p50_off:.0} | {p99_off:.0} | {f_off} |");
+    println!(
+        "| **added by the limiter** | **{:.0}** | **{:.0}** | |",
+        p50_on - p50_off,
+        p99_on - p99_off
+    );
+
+    bench_worker(server, rt, &upstream, &secret, scale);
+}
+
+fn bench_worker(
+    server: &RedisServer,
+    rt: &tokio::runtime::Runtime,
+    upstream: &str,
+    secret: &str,
+    scale: usize,
+) {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../edge/worker");
+    if !dir.join("build/index_bg.wasm").exists() || !dir.join("node_modules/miniflare").exists() {
+        println!("\n## The Worker: skipped (scripts/worker build first; scripts/bench does)");
+        return;
+    }
+    let rest = floodgate_tests::free_port();
+    let token = "bench-token";
+    let _rest = sibling(
+        "floodgate-rest",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{rest}"),
+            "--redis",
+            &server.url(),
+        ],
+        &[("FLOODGATE_REST_TOKEN", token)],
+        rest,
+    );
+    let serve = |script: &str| {
+        let port = floodgate_tests::free_port();
+        let child = Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(dir.join("node_modules/.bin/node"))
+            .arg("serve.mjs")
+            .current_dir(&dir)
+            .env("PORT", port.to_string())
+            .env("SCRIPT", script)
+            .env("UPSTREAM_URL", upstream)
+            .env("UPSTASH_REDIS_REST_URL", format!("http://127.0.0.1:{rest}"))
+            .env("UPSTASH_REDIS_REST_TOKEN", token)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("node runs serve.mjs");
+        wait_port(port);
+        (Proc(child), format!("http://127.0.0.1:{port}"))
+    };
+    let (_w, worker) = serve("floodgate");
+    let (_p, passthrough) = serve("passthrough");
+    // warm both (isolate start, caches)
+    rt.block_on(fixed_rate(&worker, secret, 100.0, 1.0));
+    rt.block_on(fixed_rate(&passthrough, secret, 100.0, 1.0));
+    let rate = 300.0;
+    let secs = 5.0 / scale as f64;
+    let (w50, w99, wf) = rt.block_on(fixed_rate(&worker, secret, rate, secs));
+    let (p50, p99, pf) = rt.block_on(fixed_rate(&passthrough, secret, rate, secs));
+    println!(
+        "\n## The Worker in workerd (Miniflare) vs a pass-through Worker, {rate:.0} req/s for {secs:.1} s"
+    );
+    println!(
+        "(the limiter's store is floodgate-rest + Redis on loopback; in production it is Upstash)"
+    );
+    println!("| Worker | p50 µs | p99 µs | failed |");
+    println!("|---|---|---|---|");
+    println!("| Floodgate | {w50:.0} | {w99:.0} | {wf} |");
+    println!("| pass-through | {p50:.0} | {p99:.0} | {pf} |");
+    println!(
+        "| **added by Floodgate** | **{:.0}** | **{:.0}** | |",
+        w50 - p50,
+        w99 - p99
+    );
+    let wasm = std::fs::read(dir.join("build/index_bg.wasm")).unwrap();
+    let js = std::fs::read(dir.join("build/index.js")).unwrap();
+    let gz = |bytes: &[u8]| {
+        let mut child = Command::new("gzip")
+            .arg("-9c")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+        child.wait_with_output().unwrap().stdout.len()
+    };
+    println!(
+        "\nWorker bundle: {} KiB ({} KiB wasm + {} KiB JS), **{} KiB gzip**",
+        (wasm.len() + js.len()) / 1024,
+        wasm.len() / 1024,
+        js.len() / 1024,
+        (gz(&wasm) + gz(&js)) / 1024
+    );
 }
