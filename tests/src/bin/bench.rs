@@ -874,23 +874,71 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         format!("http://127.0.0.1:{on}"),
         format!("http://127.0.0.1:{off}"),
     );
+    // The same limiter with its Redis on the other CPU, as a remote Redis would be:
+    // Redis's work then does not compete with the edge's.
+    let remote = RedisServer::start_pinned(Some(1), &[]);
+    let remote_secret = rt.block_on(async {
+        let store = RespStore::connect(&remote.url(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        admin::set_config(&store, BENCH_CONFIG).await.unwrap();
+        admin::create_key(&store, "bench", "free", 0)
+            .await
+            .unwrap()
+            .1
+    });
+    let on_remote = floodgate_tests::free_port();
+    let remote_redis = remote.url();
+    let _on_remote = sibling(
+        "floodgate-edge",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{on_remote}"),
+            "--upstream",
+            &upstream,
+            "--redis",
+            &remote_redis,
+        ],
+        &[],
+        on_remote,
+    );
+    let on_remote_url = format!("http://127.0.0.1:{on_remote}");
 
     println!(
         "\n## The edge: native host, limiter on vs off (same upstream; median of 3 alternating rounds)"
     );
+    println!("(edge and upstream on CPU 0, the load generator on CPU 1)");
     let secs = 3.0 / scale as f64;
-    let (mut r_on, mut r_off) = (vec![], vec![]);
+    let have_wrk = Command::new("wrk").arg("--version").output().is_ok();
+    let load = |url: &str, secret: &str| match have_wrk {
+        true => wrk(url, secret, 64, secs),
+        false => rt.block_on(saturate(url, secret, 64, secs, 200_000)),
+    };
+    let (mut r_on, mut r_remote, mut r_off) = (vec![], vec![], vec![]);
     for _ in 0..3 {
-        r_on.push(rt.block_on(saturate(&on_url, &secret, 64, secs, 200_000)));
-        r_off.push(rt.block_on(saturate(&off_url, &secret, 64, secs, 200_000)));
+        r_on.push(load(&on_url, &secret));
+        r_remote.push(load(&on_remote_url, &remote_secret));
+        r_off.push(load(&off_url, &secret));
     }
-    r_on.sort_by(f64::total_cmp);
-    r_off.sort_by(f64::total_cmp);
-    println!("| host | requests/s at saturation (64 clients) |");
-    println!("|---|---|");
-    println!("| limiter on | {:.0} |", r_on[1]);
-    println!("| limiter off | {:.0} |", r_off[1]);
-    println!("| **on ÷ off** | **{:.2}** |", r_on[1] / r_off[1]);
+    for v in [&mut r_on, &mut r_remote, &mut r_off] {
+        v.sort_by(f64::total_cmp);
+    }
+    println!(
+        "| host | requests/s at saturation (64 connections, {}) | ÷ limiter off |",
+        if have_wrk { "wrk" } else { "reqwest" }
+    );
+    println!("|---|---|---|");
+    println!(
+        "| limiter on, Redis on CPU 0 beside the edge | {:.0} | {:.2} |",
+        r_on[1],
+        r_on[1] / r_off[1]
+    );
+    println!(
+        "| limiter on, Redis on CPU 1 (as if remote) | {:.0} | **{:.2}** |",
+        r_remote[1],
+        r_remote[1] / r_off[1]
+    );
+    println!("| limiter off | {:.0} | 1.00 |", r_off[1]);
 
     let rate = 5000.0;
     let fixed_secs = 4.0 / scale as f64;
@@ -997,4 +1045,31 @@ fn bench_worker(
         js.len() / 1024,
         (gz(&wasm) + gz(&js)) / 1024
     );
+}
+
+/// Saturation with wrk (one thread, `connections` connections, `secs` seconds).
+fn wrk(url: &str, secret: &str, connections: usize, secs: f64) -> f64 {
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-d{}s", secs.ceil() as u64),
+        ])
+        .args(["-H", &format!("Authorization: Bearer {secret}")])
+        .arg(format!("{url}/v1/items"))
+        .output()
+        .expect("wrk runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let non_2xx: f64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .map_or(0.0, |n| n.trim().parse().unwrap_or(0.0));
+    assert!(
+        non_2xx == 0.0,
+        "wrk saw {non_2xx} failed responses:\n{text}"
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Requests/sec in wrk output:\n{text}"))
 }
