@@ -18,6 +18,7 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use floodgate_shared::contract::{HOP_BY_HOP, IDENTITY_HEADER};
 use floodgate_shared::routes::MAX_PATH_LEN;
 use floodgate_shared::time::SystemClock;
 
@@ -87,7 +88,7 @@ impl HostConfig {
             upstream: upstream.into().trim_end_matches('/').to_string(),
             key_header: header::AUTHORIZATION,
             forward_key: false,
-            identity_header: HeaderName::from_static("x-floodgate-key-id"),
+            identity_header: HeaderName::from_static(IDENTITY_HEADER),
             limiter: true,
             upstream_timeout: Duration::from_secs(30),
         }
@@ -114,20 +115,6 @@ pub fn router(pipeline: Pipeline<NativeStore, SystemClock>, config: HostConfig) 
         client,
     }))
 }
-
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<String> = headers

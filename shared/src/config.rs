@@ -72,25 +72,7 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> PolicyError {
 
 impl EdgeConfig {
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
-        if text.len() > MAX_CONFIG_JSON {
-            return Err(err(
-                "(document)",
-                format!(
-                    "is {} bytes; at most {MAX_CONFIG_JSON} are accepted",
-                    text.len()
-                ),
-            ));
-        }
-        let de = &mut serde_json::Deserializer::from_str(text);
-        let spec: ConfigSpec = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." || path == "?" {
-                "(document)".to_string()
-            } else {
-                path
-            };
-            err(field, e.into_inner().to_string())
-        })?;
+        let spec: ConfigSpec = crate::policy::parse_json(text, MAX_CONFIG_JSON)?;
         Self::new(spec)
     }
 

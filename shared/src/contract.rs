@@ -25,6 +25,26 @@ pub const DENIED_STATUS: u16 = 429;
 pub const DENIED_BODY: &str = r#"{"error":"Rate limit exceeded"}"#;
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
+/// Headers a proxy never forwards in either direction: the hop-by-hop headers of
+/// RFC 9110 §7.6.1 plus `host` and `content-length` (recomputed for each hop).
+/// Headers named in `Connection` are dropped too.
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+/// The header the edge sets to the caller's API key id (any client value is replaced).
+pub const IDENTITY_HEADER: &str = "x-floodgate-key-id";
+
 /// The quota headers of one decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitHeaders {

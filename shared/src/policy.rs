@@ -275,31 +275,37 @@ impl Policy {
     /// Parses and validates one policy document. Bounded in size; every error names
     /// the field (`quota.capacity: must be between ...`).
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
-        if text.len() > MAX_POLICY_JSON {
-            return Err(PolicyError::new(
-                "(document)",
-                format!(
-                    "is {} bytes; at most {MAX_POLICY_JSON} are accepted",
-                    text.len()
-                ),
-            ));
-        }
-        let de = &mut serde_json::Deserializer::from_str(text);
-        let spec: PolicySpec = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." || path == "?" {
-                "(document)".to_string()
-            } else {
-                path
-            };
-            PolicyError::new(field, e.into_inner().to_string())
-        })?;
+        let spec: PolicySpec = parse_json(text, MAX_POLICY_JSON)?;
         spec.validate()
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(&PolicySpec::from(self)).expect("a policy spec always serializes")
     }
+}
+
+/// Parses a bounded JSON document; type errors name their field path
+/// (`quota.capacity: invalid type ...`), structural ones `(document)`.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    text: &str,
+    max: usize,
+) -> Result<T, PolicyError> {
+    if text.len() > max {
+        return Err(PolicyError::new(
+            "(document)",
+            format!("is {} bytes; at most {max} are accepted", text.len()),
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." || path == "?" {
+            "(document)".to_string()
+        } else {
+            path
+        };
+        PolicyError::new(field, e.into_inner().to_string())
+    })
 }
 
 /// The operator-facing form of a quota.

@@ -44,7 +44,8 @@ pub fn normalize(path: &str) -> Vec<String> {
     out
 }
 
-fn percent_decode(b: &[u8]) -> Vec<u8> {
+/// Decodes `%XX` escapes once; malformed escapes stay as they are.
+pub fn percent_decode(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
 use floodgate_edge::store::rest::RestStore;
+use floodgate_shared::contract::{HOP_BY_HOP, IDENTITY_HEADER};
 use floodgate_shared::time::{Clock, Micros};
 use worker::{Context, Env, Headers, Method, Request, RequestInit, Response, Result, event};
 
@@ -58,20 +59,6 @@ fn pipeline(env: &Env) -> Result<Rc<EdgePipeline>> {
     PIPELINE.with(|slot| *slot.borrow_mut() = Some(p.clone()));
     Ok(p)
 }
-
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-];
-const IDENTITY: &str = "x-floodgate-key-id";
 
 fn json(status: u16, error: &str) -> Result<Response> {
     let mut r =
@@ -133,14 +120,14 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     for (k, v) in req.headers().entries() {
         let lower = k.to_ascii_lowercase();
         if HOP_BY_HOP.contains(&lower.as_str())
-            || lower == IDENTITY
+            || lower == IDENTITY_HEADER
             || (!forward_key && lower == "authorization")
         {
             continue;
         }
         out.append(&k, &v)?;
     }
-    out.set(IDENTITY, &key_id)?;
+    out.set(IDENTITY_HEADER, &key_id)?;
     let target = format!(
         "{upstream}{}{}",
         url.path(),
