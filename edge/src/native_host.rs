@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, HttpBody};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -224,7 +224,12 @@ async fn handle(
         .client
         .request(parts.method, url)
         .headers(headers)
-        .body(reqwest::Body::wrap_stream(body.into_data_stream()))
+        .body(if body.size_hint().exact() == Some(0) {
+            // no body (a GET): send none, rather than an empty chunked one
+            reqwest::Body::from(Vec::new())
+        } else {
+            reqwest::Body::wrap_stream(body.into_data_stream())
+        })
         .timeout(host.config.upstream_timeout)
         .send()
         .await;
