@@ -319,7 +319,7 @@ impl RestStore {
             let batch = std::mem::take(&mut *self.queue.lock().expect("queue lock"));
             guard.armed = false;
             drop(guard);
-            let started = Clock::start();
+            let started = Stopwatch::start();
             for chunk in into_chunks(batch, MAX_BATCH) {
                 self.flush(chunk, &started).await;
             }
@@ -336,7 +336,7 @@ impl RestStore {
     /// as `EVAL` in a second `/pipeline`, within the same deadline. (`EVAL`, not
     /// `SCRIPT LOAD`: Upstash's global replicas may lack a script another region
     /// loaded; `EVAL` always works.)
-    async fn flush(&self, mut batch: Vec<Queued>, started: &Clock) {
+    async fn flush(&self, mut batch: Vec<Queued>, started: &Stopwatch) {
         for attempt in 0..2 {
             let left = self.deadline.saturating_sub(started.elapsed());
             if left.is_zero() {
@@ -506,17 +506,17 @@ fn classify(e: reqwest::Error) -> StoreError {
 }
 
 /// Elapsed time, also in wasm32 (where `std::time::Instant` panics).
-struct Clock(
+struct Stopwatch(
     #[cfg(not(target_arch = "wasm32"))] std::time::Instant,
     #[cfg(target_arch = "wasm32")] f64,
 );
 
-impl Clock {
+impl Stopwatch {
     fn start() -> Self {
         #[cfg(not(target_arch = "wasm32"))]
-        return Clock(std::time::Instant::now());
+        return Stopwatch(std::time::Instant::now());
         #[cfg(target_arch = "wasm32")]
-        return Clock(js_sys::Date::now());
+        return Stopwatch(js_sys::Date::now());
     }
     fn elapsed(&self) -> Duration {
         #[cfg(not(target_arch = "wasm32"))]
