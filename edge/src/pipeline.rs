@@ -61,6 +61,9 @@ pub struct PipelineConfig {
     pub cache_ttl: Micros,
     /// Most key records cached at once (unknown keys included).
     pub max_cached_keys: usize,
+    /// Answer a bucket that just denied locally until its Retry-After, without
+    /// calling the store (see [`DenyCache`]).
+    pub deny_cache: bool,
 }
 
 impl Default for PipelineConfig {
@@ -69,6 +72,7 @@ impl Default for PipelineConfig {
             bearer: true,
             cache_ttl: 5 * MICROS_PER_SEC,
             max_cached_keys: 100_000,
+            deny_cache: true,
         }
     }
 }
@@ -86,6 +90,53 @@ pub struct Pipeline<S, C> {
     config: Mutex<Option<Cached<std::sync::Arc<EdgeConfig>>>>,
     keys: Mutex<HashMap<String, Cached<Option<KeyRecord>>>>,
     stats: Stats,
+    denied: DenyCache,
+}
+
+/// An exact deny cache. When the store denies a bucket with an exact wait `w`, the
+/// bucket cannot admit the same request before `now + w` (a denial changes no state,
+/// and only time refills), so until then the instance answers that bucket with a
+/// 429 itself. It only ever denies, and only while the store would too: it never
+/// admits a request the store would have denied, and it stops no later than the
+/// instant the store would admit again (anchored at the call's start on this
+/// instance's clock, so at most one round trip early, never late).
+#[derive(Default)]
+pub struct DenyCache {
+    until: Mutex<HashMap<String, Denied>>,
+}
+
+#[derive(Clone, Copy)]
+struct Denied {
+    /// Local instant at which the bucket admits the request again.
+    until: Micros,
+    /// Local instant at which the bucket is full again (`X-RateLimit-Reset`).
+    full_at: Micros,
+    limit: u64,
+}
+
+/// Bound on cached denials; expired ones are dropped first.
+const MAX_DENIED: usize = 100_000;
+
+impl DenyCache {
+    fn lookup(&self, keys: &[&str], now: Micros) -> Option<Denied> {
+        let map = self.until.lock().expect("deny cache lock");
+        keys.iter()
+            .filter_map(|k| map.get(*k))
+            .filter(|d| d.until > now)
+            .max_by_key(|d| d.until)
+            .copied()
+    }
+
+    fn remember(&self, key: &str, denied: Denied, now: Micros) {
+        let mut map = self.until.lock().expect("deny cache lock");
+        if map.len() >= MAX_DENIED {
+            map.retain(|_, d| d.until > now);
+            if map.len() >= MAX_DENIED {
+                return;
+            }
+        }
+        map.insert(key.to_string(), denied);
+    }
 }
 
 fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
@@ -117,6 +168,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             config: Mutex::new(None),
             keys: Mutex::new(HashMap::new()),
             stats: Stats::default(),
+            denied: DenyCache::default(),
         }
     }
 
@@ -246,6 +298,27 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 headers: vec![],
             };
         }
+        if self.settings.deny_cache {
+            let now = self.clock.now();
+            let keys: Vec<&str> = checks.iter().map(|(k, _)| k.as_str()).collect();
+            if let Some(d) = self.denied.lookup(&keys, now) {
+                self.stats
+                    .record(now, route_name.as_deref(), Outcome::Throttled, None);
+                let headers = floodgate_shared::contract::RateLimitHeaders {
+                    limit: d.limit,
+                    remaining: 0,
+                    reset: floodgate_shared::time::ceil_secs(d.full_at.max(now)),
+                    retry_after: Some(floodgate_shared::time::ceil_secs(d.until - now).max(1)),
+                };
+                let mut h = headers.pairs();
+                h.push(("Content-Type", "application/json".into()));
+                return Gate::Respond {
+                    status: floodgate_shared::contract::DENIED_STATUS,
+                    headers: h,
+                    body: floodgate_shared::contract::DENIED_BODY.into(),
+                };
+            }
+        }
         let calls: Vec<Check<'_>> = checks
             .iter()
             .map(|(key, p)| Check {
@@ -262,6 +335,26 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             self.stats
                 .record(finished, route_name.as_deref(), outcome, latency)
         };
+        if let (true, Ok(verdict)) = (self.settings.deny_cache, &result)
+            && !verdict.admitted
+        {
+            for ((key, _), d) in checks.iter().zip(&verdict.decisions) {
+                if let floodgate_shared::Outcome::Denied {
+                    retry_after: Some(wait),
+                } = d.outcome
+                {
+                    // Redis decided somewhere between `started` and `finished` on
+                    // our clock; anchoring at `started` can only end the local
+                    // denial early (the store then decides), never late.
+                    let denied = Denied {
+                        until: started + wait,
+                        full_at: started + (d.full_at - d.now),
+                        limit: d.limit,
+                    };
+                    self.denied.remember(key, denied, finished);
+                }
+            }
+        }
         match result {
             Ok(verdict) => match Answer::for_decision(verdict.headline()) {
                 Answer::Forward { headers } => {

@@ -240,3 +240,109 @@ async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
     let p = Pipeline::new(&store, &clock, PipelineConfig::default());
     assert_eq!(status(&p.gate(head(&auth)).await), 503);
 }
+
+fn retry_after(g: &Gate) -> Option<i64> {
+    match g {
+        Gate::Respond { headers, .. } => headers
+            .iter()
+            .find(|(k, _)| *k == "Retry-After")
+            .map(|(_, v)| v.parse().unwrap()),
+        Gate::Forward { .. } => None,
+    }
+}
+
+/// After a denial the instance answers that bucket itself until the exact wait is
+/// over, then asks the store again.
+#[tokio::test]
+async fn the_deny_cache_answers_locally_until_retry_after() {
+    let store = MemStore::default();
+    let auth = setup(&store, "free"); // 3 per minute: one token every 20 s
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(futures_statuses(&p, &auth, 4).await, [200, 200, 200, 429]);
+    assert_eq!(store.checks.load(Ordering::SeqCst), 4);
+    advance(&clock, &store, MICROS_PER_SEC);
+    let g = p.gate(head(&auth)).await;
+    assert_eq!(status(&g), 429);
+    assert_eq!(retry_after(&g), Some(19));
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst),
+        4,
+        "answered without the store"
+    );
+    advance(&clock, &store, 19 * MICROS_PER_SEC - 1);
+    assert_eq!(status(&p.gate(head(&auth)).await), 429);
+    assert_eq!(store.checks.load(Ordering::SeqCst), 4);
+    advance(&clock, &store, 1);
+    assert_eq!(
+        status(&p.gate(head(&auth)).await),
+        200,
+        "admitted exactly at the retry-after"
+    );
+    assert_eq!(store.checks.load(Ordering::SeqCst), 5);
+}
+
+/// With and without the deny cache, the same requests at the same instants get the
+/// same answers: the cache never admits what the store would deny, nor denies what
+/// it would admit.
+#[test]
+fn the_deny_cache_changes_no_decision() {
+    use proptest::prelude::*;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let steps = prop::collection::vec(
+        prop_oneof![
+            0i64..25 * MICROS_PER_SEC,
+            Just(20 * MICROS_PER_SEC),
+            Just(1),
+            Just(0)
+        ],
+        1..60,
+    );
+    let saved = std::cell::Cell::new(0usize);
+    proptest::test_runner::TestRunner::default()
+        .run(&steps, |steps| {
+            let (a, b) = (MemStore::default(), MemStore::default());
+            let auth = setup(&a, "free");
+            setup(&b, "free");
+            // same key in both stores
+            let records = a.records.lock().unwrap().clone();
+            *b.records.lock().unwrap() = records;
+            let (ca, cb) = (FakeClock::at(T0), FakeClock::at(T0));
+            let with = Pipeline::new(&a, &ca, PipelineConfig::default());
+            let without = Pipeline::new(
+                &b,
+                &cb,
+                PipelineConfig {
+                    deny_cache: false,
+                    ..PipelineConfig::default()
+                },
+            );
+            for dt in steps {
+                advance(&ca, &a, dt);
+                advance(&cb, &b, dt);
+                let (x, y) = rt.block_on(async {
+                    (
+                        with.gate(head(&auth)).await,
+                        without.gate(head(&auth)).await,
+                    )
+                });
+                prop_assert_eq!(status(&x), status(&y));
+                prop_assert_eq!(retry_after(&x), retry_after(&y));
+            }
+            let (ka, kb) = (
+                a.checks.load(Ordering::SeqCst),
+                b.checks.load(Ordering::SeqCst),
+            );
+            prop_assert!(ka <= kb);
+            saved.set(saved.get() + kb - ka);
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        saved.get() > 100,
+        "the cache answered only {} requests itself",
+        saved.get()
+    );
+}
