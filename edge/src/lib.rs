@@ -1,6 +1,7 @@
 //! Floodgate's edge: the stores that run the token-bucket script against Redis,
 //! and (with the edge issue) the request pipeline and its two hosts.
 
+pub mod breaker;
 pub mod pipeline;
 pub mod stats;
 pub mod store;

@@ -20,6 +20,7 @@ use floodgate_shared::policy::FailureMode;
 use floodgate_shared::script::Check;
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
+use crate::breaker::{Breaker, BreakerStats, Permit};
 use crate::stats::{Outcome, Stats};
 use crate::store::{BucketStore, RecordStore, StoreError};
 
@@ -64,6 +65,10 @@ pub struct PipelineConfig {
     /// Answer a bucket that just denied locally until its Retry-After, without
     /// calling the store (see [`DenyCache`]).
     pub deny_cache: bool,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    /// How long the open breaker keeps requests off the store (µs).
+    pub breaker_cool_down: Micros,
 }
 
 impl Default for PipelineConfig {
@@ -73,6 +78,8 @@ impl Default for PipelineConfig {
             cache_ttl: 5 * MICROS_PER_SEC,
             max_cached_keys: 100_000,
             deny_cache: true,
+            breaker_threshold: 5,
+            breaker_cool_down: MICROS_PER_SEC,
         }
     }
 }
@@ -91,6 +98,7 @@ pub struct Pipeline<S, C> {
     keys: Mutex<HashMap<String, Cached<Option<KeyRecord>>>>,
     stats: Stats,
     denied: DenyCache,
+    breaker: Breaker,
 }
 
 /// An exact deny cache. When the store denies a bucket with an exact wait `w`, the
@@ -164,16 +172,27 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         Self {
             store,
             clock,
-            settings,
             config: Mutex::new(None),
             keys: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             denied: DenyCache::default(),
+            breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
+            settings,
         }
     }
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// The circuit breaker's counters (transitions, requests kept off the store,
+    /// time degraded), for alerting.
+    pub fn breaker_stats(&self) -> BreakerStats {
+        self.breaker.stats(self.clock.now())
+    }
+
+    pub fn breaker_phase(&self) -> crate::breaker::Phase {
+        self.breaker.phase()
     }
 
     /// Writes the pending per-endpoint counters in one batch, if a flush is due
@@ -328,8 +347,19 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             })
             .collect();
         let started = self.clock.now();
-        let result = self.store.check(&calls, None).await;
+        let result = match self.breaker.permit(started) {
+            Permit::Skip => Err(StoreError::new(
+                crate::store::StoreErrorKind::Connect,
+                "circuit breaker open: the store is not called",
+            )),
+            Permit::Call | Permit::Probe => self.store.check(&calls, None).await,
+        };
         let finished = self.clock.now();
+        match &result {
+            Ok(_) => self.breaker.success(finished),
+            Err(e) if e.is_retryable() => self.breaker.failure(finished),
+            Err(_) => {}
+        }
         let latency = u64::try_from(finished - started).ok();
         let count = |outcome| {
             self.stats

@@ -346,3 +346,49 @@ fn the_deny_cache_changes_no_decision() {
         saved.get()
     );
 }
+
+/// Consecutive store failures open the breaker: requests stop calling the store
+/// and get their failure mode at once; after the cool-down one probe goes through
+/// and, the store being back, closes it.
+#[tokio::test]
+async fn the_circuit_breaker_opens_probes_and_closes() {
+    use floodgate_edge::breaker::Phase;
+    let store = MemStore::default();
+    let auth = setup(&store, "lenient"); // fail_open
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    store.down.store(true, Ordering::SeqCst);
+    let before = store.checks.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        assert_eq!(
+            status(&p.gate(head(&auth)).await),
+            200,
+            "fail-open while degraded"
+        );
+    }
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst) - before,
+        5,
+        "the store is called until the breaker opens"
+    );
+    let stats = p.breaker_stats();
+    assert_eq!((stats.opened, stats.skipped), (1, 15));
+    assert_eq!(p.breaker_phase(), Phase::Open);
+    // still down at the probe: open again
+    advance(&clock, &store, 1_000_001);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6, "one probe");
+    // back up: the next probe closes the breaker
+    store.down.store(false, Ordering::SeqCst);
+    advance(&clock, &store, 1_000_001);
+    let g = p.gate(head(&auth)).await;
+    assert_eq!(status(&g), 200);
+    assert!(
+        matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, _)| *k == "X-RateLimit-Limit"))
+    );
+    let stats = p.breaker_stats();
+    assert_eq!((stats.opened, stats.closed), (1, 1));
+    assert!(stats.degraded_us >= 2_000_000);
+    assert_eq!(p.breaker_phase(), Phase::Closed);
+}
