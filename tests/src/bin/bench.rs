@@ -679,6 +679,16 @@ struct Proc(std::process::Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // serve.mjs stops its workerd when its stdin closes; others are killed
+        if self.0.stdin.take().is_some() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -994,6 +1004,8 @@ fn bench_worker(
             .env("UPSTREAM_URL", upstream)
             .env("UPSTASH_REDIS_REST_URL", format!("http://127.0.0.1:{rest}"))
             .env("UPSTASH_REDIS_REST_TOKEN", token)
+            .env("STOP_ON_STDIN_EOF", "1")
+            .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
