@@ -15,7 +15,9 @@ use floodgate_shared::apikeys::{
     KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
 };
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
-use floodgate_shared::contract::Answer;
+use floodgate_shared::contract::{
+    Answer, DENIED_BODY, DENIED_STATUS, JSON_CONTENT_TYPE, RateLimitHeaders,
+};
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::script::Check;
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
@@ -156,6 +158,17 @@ fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
         status,
         headers: vec![("Content-Type", "application/json".into())],
         body: body.to_string(),
+    }
+}
+
+/// The contract's 429: quota headers, Retry-After and the JSON body.
+fn rate_limited(headers: RateLimitHeaders) -> Gate {
+    let mut h = headers.pairs();
+    h.push(("Content-Type", JSON_CONTENT_TYPE.into()));
+    Gate::Respond {
+        status: DENIED_STATUS,
+        headers: h,
+        body: DENIED_BODY.into(),
     }
 }
 
@@ -323,19 +336,12 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             if let Some(d) = self.denied.lookup(&keys, now) {
                 self.stats
                     .record(now, route_name.as_deref(), Outcome::Throttled, None);
-                let headers = floodgate_shared::contract::RateLimitHeaders {
+                return rate_limited(RateLimitHeaders {
                     limit: d.limit,
                     remaining: 0,
                     reset: floodgate_shared::time::ceil_secs(d.full_at.max(now)),
                     retry_after: Some(floodgate_shared::time::ceil_secs(d.until - now).max(1)),
-                };
-                let mut h = headers.pairs();
-                h.push(("Content-Type", "application/json".into()));
-                return Gate::Respond {
-                    status: floodgate_shared::contract::DENIED_STATUS,
-                    headers: h,
-                    body: floodgate_shared::contract::DENIED_BODY.into(),
-                };
+                });
             }
         }
         let calls: Vec<Check<'_>> = checks
@@ -395,20 +401,9 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                         headers: headers.pairs(),
                     }
                 }
-                Answer::Reject {
-                    status,
-                    headers,
-                    content_type,
-                    body,
-                } => {
+                Answer::Reject { headers, .. } => {
                     count(Outcome::Throttled);
-                    let mut h = headers.pairs();
-                    h.push(("Content-Type", content_type.into()));
-                    Gate::Respond {
-                        status,
-                        headers: h,
-                        body: body.into(),
-                    }
+                    rate_limited(headers)
                 }
             },
             Err(e) => {
