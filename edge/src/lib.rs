@@ -14,3 +14,14 @@ pub mod demo_upstream;
 pub mod native_host;
 #[cfg(feature = "native")]
 pub mod rest_endpoint;
+
+/// Completes on Ctrl-C or SIGTERM: the native servers stop gracefully on either.
+#[cfg(feature = "native")]
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -112,20 +112,11 @@ fn run() -> Result<(), String> {
             if host.limiter { "on" } else { "OFF" },
             rest_url.as_deref().unwrap_or(&redis)
         );
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(floodgate_edge::shutdown_signal())
         .await
         .map_err(|e| e.to_string())
     })

@@ -52,16 +52,7 @@ fn run() -> Result<(), String> {
             listener.local_addr().map_err(|e| e.to_string())?,
             config.redis_url
         );
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        serve(listener, &config, shutdown)
+        serve(listener, &config, floodgate_edge::shutdown_signal())
             .await
             .map_err(|e| e.to_string())
     })
