@@ -18,6 +18,29 @@ pub struct LuaScript {
     pub sha1: &'static str,
 }
 
+impl LuaScript {
+    /// The words of one call: `EVALSHA <sha1>` (or, `by_source`, `EVAL <source>`,
+    /// the fallback on NOSCRIPT), the number of keys, the keys, the arguments.
+    /// `numkeys` is `keys.len()` as text, owned by the caller.
+    pub fn call_words<'a>(
+        &'a self,
+        by_source: bool,
+        numkeys: &'a str,
+        keys: impl IntoIterator<Item = &'a str>,
+        args: &'a [String],
+    ) -> Vec<&'a str> {
+        let (cmd, script) = if by_source {
+            ("EVAL", self.source)
+        } else {
+            ("EVALSHA", self.sha1)
+        };
+        let mut words = vec![cmd, script, numkeys];
+        words.extend(keys);
+        words.extend(args.iter().map(String::as_str));
+        words
+    }
+}
+
 /// `lua/token_bucket.lua`.
 pub const TOKEN_BUCKET: LuaScript = LuaScript {
     source: include_str!("../../lua/token_bucket.lua"),
@@ -183,6 +206,19 @@ mod tests {
         assert_eq!(TOKEN_BUCKET.sha1.len(), 40);
         assert!(TOKEN_BUCKET.sha1.bytes().all(|b| b.is_ascii_hexdigit()));
         assert!(TOKEN_BUCKET.source.contains("redis.call('TIME')"));
+    }
+
+    #[test]
+    fn calls_are_evalsha_or_eval_then_keys_then_args() {
+        let args = ["".to_string(), "60".to_string()];
+        assert_eq!(
+            TOKEN_BUCKET.call_words(false, "1", ["k"], &args),
+            ["EVALSHA", TOKEN_BUCKET.sha1, "1", "k", "", "60"]
+        );
+        assert_eq!(
+            TOKEN_BUCKET.call_words(true, "1", ["k"], &args)[..2],
+            ["EVAL", TOKEN_BUCKET.source]
+        );
     }
 
     #[test]

@@ -66,7 +66,8 @@ type ScriptResult = Result<Vec<i64>, StoreError>;
 
 /// A bucket check waiting for the next `/pipeline` request.
 struct Queued {
-    command: String,
+    /// `EVAL` with the source (after NOSCRIPT) rather than `EVALSHA`.
+    by_source: bool,
     keys: Vec<String>,
     args: Vec<String>,
     reply: futures_channel::oneshot::Sender<ScriptResult>,
@@ -300,7 +301,7 @@ impl RestStore {
     async fn eval_batched(&self, keys: &[&str], args: Vec<String>) -> ScriptResult {
         let (reply, rx) = futures_channel::oneshot::channel();
         let queued = Queued {
-            command: "EVALSHA".into(),
+            by_source: false,
             keys: keys.iter().map(|k| k.to_string()).collect(),
             args,
             reply,
@@ -382,7 +383,7 @@ impl RestStore {
                             && e.kind == StoreErrorKind::Redis
                             && e.message.starts_with("NOSCRIPT") =>
                     {
-                        q.command = "EVAL".into();
+                        q.by_source = true;
                         again.push(q);
                     }
                     result => {
@@ -410,16 +411,13 @@ fn into_chunks(mut batch: Vec<Queued>, size: usize) -> Vec<Vec<Queued>> {
 }
 
 fn script_json(q: &Queued) -> String {
-    let script = if q.command == "EVAL" {
-        TOKEN_BUCKET.source
-    } else {
-        TOKEN_BUCKET.sha1
-    };
     let numkeys = q.keys.len().to_string();
-    let mut parts: Vec<&str> = vec![q.command.as_str(), script, numkeys.as_str()];
-    parts.extend(q.keys.iter().map(String::as_str));
-    parts.extend(q.args.iter().map(String::as_str));
-    json_array(&parts)
+    json_array(&TOKEN_BUCKET.call_words(
+        q.by_source,
+        &numkeys,
+        q.keys.iter().map(String::as_str),
+        &q.args,
+    ))
 }
 
 /// `{"result": [ints]}` → the integers; `{"error": e}` → a Redis error.

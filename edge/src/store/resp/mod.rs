@@ -170,12 +170,10 @@ impl RespStore {
         keys: &[&str],
         args: &[String],
     ) -> Result<Vec<i64>, StoreError> {
-        let frame = |cmd: &str, script: &str| {
-            let numkeys = keys.len().to_string();
-            let mut parts: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
-            parts.extend([cmd.as_bytes(), script.as_bytes(), numkeys.as_bytes()]);
-            parts.extend(keys.iter().map(|k| k.as_bytes()));
-            parts.extend(args.iter().map(|a| a.as_bytes()));
+        let numkeys = keys.len().to_string();
+        let frame = |by_source: bool| {
+            let words = TOKEN_BUCKET.call_words(by_source, &numkeys, keys.iter().copied(), args);
+            let parts: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
             let mut out = Vec::with_capacity(128);
             encode(&mut out, &parts);
             out
@@ -184,15 +182,10 @@ impl RespStore {
         let lost = |e: String| err(StoreErrorKind::Connect, e);
         let reply = self
             .within_deadline(async {
-                match pipe
-                    .call(frame("EVALSHA", TOKEN_BUCKET.sha1))
-                    .await
-                    .map_err(lost)?
-                {
-                    Reply::Error(e) if e.starts_with("NOSCRIPT") => pipe
-                        .call(frame("EVAL", TOKEN_BUCKET.source))
-                        .await
-                        .map_err(lost),
+                match pipe.call(frame(false)).await.map_err(lost)? {
+                    Reply::Error(e) if e.starts_with("NOSCRIPT") => {
+                        pipe.call(frame(true)).await.map_err(lost)
+                    }
                     other => Ok(other),
                 }
             })
