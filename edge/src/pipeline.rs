@@ -334,8 +334,13 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             let now = self.clock.now();
             let keys: Vec<&str> = checks.iter().map(|(k, _)| k.as_str()).collect();
             if let Some(d) = self.denied.lookup(&keys, now) {
-                self.stats
-                    .record(now, route_name.as_deref(), Outcome::Throttled, None);
+                self.stats.record(
+                    now,
+                    route_name.as_deref(),
+                    Some(&record.id),
+                    Outcome::Throttled,
+                    None,
+                );
                 return rate_limited(RateLimitHeaders {
                     limit: d.limit,
                     remaining: 0,
@@ -368,8 +373,13 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         }
         let latency = u64::try_from(finished - started).ok();
         let count = |outcome| {
-            self.stats
-                .record(finished, route_name.as_deref(), outcome, latency)
+            self.stats.record(
+                finished,
+                route_name.as_deref(),
+                Some(&record.id),
+                outcome,
+                latency,
+            )
         };
         if let (true, Ok(verdict)) = (self.settings.deny_cache, &result)
             && !verdict.admitted

@@ -5,8 +5,9 @@
 //!
 //! Layout: one hash per minute, `fg:stats:<unix minute>`, fields
 //! `<route>|allowed`, `<route>|throttled`, `<route>|degraded` (route `_` when no
-//! route matched) and `lat|<upper bound µs>` (a latency histogram of store calls),
-//! expiring after two days.
+//! route matched), the same three per API key id as `key|<id>|<outcome>`, and
+//! `lat|<upper bound µs>` (a latency histogram of store calls), expiring after two
+//! days.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -70,6 +71,7 @@ impl Stats {
         &self,
         now: Micros,
         route: Option<&str>,
+        key_id: Option<&str>,
         outcome: Outcome,
         store_latency_us: Option<u64>,
     ) {
@@ -84,6 +86,11 @@ impl Stats {
                 format!("{}|{}", route.unwrap_or("_"), outcome.name()),
             ))
             .or_default() += 1;
+        if let Some(id) = key_id {
+            *p.counts
+                .entry((minute, format!("key|{id}|{}", outcome.name())))
+                .or_default() += 1;
+        }
         if let Some(us) = store_latency_us {
             let bound = LATENCY_BOUNDS_US
                 .iter()
@@ -149,12 +156,13 @@ mod tests {
     fn counts_are_batched_per_minute_and_flushed_at_most_once_per_interval() {
         let s = Stats::default();
         let t = 1_764_000_000_000_000;
-        s.record(t, Some("search"), Outcome::Allowed, Some(800));
-        s.record(t, Some("search"), Outcome::Allowed, Some(800));
-        s.record(t, None, Outcome::Throttled, Some(20_000_000));
+        s.record(t, Some("search"), Some("k1"), Outcome::Allowed, Some(800));
+        s.record(t, Some("search"), Some("k1"), Outcome::Allowed, Some(800));
+        s.record(t, None, Some("k1"), Outcome::Throttled, Some(20_000_000));
         s.record(
             t + 60 * MICROS_PER_SEC,
             Some("search"),
+            None,
             Outcome::Degraded,
             None,
         );
@@ -184,6 +192,14 @@ mod tests {
             "lat|inf".into(),
             "1".into()
         ]));
+        for (field, n) in [("key|k1|allowed", "2"), ("key|k1|throttled", "1")] {
+            assert!(batch.contains(&vec![
+                "HINCRBY".into(),
+                stats_key(m),
+                field.into(),
+                n.into()
+            ]));
+        }
         assert!(batch.contains(&vec![
             "HINCRBY".into(),
             stats_key(m + 1),
@@ -196,7 +212,7 @@ mod tests {
             None,
             "nothing pending"
         );
-        s.record(t, None, Outcome::Allowed, None);
+        s.record(t, None, None, Outcome::Allowed, None);
         assert_eq!(
             s.take_due(t + MICROS_PER_SEC / 2, MICROS_PER_SEC),
             None,
@@ -209,7 +225,7 @@ mod tests {
     fn pending_counts_are_bounded() {
         let s = Stats::default();
         for i in 0..(MAX_PENDING as i64 + 500) {
-            s.record(i * 60 * MICROS_PER_SEC, None, Outcome::Allowed, None);
+            s.record(i * 60 * MICROS_PER_SEC, None, None, Outcome::Allowed, None);
         }
         let batch = s.take_due(i64::MAX / 2, 1).unwrap();
         assert_eq!(
