@@ -35,6 +35,7 @@ pub const MAX_CONFIG_JSON: usize = 256 * 1024;
 pub const MAX_POLICIES: usize = 64;
 pub const MAX_ROUTES: usize = 256;
 pub const MAX_PLANS: usize = 64;
+pub const MAX_KEY_OVERRIDES: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +54,18 @@ pub struct ConfigSpec {
     pub routes: Vec<RouteSpec>,
     #[serde(default)]
     pub ip_policies: Vec<String>,
+    /// Per API key overrides: key id → the per-key policies that replace its plan's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub key_overrides: BTreeMap<String, Vec<String>>,
+}
+
+/// Where a policy that applies to a request comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    Plan(String),
+    KeyOverride,
+    Route(String),
+    ClientIp,
 }
 
 /// A validated configuration.
@@ -61,6 +74,7 @@ pub struct EdgeConfig {
     spec: ConfigSpec,
     policies: Vec<Policy>,
     plans: BTreeMap<String, Vec<usize>>,
+    overrides: BTreeMap<String, Vec<usize>>,
     routes: RouteTable,
     route_policies: BTreeMap<String, Vec<usize>>,
     ip_policies: Vec<usize>,
@@ -107,25 +121,45 @@ impl EdgeConfig {
         if spec.plans.is_empty() || spec.plans.len() > MAX_PLANS {
             return Err(err("plans", format!("must hold 1 to {MAX_PLANS} plans")));
         }
+        let per_key = |p: &Policy| {
+            if !p.has(Dimension::ApiKey) || p.has(Dimension::Endpoint) {
+                Err(format!(
+                    "policy {:?} must be keyed by api_key and not by endpoint (endpoint limits go on routes)",
+                    p.name()
+                ))
+            } else {
+                Ok(())
+            }
+        };
         let mut plans = BTreeMap::new();
         for (plan, names) in &spec.plans {
             validate_name(&format!("plans.{plan}"), plan)?;
-            let per_key = |p: &Policy| {
-                if !p.has(Dimension::ApiKey) || p.has(Dimension::Endpoint) {
-                    Err(format!(
-                        "policy {:?} must be keyed by api_key and not by endpoint (endpoint limits go on routes)",
-                        p.name()
-                    ))
-                } else {
-                    Ok(())
-                }
-            };
             let idx = names
                 .iter()
                 .enumerate()
                 .map(|(i, n)| find(format!("plans.{plan}[{i}]"), n, &per_key))
                 .collect::<Result<Vec<_>, _>>()?;
             plans.insert(plan.clone(), idx);
+        }
+        if spec.key_overrides.len() > MAX_KEY_OVERRIDES {
+            return Err(err(
+                "key_overrides",
+                format!("must hold at most {MAX_KEY_OVERRIDES} keys"),
+            ));
+        }
+        let mut overrides = BTreeMap::new();
+        for (key_id, names) in &spec.key_overrides {
+            let field = format!("key_overrides.{key_id}");
+            crate::keys::validate_key_id(key_id).map_err(|e| err(field.clone(), e.message))?;
+            if names.is_empty() {
+                return Err(err(field, "must name at least one policy"));
+            }
+            let idx = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| find(format!("{field}[{i}]"), n, &per_key))
+                .collect::<Result<Vec<_>, _>>()?;
+            overrides.insert(key_id.clone(), idx);
         }
         if spec.routes.len() > MAX_ROUTES {
             return Err(err(
@@ -176,7 +210,12 @@ impl EdgeConfig {
             .map(|(i, n)| find(format!("ip_policies[{i}]"), n, &per_ip))
             .collect::<Result<Vec<_>, _>>()?;
         let most_route = route_policies.values().map(Vec::len).max().unwrap_or(0);
-        let most_plan = plans.values().map(Vec::len).max().unwrap_or(0);
+        let most_plan = plans
+            .values()
+            .chain(overrides.values())
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0);
         if most_route + most_plan + ip_policies.len() > MAX_CHECKS {
             return Err(err(
                 "plans",
@@ -187,6 +226,7 @@ impl EdgeConfig {
             spec,
             policies,
             plans,
+            overrides,
             routes,
             route_policies,
             ip_policies,
@@ -213,9 +253,55 @@ impl EdgeConfig {
         self.policies.iter().find(|p| p.name() == name)
     }
 
-    /// The buckets one request must pass: `(bucket key, policy)` for the key's plan,
-    /// the matched route and the client IP. `None` when the plan is not configured.
-    /// IP policies are skipped when the client IP is unknown.
+    /// The policies one request must pass and where each comes from: the key's
+    /// override or else its plan, the matched route, and the client IP (when known).
+    /// `None` when the plan is not configured.
+    pub fn applicable(
+        &self,
+        key_id: &str,
+        plan: &str,
+        route: Option<&Route>,
+        has_ip: bool,
+    ) -> Option<Vec<(&Policy, Source)>> {
+        let plan_idx = self.plans.get(plan)?;
+        let per_key = match self.overrides.get(key_id) {
+            Some(o) => o
+                .iter()
+                .map(|&i| (i, Source::KeyOverride))
+                .collect::<Vec<_>>(),
+            None => plan_idx
+                .iter()
+                .map(|&i| (i, Source::Plan(plan.to_string())))
+                .collect(),
+        };
+        let route_idx = route
+            .and_then(|r| self.route_policies.get(&r.name).map(|v| (r, v)))
+            .map(|(r, v)| {
+                v.iter()
+                    .map(|&i| (i, Source::Route(r.name.clone())))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        let ip_idx = if has_ip {
+            self.ip_policies
+                .iter()
+                .map(|&i| (i, Source::ClientIp))
+                .collect()
+        } else {
+            vec![]
+        };
+        Some(
+            per_key
+                .into_iter()
+                .chain(route_idx)
+                .chain(ip_idx)
+                .map(|(i, s)| (&self.policies[i], s))
+                .collect(),
+        )
+    }
+
+    /// The buckets one request must pass: `(bucket key, policy)` for each policy of
+    /// [`EdgeConfig::applicable`]. `None` when the plan is not configured.
     pub fn checks<'a>(
         &'a self,
         key_id: &str,
@@ -223,28 +309,15 @@ impl EdgeConfig {
         route: Option<&Route>,
         ip: Option<IpAddr>,
     ) -> Option<Result<Vec<(String, &'a Policy)>, KeyError>> {
-        let plan = self.plans.get(plan)?;
         let subject = Subject {
             api_key_id: Some(key_id),
             route: route.map(|r| r.name.as_str()),
             client_ip: ip,
         };
-        let route_idx = route
-            .and_then(|r| self.route_policies.get(&r.name))
-            .map_or(&[][..], Vec::as_slice);
-        let ip_idx = if ip.is_some() {
-            self.ip_policies.as_slice()
-        } else {
-            &[]
-        };
         Some(
-            plan.iter()
-                .chain(route_idx)
-                .chain(ip_idx)
-                .map(|&i| {
-                    let p = &self.policies[i];
-                    bucket_key(p, &subject).map(|k| (k, p))
-                })
+            self.applicable(key_id, plan, route, ip.is_some())?
+                .into_iter()
+                .map(|(p, _)| bucket_key(p, &subject).map(|k| (k, p)))
                 .collect(),
         )
     }
@@ -295,6 +368,68 @@ mod tests {
         );
         assert!(c.checks("Ab3dE5gH1j", "gold", None, None).is_none());
         assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn a_key_override_replaces_the_plan_policies_for_that_key_only() {
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        v["policies"].as_array_mut().unwrap().push(serde_json::json!(
+            {"name":"vip","dimensions":["api_key"],"quota":{"capacity":50000,"period":"1m"},"failure_mode":"fail_open"}));
+        v["key_overrides"] = serde_json::json!({"Ab3dE5gH1j": ["vip"]});
+        let c = EdgeConfig::from_json(&v.to_string()).unwrap();
+        let search = c.routes().resolve("/v1/search").cloned();
+        let names = |id: &str| -> Vec<(String, Source)> {
+            c.applicable(id, "free", search.as_ref(), false)
+                .unwrap()
+                .into_iter()
+                .map(|(p, s)| (p.name().to_string(), s))
+                .collect()
+        };
+        assert_eq!(
+            names("Ab3dE5gH1j"),
+            [
+                ("vip".into(), Source::KeyOverride),
+                ("search".into(), Source::Route("search".into()))
+            ]
+        );
+        assert_eq!(
+            names("Zz3dE5gH1j")[0],
+            ("default".into(), Source::Plan("free".into()))
+        );
+        let keys: Vec<String> = c
+            .checks("Ab3dE5gH1j", "free", None, None)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["fg:{k:Ab3dE5gH1j}:vip"]);
+        assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+        for (bad, field) in [
+            (
+                serde_json::json!({"Ab3dE5gH1j": ["search"]}),
+                "key_overrides.Ab3dE5gH1j[0]",
+            ),
+            (
+                serde_json::json!({"Ab3dE5gH1j": []}),
+                "key_overrides.Ab3dE5gH1j",
+            ),
+            (serde_json::json!({"a b": ["vip"]}), "key_overrides.a b"),
+            (
+                serde_json::json!({"x".repeat(300): ["vip"]}),
+                &*format!("key_overrides.{}", "x".repeat(300)),
+            ),
+            (
+                serde_json::json!({"Ab3dE5gH1j": ["nope"]}),
+                "key_overrides.Ab3dE5gH1j[0]",
+            ),
+        ] {
+            v["key_overrides"] = bad;
+            assert_eq!(
+                EdgeConfig::from_json(&v.to_string()).unwrap_err().field,
+                field
+            );
+        }
     }
 
     #[test]
