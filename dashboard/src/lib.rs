@@ -1,4 +1,20 @@
-//! Floodgate's operator dashboard. It shares `floodgate-shared`'s policy types and
-//! validation with the edge; the Leptos application lands with the dashboard issue.
+//! Floodgate's operator dashboard: Leptos pages rendered on the server
+//! (`ssr`, served by leptos_axum) and hydrated in the browser (`hydrate`). It shares
+//! the edge's policy types and validation (`floodgate-shared`), and writes what the
+//! edge reads.
 
-pub use floodgate_shared::policy::{Policy, PolicyError, PolicySpec};
+pub mod api;
+pub mod app;
+pub mod model;
+#[cfg(feature = "ssr")]
+pub mod server;
+
+pub use floodgate_shared::policy;
+
+/// The browser entry point: hydrates the server-rendered page.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(app::App);
+}

@@ -159,3 +159,31 @@ pub async fn list_keys(store: &RespStore) -> Result<Vec<KeyRecord>, AdminError> 
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
 }
+
+/// Changes a key's label (owner) and plan; its id, status and creation time stay.
+/// Returns the record before and after.
+pub async fn update_key(
+    store: &RespStore,
+    id: &str,
+    change: impl FnOnce(&mut KeyRecord),
+) -> Result<(KeyRecord, KeyRecord), AdminError> {
+    let (hash, before) = record_by_id(store, id).await?;
+    let mut after = before.clone();
+    change(&mut after);
+    after.id.clone_from(&before.id);
+    after.status = before.status;
+    after.created = before.created;
+    validate_name("plan", &after.plan)?;
+    after.validate()?;
+    expect_ok(
+        store
+            .command(&[
+                b"SET",
+                record_key(&hash).as_bytes(),
+                after.to_json().as_bytes(),
+                b"XX",
+            ])
+            .await?,
+    )?;
+    Ok((before, after))
+}

@@ -1,6 +1,9 @@
 //! Test harness: real `redis-server` processes on free loopback ports, started by
 //! the tests themselves and killed when dropped. Nothing assumes a running Redis.
 
+pub mod dash;
+pub mod webdriver;
+
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,812 @@
+//! The server side (feature `ssr`): Redis access, operators and sessions, the
+//! configuration's compare-and-set with its audit record, traffic reading, and the
+//! router with its guard (session on every page and server function, same-origin
+//! check on every mutation, security headers).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use argon2::Argon2;
+use argon2::password_hash::rand_core::OsRng;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use axum::extract::{FromRef, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::resp::wire::Reply;
+use floodgate_edge::store::{BucketStore, StoreError, StoreErrorKind};
+use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
+use floodgate_shared::policy::Quota;
+use floodgate_shared::script::Check;
+use leptos::config::LeptosOptions;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use crate::model::{AuditEntry, Series, Traffic, histogram_quantile};
+
+pub const OPERATOR_PREFIX: &str = "fg:dash:operator:";
+pub const SESSION_PREFIX: &str = "fg:dash:session:";
+pub const AUDIT_KEY: &str = "fg:audit";
+pub const AUDIT_KEEP: usize = 1000;
+pub const SESSION_TTL_SECS: u64 = 12 * 3600;
+pub const SESSION_COOKIE: &str = "fg_session";
+/// Sign-in attempts allowed per client address and per user name.
+pub const LOGIN_QUOTA: &str = "10/1m";
+/// The largest request body accepted (forms carry at most a few KB; 1 MB
+/// strings are refused with a field error, larger bodies with 413).
+pub const MAX_BODY: usize = 2 * 1024 * 1024;
+/// The audit copy of an item is cut to this many bytes.
+const AUDIT_ITEM_MAX: usize = 4096;
+
+const CONFIG_CAS: &str = include_str!("../../lua/config_cas.lua");
+
+/// What every request handler shares.
+pub struct Core {
+    pub store: RespStore,
+    /// Adds `Secure` to the session cookie (set behind TLS).
+    pub secure_cookies: bool,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub options: LeptosOptions,
+    pub core: Arc<Core>,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(s: &AppState) -> Self {
+        s.options.clone()
+    }
+}
+
+/// A signed-in operator's session, put in the request's extensions by the guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub user: String,
+    pub csrf: String,
+    token_hash: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DashError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(data);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut buf);
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares secrets without an early exit.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn unexpected(reply: &Reply) -> DashError {
+    DashError::Store(StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("unexpected reply {reply:?}"),
+    ))
+}
+
+fn check_reply(reply: Reply) -> Result<Reply, DashError> {
+    match reply {
+        Reply::Error(e) => Err(StoreError::new(StoreErrorKind::Redis, e).into()),
+        r => Ok(r),
+    }
+}
+
+async fn get_string(store: &RespStore, key: &str) -> Result<Option<String>, DashError> {
+    match check_reply(store.command(&[b"GET", key.as_bytes()]).await?)? {
+        Reply::Bulk(Some(b)) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+        Reply::Bulk(None) => Ok(None),
+        other => Err(unexpected(&other)),
+    }
+}
+
+// ----- operators -------------------------------------------------------------
+
+/// Checks an operator name: 1–64 of `A-Z a-z 0-9 . _ @ -`.
+pub fn validate_user(user: &str) -> Result<(), String> {
+    if user.is_empty()
+        || user.len() > 64
+        || !user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
+    {
+        return Err("a user name is 1 to 64 of A-Z a-z 0-9 . _ @ -".into());
+    }
+    Ok(())
+}
+
+fn hash_password(password: &str) -> Result<String, DashError> {
+    let salt = SaltString::generate(&mut OsRng);
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| DashError::Refused(format!("cannot hash the password: {e}")))
+}
+
+/// Creates the operator unless one of that name exists (the first start's
+/// credentials from the environment). Returns whether it was created.
+pub async fn ensure_operator(
+    store: &RespStore,
+    user: &str,
+    password: &str,
+) -> Result<bool, DashError> {
+    validate_user(user).map_err(DashError::Refused)?;
+    if password.chars().count() < 12 || password.len() > 1024 {
+        return Err(DashError::Refused(
+            "the operator password must be 12 to 1024 characters".into(),
+        ));
+    }
+    let password = password.to_string();
+    let phc = tokio::task::spawn_blocking(move || hash_password(&password))
+        .await
+        .map_err(|e| DashError::Refused(e.to_string()))??;
+    let key = format!("{OPERATOR_PREFIX}{user}");
+    let reply = check_reply(
+        store
+            .command(&[b"SET", key.as_bytes(), phc.as_bytes(), b"NX"])
+            .await?,
+    )?;
+    Ok(matches!(reply, Reply::Simple(_)))
+}
+
+/// A hash to verify against when the user does not exist, so that unknown and
+/// known names take the same time.
+fn decoy_hash() -> &'static str {
+    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DECOY.get_or_init(|| hash_password("floodgate-decoy-password").expect("argon2 hashes"))
+}
+
+/// Checks the login limiter (Floodgate's own bucket, one atomic call for the
+/// client address and the user name), then the password.
+pub async fn sign_in(
+    core: &Core,
+    user: &str,
+    password: &str,
+    client: Option<SocketAddr>,
+) -> Result<String, DashError> {
+    let quota = Quota::parse_short(LOGIN_QUOTA).expect("a valid quota");
+    let ip_key = format!(
+        "fg:{{dash-login}}:ip:{}",
+        client
+            .map(|c| c.ip().to_string())
+            .unwrap_or_else(|| "unknown".into())
+    );
+    let user_key = format!(
+        "fg:{{dash-login}}:user:{}",
+        &sha256_hex(user.as_bytes())[..32]
+    );
+    let verdict = core
+        .store
+        .check(
+            &[
+                Check {
+                    key: &ip_key,
+                    quota: &quota,
+                    cost: 1,
+                },
+                Check {
+                    key: &user_key,
+                    quota: &quota,
+                    cost: 1,
+                },
+            ],
+            None,
+        )
+        .await?;
+    if !verdict.admitted {
+        let wait = verdict.headline().retry_after_secs().unwrap_or(60);
+        return Err(DashError::Refused(format!(
+            "Too many sign-in attempts; try again in {wait} s"
+        )));
+    }
+    let bad = || DashError::Refused("Wrong user name or password".into());
+    if password.len() > 1024 {
+        return Err(bad());
+    }
+    let stored = if validate_user(user).is_ok() {
+        get_string(&core.store, &format!("{OPERATOR_PREFIX}{user}")).await?
+    } else {
+        None
+    };
+    let known = stored.is_some();
+    let phc = stored.unwrap_or_else(|| decoy_hash().to_string());
+    let password = password.to_string();
+    let ok = tokio::task::spawn_blocking(move || {
+        PasswordHash::new(&phc)
+            .map(|h| {
+                Argon2::default()
+                    .verify_password(password.as_bytes(), &h)
+                    .is_ok()
+            })
+            .unwrap_or(false)
+    })
+    .await
+    .unwrap_or(false);
+    if !(ok && known) {
+        return Err(bad());
+    }
+    let token = random_hex(32);
+    let session = serde_json::json!({"user": user, "csrf": random_hex(32)}).to_string();
+    check_reply(
+        core.store
+            .command(&[
+                b"SET",
+                format!("{SESSION_PREFIX}{}", sha256_hex(token.as_bytes())).as_bytes(),
+                session.as_bytes(),
+                b"EX",
+                SESSION_TTL_SECS.to_string().as_bytes(),
+            ])
+            .await?,
+    )?;
+    Ok(token)
+}
+
+/// The `Set-Cookie` value carrying a session token (or clearing it when `None`).
+pub fn session_cookie(token: Option<&str>, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    match token {
+        Some(t) => format!(
+            "{SESSION_COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_TTL_SECS}{secure}"
+        ),
+        None => format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
+    }
+}
+
+fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == SESSION_COOKIE)
+        .map(|(_, v)| v)
+        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The session the request's cookie names, if it is live.
+pub async fn lookup_session(
+    core: &Core,
+    headers: &HeaderMap,
+) -> Result<Option<Session>, DashError> {
+    let Some(token) = cookie_token(headers) else {
+        return Ok(None);
+    };
+    let token_hash = sha256_hex(token.as_bytes());
+    let Some(raw) = get_string(&core.store, &format!("{SESSION_PREFIX}{token_hash}")).await? else {
+        return Ok(None);
+    };
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap_or_default();
+    match (v["user"].as_str(), v["csrf"].as_str()) {
+        (Some(user), Some(csrf)) => Ok(Some(Session {
+            user: user.to_string(),
+            csrf: csrf.to_string(),
+            token_hash,
+        })),
+        _ => Ok(None),
+    }
+}
+
+pub async fn sign_out(core: &Core, session: &Session) -> Result<(), DashError> {
+    check_reply(
+        core.store
+            .command(&[
+                b"DEL",
+                format!("{SESSION_PREFIX}{}", session.token_hash).as_bytes(),
+            ])
+            .await?,
+    )?;
+    Ok(())
+}
+
+// ----- configuration and audit ---------------------------------------------------
+
+/// The stored configuration text and its version (SHA-1 hex; "" when absent).
+pub async fn load_config(store: &RespStore) -> Result<(String, Option<String>), DashError> {
+    let text = get_string(store, CONFIG_KEY).await?;
+    let version = text
+        .as_deref()
+        .map(|t| sha1_smol::Sha1::from(t.as_bytes()).digest().to_string())
+        .unwrap_or_default();
+    Ok((version, text))
+}
+
+/// Cuts an item's text for the audit log.
+pub fn audit_item(text: &str) -> String {
+    if text.len() <= AUDIT_ITEM_MAX {
+        return text.to_string();
+    }
+    let mut end = AUDIT_ITEM_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Saves `config` if the stored one is still `based_on`, with its audit record, in
+/// one atomic script. `Ok(Err(current))` when someone else saved first.
+pub async fn save_config(
+    store: &RespStore,
+    based_on: &str,
+    config: &EdgeConfig,
+    entry: &AuditEntry,
+) -> Result<Result<String, String>, DashError> {
+    let entry = serde_json::to_string(entry).expect("an entry serializes");
+    let reply = check_reply(
+        store
+            .command(&[
+                b"EVAL",
+                CONFIG_CAS.as_bytes(),
+                b"2",
+                CONFIG_KEY.as_bytes(),
+                AUDIT_KEY.as_bytes(),
+                based_on.as_bytes(),
+                config.to_json().as_bytes(),
+                entry.as_bytes(),
+                AUDIT_KEEP.to_string().as_bytes(),
+            ])
+            .await?,
+    )?;
+    match &reply {
+        Reply::Array(Some(items)) if items.len() == 2 => {
+            let version = match &items[1] {
+                Reply::Bulk(Some(v)) => String::from_utf8_lossy(v).into_owned(),
+                _ => return Err(unexpected(&reply)),
+            };
+            match items[0] {
+                Reply::Int(1) => Ok(Ok(version)),
+                Reply::Int(0) => Ok(Err(version)),
+                _ => Err(unexpected(&reply)),
+            }
+        }
+        _ => Err(unexpected(&reply)),
+    }
+}
+
+/// Appends an audit record (key operations; configuration changes record theirs
+/// inside the compare-and-set).
+pub async fn audit(store: &RespStore, entry: &AuditEntry) -> Result<(), DashError> {
+    let entry = serde_json::to_string(entry).expect("an entry serializes");
+    let replies = store
+        .batch(&[
+            vec![b"LPUSH".to_vec(), AUDIT_KEY.into(), entry.into_bytes()],
+            vec![
+                b"LTRIM".to_vec(),
+                AUDIT_KEY.into(),
+                b"0".to_vec(),
+                (AUDIT_KEEP - 1).to_string().into_bytes(),
+            ],
+        ])
+        .await?;
+    for r in replies {
+        check_reply(r)?;
+    }
+    Ok(())
+}
+
+pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
+    match check_reply(
+        store
+            .command(&[
+                b"LRANGE",
+                AUDIT_KEY.as_bytes(),
+                b"0",
+                (count.max(1) - 1).to_string().as_bytes(),
+            ])
+            .await?,
+    )? {
+        Reply::Array(Some(items)) => Ok(items
+            .into_iter()
+            .filter_map(|i| match i {
+                Reply::Bulk(Some(b)) => serde_json::from_slice(&b).ok(),
+                _ => None,
+            })
+            .collect()),
+        Reply::Array(None) => Ok(vec![]),
+        other => Err(unexpected(&other)),
+    }
+}
+
+// ----- traffic -----------------------------------------------------------------
+
+/// Reads the edge's per-minute counters for the `window` minutes ending at
+/// `now_minute` (one batched round trip).
+pub async fn traffic(
+    store: &RespStore,
+    now_minute: i64,
+    window: usize,
+) -> Result<Traffic, DashError> {
+    let minutes: Vec<i64> = (0..window as i64).rev().map(|i| now_minute - i).collect();
+    let commands: Vec<Vec<Vec<u8>>> = minutes
+        .iter()
+        .map(|m| {
+            vec![
+                b"HGETALL".to_vec(),
+                floodgate_edge::stats::stats_key(*m).into_bytes(),
+            ]
+        })
+        .collect();
+    let replies = store.batch(&commands).await?;
+    let mut hashes = Vec::with_capacity(window);
+    for r in replies {
+        hashes.push(fields(check_reply(r)?)?);
+    }
+    Ok(summarize(&minutes, &hashes))
+}
+
+fn fields(reply: Reply) -> Result<Vec<(String, u64)>, DashError> {
+    match reply {
+        Reply::Array(Some(items)) => {
+            let mut out = vec![];
+            let mut it = items.into_iter();
+            while let (Some(Reply::Bulk(Some(k))), Some(Reply::Bulk(Some(v)))) =
+                (it.next(), it.next())
+            {
+                if let Ok(n) = String::from_utf8_lossy(&v).parse::<u64>() {
+                    out.push((String::from_utf8_lossy(&k).into_owned(), n));
+                }
+            }
+            Ok(out)
+        }
+        Reply::Array(None) => Ok(vec![]),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Turns per-minute hashes into the series the charts draw (pure).
+pub fn summarize(minutes: &[i64], hashes: &[Vec<(String, u64)>]) -> Traffic {
+    let n = minutes.len();
+    let mut t = Traffic {
+        minutes: minutes.to_vec(),
+        ..Traffic::default()
+    };
+    let mut per_key: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, fields) in hashes.iter().enumerate() {
+        let mut hist = vec![];
+        for (field, count) in fields {
+            let parts: Vec<&str> = field.split('|').collect();
+            match parts.as_slice() {
+                ["lat", bound] => {
+                    let b = if *bound == "inf" {
+                        Some(u64::MAX)
+                    } else {
+                        bound.parse().ok()
+                    };
+                    if let Some(b) = b {
+                        hist.push((b, *count));
+                    }
+                }
+                ["key", id, "throttled"] => *per_key.entry((*id).to_string()).or_default() += count,
+                [route, outcome @ ("allowed" | "throttled" | "degraded")] => {
+                    let s = t
+                        .routes
+                        .entry((*route).to_string())
+                        .or_insert_with(|| Series {
+                            allowed: vec![0; n],
+                            throttled: vec![0; n],
+                            degraded: vec![0; n],
+                        });
+                    let v = match *outcome {
+                        "allowed" => &mut s.allowed,
+                        "throttled" => &mut s.throttled,
+                        _ => &mut s.degraded,
+                    };
+                    v[i] += count;
+                }
+                _ => {}
+            }
+        }
+        t.p50_us.push(histogram_quantile(&hist, 0.5));
+        t.p99_us.push(histogram_quantile(&hist, 0.99));
+    }
+    let mut top: Vec<(String, u64)> = per_key.into_iter().filter(|(_, n)| *n > 0).collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(10);
+    t.top_throttled = top;
+    t
+}
+
+/// Per key: (allowed, throttled, degraded) summed over the hashes.
+pub fn key_usage(hashes: &[Vec<(String, u64)>]) -> BTreeMap<String, (u64, u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    for fields in hashes {
+        for (field, n) in fields {
+            let parts: Vec<&str> = field.split('|').collect();
+            if let ["key", id, outcome] = parts.as_slice() {
+                let e = out.entry((*id).to_string()).or_default();
+                match *outcome {
+                    "allowed" => e.0 += n,
+                    "throttled" => e.1 += n,
+                    "degraded" => e.2 += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The raw per-minute hashes of the window (for per-key usage).
+pub async fn stats_hashes(
+    store: &RespStore,
+    now_minute: i64,
+    window: usize,
+) -> Result<Vec<Vec<(String, u64)>>, DashError> {
+    let commands: Vec<Vec<Vec<u8>>> = (0..window as i64)
+        .map(|i| {
+            vec![
+                b"HGETALL".to_vec(),
+                floodgate_edge::stats::stats_key(now_minute - i).into_bytes(),
+            ]
+        })
+        .collect();
+    let mut out = vec![];
+    for r in store.batch(&commands).await? {
+        out.push(fields(check_reply(r)?)?);
+    }
+    Ok(out)
+}
+
+// ----- the guard -----------------------------------------------------------------
+
+/// Paths served without a session.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/login" | "/api/login" | "/favicon.ico" | "/healthz")
+        || path.starts_with("/pkg/")
+}
+
+/// Whether a state-changing request comes from this dashboard's own pages: its
+/// `Origin` (or, without one, `Sec-Fetch-Site`) must match the `Host` it was sent to.
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    match (
+        headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()),
+        host,
+    ) {
+        (Some(origin), Some(host)) => {
+            let rest = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"));
+            rest == Some(host)
+        }
+        (Some(_), None) => false,
+        (None, _) => headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() == b"same-origin"),
+    }
+}
+
+fn json_error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "error": message }).to_string(),
+    )
+        .into_response()
+}
+
+/// Refuses cross-origin mutations, requires a session everywhere but the sign-in
+/// page, and adds security headers.
+pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let mutation = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let too_large = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_BODY as u64);
+    let mut res = if too_large {
+        json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("a request body may hold at most {MAX_BODY} bytes"),
+        )
+    } else if mutation && !same_origin(req.headers()) {
+        json_error(StatusCode::FORBIDDEN, "cross-origin request refused")
+    } else {
+        match lookup_session(&state.core, req.headers()).await {
+            Ok(Some(session)) => {
+                req.extensions_mut().insert(session);
+                next.run(req).await
+            }
+            Ok(None) if is_public(&path) => next.run(req).await,
+            Ok(None) if path.starts_with("/api/") || mutation => {
+                json_error(StatusCode::UNAUTHORIZED, "sign in first")
+            }
+            Ok(None) => (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response(),
+            Err(e) => json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the session store is unavailable: {e}"),
+            ),
+        }
+    };
+    let h = res.headers_mut();
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static("frame-ancestors 'none'; object-src 'none'; base-uri 'self'"),
+    );
+    if !path.starts_with("/pkg/") {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    res
+}
+
+/// The state of a dashboard serving the hydration bundle from `site_root` (its
+/// `pkg/` holds `floodgate_dashboard.js` and `floodgate_dashboard_bg.wasm`).
+pub fn app_state(store: RespStore, site_root: &str, secure_cookies: bool) -> AppState {
+    let options = LeptosOptions::builder()
+        .output_name("floodgate_dashboard")
+        .site_root(site_root)
+        .site_pkg_dir("pkg")
+        .build();
+    AppState {
+        options,
+        core: Arc::new(Core {
+            store,
+            secure_cookies,
+        }),
+    }
+}
+
+/// Every registered server function's path and method (for tests that must
+/// cover all of them).
+pub fn server_fn_paths() -> Vec<(String, String)> {
+    leptos::server_fn::axum::server_fn_paths()
+        .map(|(p, m)| (p.to_string(), m.to_string()))
+        .collect()
+}
+
+/// The dashboard's router: pages, server functions, the hydration bundle.
+pub fn router(state: AppState) -> axum::Router {
+    use leptos_axum::{LeptosRoutes, generate_route_list};
+    let routes = generate_route_list(crate::app::App);
+    let options = state.options.clone();
+    let core = state.core.clone();
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || leptos::prelude::provide_context(core.clone()),
+            move || crate::app::shell(options.clone()),
+        )
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(
+            crate::app::shell,
+        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_same_origin_mutations_pass() {
+        assert!(same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "http://127.0.0.1:3000")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "http://evil.example")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "null")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "http://127.0.0.1:3000.evil")
+        ])));
+        assert!(!same_origin(&headers(&[("host", "127.0.0.1:3000")])));
+        assert!(same_origin(&headers(&[
+            ("host", "x"),
+            ("sec-fetch-site", "same-origin")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "x"),
+            ("sec-fetch-site", "cross-site")
+        ])));
+    }
+
+    #[test]
+    fn the_session_cookie_is_read_strictly() {
+        let t = "ab".repeat(32);
+        assert_eq!(
+            cookie_token(&headers(&[("cookie", &format!("a=b; fg_session={t}"))])),
+            Some(t.as_str())
+        );
+        assert_eq!(
+            cookie_token(&headers(&[("cookie", "fg_session=short")])),
+            None
+        );
+        assert_eq!(
+            cookie_token(&headers(&[(
+                "cookie",
+                &format!("fg_session={}", "zz".repeat(32))
+            )])),
+            None
+        );
+        let c = session_cookie(Some(&t), true);
+        for part in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
+            assert!(c.contains(part), "{c}");
+        }
+        assert!(!session_cookie(Some(&t), false).contains("Secure"));
+    }
+
+    #[test]
+    fn traffic_is_summarized_per_route_and_key() {
+        let hashes = vec![
+            vec![
+                ("search|allowed".to_string(), 5),
+                ("search|throttled".to_string(), 2),
+                ("search|degraded|fail_open".to_string(), 9),
+                ("key|K1|throttled".to_string(), 2),
+                ("lat|250".to_string(), 7),
+            ],
+            vec![
+                ("_|allowed".to_string(), 1),
+                ("key|K2|throttled".to_string(), 3),
+                ("key|K2|allowed".to_string(), 4),
+            ],
+        ];
+        let t = summarize(&[10, 11], &hashes);
+        assert_eq!(t.routes["search"].allowed, [5, 0]);
+        assert_eq!(t.routes["search"].throttled, [2, 0]);
+        assert_eq!(
+            t.routes["search"].degraded,
+            [0, 0],
+            "per-mode fields are not totals"
+        );
+        assert_eq!(t.routes["_"].allowed, [0, 1]);
+        assert_eq!(
+            t.top_throttled,
+            [("K2".to_string(), 3), ("K1".to_string(), 2)]
+        );
+        assert_eq!(t.p50_us, [Some(250), None]);
+        assert_eq!(key_usage(&hashes)["K2"], (4, 3, 0));
+    }
+
+    #[test]
+    fn secrets_compare_in_full() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "ab"));
+    }
+}
