@@ -63,6 +63,13 @@ impl RecordStore for NativeStore {
             NativeStore::Rest(s) => s.get(key).await,
         }
     }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            NativeStore::Resp(s) => s.ping().await,
+            NativeStore::Rest(s) => s.ping().await,
+        }
+    }
 }
 
 /// How the host proxies.

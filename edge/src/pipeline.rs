@@ -22,7 +22,7 @@ use floodgate_shared::policy::FailureMode;
 use floodgate_shared::script::Check;
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
-use crate::breaker::{Breaker, BreakerStats, Permit};
+use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
 use crate::stats::{Outcome, Stats};
 use crate::store::{BucketStore, RecordStore, StoreError};
 
@@ -69,9 +69,23 @@ pub struct PipelineConfig {
     pub deny_cache: bool,
     /// Consecutive store failures that open the circuit breaker.
     pub breaker_threshold: u32,
-    /// How long the open breaker keeps requests off the store (µs).
+    /// How long the open breaker keeps requests off the store (µs), before it
+    /// health-checks the store.
     pub breaker_cool_down: Micros,
+    /// Where breaker transitions are logged (one line each): stderr natively, the
+    /// console in the Worker.
+    pub log: fn(&str),
 }
+
+/// Logs to stderr (natively; a no-op sink in wasm32, where hosts pass their own).
+pub fn log_to_stderr(line: &str) {
+    eprintln!("{line}");
+}
+
+/// Default breaker threshold: consecutive retryable failures that open it.
+pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+/// Default breaker cool-down before the health check (µs).
+pub const DEFAULT_BREAKER_COOL_DOWN: Micros = MICROS_PER_SEC;
 
 impl Default for PipelineConfig {
     fn default() -> Self {
@@ -80,8 +94,9 @@ impl Default for PipelineConfig {
             cache_ttl: 5 * MICROS_PER_SEC,
             max_cached_keys: 100_000,
             deny_cache: true,
-            breaker_threshold: 5,
-            breaker_cool_down: MICROS_PER_SEC,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            breaker_cool_down: DEFAULT_BREAKER_COOL_DOWN,
+            log: log_to_stderr,
         }
     }
 }
@@ -204,8 +219,15 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         self.breaker.stats(self.clock.now())
     }
 
-    pub fn breaker_phase(&self) -> crate::breaker::Phase {
+    pub fn breaker_phase(&self) -> Phase {
         self.breaker.phase()
+    }
+
+    /// Logs a breaker transition, if there was one.
+    fn logged(&self, moved: Option<Transition>) {
+        if let Some(t) = moved {
+            (self.settings.log)(&t.to_string());
+        }
     }
 
     /// Writes the pending per-endpoint counters in one batch, if a flush is due
@@ -227,6 +249,11 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             .filter(|c| c.until > now)
         {
             return Ok(c.value.clone());
+        }
+        if self.breaker.phase() != Phase::Closed
+            && let Some(c) = self.config.lock().expect("config lock").as_ref()
+        {
+            return Ok(c.value.clone()); // the store is down: keep the last good one
         }
         let fetched = match self.store.get(CONFIG_KEY).await {
             Ok(Some(raw)) => std::str::from_utf8(&raw)
@@ -261,15 +288,23 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             .lock()
             .expect("key cache lock")
             .get(&hash)
-            .filter(|c| c.until > now)
+            .filter(|c| c.until > now || self.breaker.phase() != Phase::Closed)
         {
+            // fresh, or stale while the breaker keeps requests off the store
             return Ok(c.value.clone());
         }
-        let record = self
-            .store
-            .get(&record_key(&hash))
-            .await?
-            .and_then(|raw| KeyRecord::from_json(&raw));
+        let record = match self.store.get(&record_key(&hash)).await {
+            Ok(raw) => raw.and_then(|raw| KeyRecord::from_json(&raw)),
+            Err(e) => {
+                // the store is unreachable: a record seen before (even expired) is
+                // better than refusing every caller whatever their failure mode
+                let cache = self.keys.lock().expect("key cache lock");
+                return match cache.get(&hash) {
+                    Some(c) if e.is_retryable() => Ok(c.value.clone()),
+                    _ => Err(e),
+                };
+            }
+        };
         let mut cache = self.keys.lock().expect("key cache lock");
         if cache.len() >= self.settings.max_cached_keys {
             cache.retain(|_, c| c.until > now);
@@ -358,17 +393,29 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             })
             .collect();
         let started = self.clock.now();
-        let result = match self.breaker.permit(started) {
+        let (permit, moved) = self.breaker.permit(started);
+        self.logged(moved);
+        let result = match permit {
             Permit::Skip => Err(StoreError::new(
                 crate::store::StoreErrorKind::Connect,
                 "circuit breaker open: the store is not called",
             )),
-            Permit::Call | Permit::Probe => self.store.check(&calls, None).await,
+            Permit::Probe => match self.store.ping().await {
+                Ok(()) => {
+                    self.logged(self.breaker.success(self.clock.now()));
+                    self.store.check(&calls, None).await
+                }
+                Err(e) => Err(e),
+            },
+            Permit::Call => self.store.check(&calls, None).await,
         };
         let finished = self.clock.now();
         match &result {
-            Ok(_) => self.breaker.success(finished),
-            Err(e) if e.is_retryable() => self.breaker.failure(finished),
+            Ok(_) => self.logged(self.breaker.success(finished)),
+            // a failed health check reopens whatever the error
+            Err(e) if permit == Permit::Probe || (e.is_retryable() && permit == Permit::Call) => {
+                self.logged(self.breaker.failure(finished, e))
+            }
             Err(_) => {}
         }
         let latency = u64::try_from(finished - started).ok();

@@ -375,20 +375,68 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     let stats = p.breaker_stats();
     assert_eq!((stats.opened, stats.skipped), (1, 15));
     assert_eq!(p.breaker_phase(), Phase::Open);
-    // still down at the probe: open again
+    // still down at the health check: open again, without a bucket check
     advance(&clock, &store, 1_000_001);
+    let gets = store.gets.load(Ordering::SeqCst);
     assert_eq!(status(&p.gate(head(&auth)).await), 200);
-    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6, "one probe");
-    // back up: the next probe closes the breaker
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        1,
+        "one health check (the stale key record and config are reused)"
+    );
+    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 5);
+    assert_eq!(p.breaker_phase(), Phase::Open);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        1,
+        "one probe per cool-down"
+    );
+    // back up: the next health check closes the breaker, then the bucket is checked
     store.down.store(false, Ordering::SeqCst);
     advance(&clock, &store, 1_000_001);
     let g = p.gate(head(&auth)).await;
+    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6);
     assert_eq!(status(&g), 200);
     assert!(
         matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, _)| *k == "X-RateLimit-Limit"))
     );
     let stats = p.breaker_stats();
-    assert_eq!((stats.opened, stats.closed), (1, 1));
+    assert_eq!((stats.opened, stats.closed, stats.probes), (1, 1, 2));
     assert!(stats.degraded_us >= 2_000_000);
     assert_eq!(p.breaker_phase(), Phase::Closed);
+}
+
+/// An outage longer than the cache TTL still applies the policies' failure mode:
+/// the last key record and configuration seen keep serving while the store is
+/// unreachable (a key never seen is still refused with 503).
+#[tokio::test]
+async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
+    let store = MemStore::default();
+    let auth = setup(&store, "lenient"); // fail_open
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        &store,
+        &clock,
+        PipelineConfig {
+            cache_ttl: MICROS_PER_SEC,
+            breaker_threshold: 100, // keep the breaker closed: the store is asked
+            ..PipelineConfig::default()
+        },
+    );
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    store.down.store(true, Ordering::SeqCst);
+    advance(&clock, &store, 10 * MICROS_PER_SEC);
+    let gets = store.gets.load(Ordering::SeqCst);
+    let g = p.gate(head(&auth)).await;
+    assert!(
+        store.gets.load(Ordering::SeqCst) > gets,
+        "the expired record was looked up again"
+    );
+    assert!(
+        matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, v)| *k == "X-RateLimit-Degraded" && v == "fail-open")),
+        "{g:?}"
+    );
+    let stranger = format!("Bearer {}", new_secret(&[9u8; 42]).1);
+    assert_eq!(status(&p.gate(head(&stranger)).await), 503);
 }

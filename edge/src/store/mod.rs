@@ -83,4 +83,10 @@ pub trait RecordStore {
     /// Runs several write commands in ONE round trip (not atomic); fails if any
     /// command failed.
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError>;
+
+    /// A health check within the deadline: `PING` where the store speaks it (the
+    /// breaker's half-open probe). The default reads a key that need not exist.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.get("fg:ping").await.map(|_| ())
+    }
 }

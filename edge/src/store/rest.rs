@@ -442,6 +442,10 @@ fn script_outcome(item: Value) -> ScriptResult {
 }
 
 impl super::RecordStore for RestStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.command(&["PING"]).await.map(|_| ())
+    }
+
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
         let parts: Vec<Vec<&str>> = commands
             .iter()

@@ -2,7 +2,9 @@
 //! host-free pipeline in `floodgate-edge` over the Upstash REST store.
 //!
 //! Bindings (wrangler.toml): secrets `UPSTASH_REDIS_REST_URL`, `UPSTASH_REDIS_REST_TOKEN`;
-//! vars `UPSTREAM_URL`, optional `CACHE_TTL_MS`, `DEADLINE_MS`, `FORWARD_KEY`.
+//! vars `UPSTREAM_URL`, optional `CACHE_TTL_MS`, `DEADLINE_MS`, `FORWARD_KEY`,
+//! `BREAKER_THRESHOLD` (consecutive failures that open the breaker, default 5) and
+//! `BREAKER_COOL_DOWN_MS` (default 1000). Breaker transitions go to the console log.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -53,11 +55,18 @@ fn pipeline(env: &Env) -> Result<Rc<EdgePipeline>> {
         .map_err(|e| worker::Error::RustError(e.to_string()))?;
     let settings = PipelineConfig {
         cache_ttl: ms("CACHE_TTL_MS", 5000) as i64 * 1000,
+        breaker_threshold: ms("BREAKER_THRESHOLD", 5).clamp(1, u32::MAX as u64) as u32,
+        breaker_cool_down: ms("BREAKER_COOL_DOWN_MS", 1000) as i64 * 1000,
+        log: console_log,
         ..PipelineConfig::default()
     };
     let p = Rc::new(Pipeline::new(store, WorkerClock, settings));
     PIPELINE.with(|slot| *slot.borrow_mut() = Some(p.clone()));
     Ok(p)
+}
+
+fn console_log(line: &str) {
+    worker::console_log!("{line}");
 }
 
 fn json(status: u16, error: &str) -> Result<Response> {
