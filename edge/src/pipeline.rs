@@ -18,11 +18,12 @@ use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{
     Answer, DENIED_BODY, DENIED_STATUS, JSON_CONTENT_TYPE, RateLimitHeaders,
 };
-use floodgate_shared::policy::FailureMode;
+use floodgate_shared::policy::{FailureMode, Quota};
 use floodgate_shared::script::Check;
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
+use crate::fallback::LocalBuckets;
 use crate::stats::{Outcome, Stats};
 use crate::store::{BucketStore, RecordStore, StoreError};
 
@@ -116,6 +117,7 @@ pub struct Pipeline<S, C> {
     stats: Stats,
     denied: DenyCache,
     breaker: Breaker,
+    local: LocalBuckets,
 }
 
 /// An exact deny cache. When the store denies a bucket with an exact wait `w`, the
@@ -164,6 +166,21 @@ impl DenyCache {
     }
 }
 
+/// Marks every answer given without Redis: `fail-open`, `fail-closed` or
+/// `local-fallback` (see `docs/failure.md`).
+pub const DEGRADED_HEADER: &str = "X-RateLimit-Degraded";
+
+/// The mode applied when several policies match: fail_closed over local_fallback
+/// over fail_open.
+pub fn strictest(modes: impl Iterator<Item = FailureMode>) -> FailureMode {
+    let rank = |m: &FailureMode| match m {
+        FailureMode::FailOpen => 0,
+        FailureMode::LocalFallback => 1,
+        FailureMode::FailClosed => 2,
+    };
+    modes.max_by_key(rank).unwrap_or(FailureMode::FailOpen)
+}
+
 fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
     let body = match hint {
         Some(h) => serde_json::json!({ "error": error, "hint": h }),
@@ -204,6 +221,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             keys: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             denied: DenyCache::default(),
+            local: LocalBuckets::default(),
             breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
             settings,
         }
@@ -465,18 +483,45 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             },
             Err(e) => {
                 count(Outcome::Degraded);
-                // An explicit decision: fail closed if any matching policy says so.
-                if checks
-                    .iter()
-                    .any(|(_, p)| p.failure_mode() == FailureMode::FailClosed)
-                {
-                    unavailable(&format!("rate limit state unavailable: {e}"))
-                } else {
-                    Gate::Forward {
+                // An explicit decision: the strictest mode among the matching policies.
+                match strictest(checks.iter().map(|(_, p)| p.failure_mode())) {
+                    FailureMode::FailClosed => {
+                        let mut g = unavailable(&format!("rate limit state unavailable: {e}"));
+                        if let Gate::Respond { headers, .. } = &mut g {
+                            headers.push((DEGRADED_HEADER, "fail-closed".into()));
+                        }
+                        g
+                    }
+                    FailureMode::LocalFallback => {
+                        let local: Vec<(&str, &Quota, u32)> = checks
+                            .iter()
+                            .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
+                            .collect();
+                        let verdict = self.local.check(&local, finished);
+                        match Answer::for_decision(verdict.headline()) {
+                            Answer::Forward { headers } => {
+                                let mut h = headers.pairs();
+                                h.push((DEGRADED_HEADER, "local-fallback".into()));
+                                Gate::Forward {
+                                    key_id: record.id,
+                                    route: route_name,
+                                    headers: h,
+                                }
+                            }
+                            Answer::Reject { headers, .. } => {
+                                let mut g = rate_limited(headers);
+                                if let Gate::Respond { headers, .. } = &mut g {
+                                    headers.push((DEGRADED_HEADER, "local-fallback".into()));
+                                }
+                                g
+                            }
+                        }
+                    }
+                    FailureMode::FailOpen => Gate::Forward {
                         key_id: record.id,
                         route: route_name,
-                        headers: vec![("X-RateLimit-Degraded", "fail-open".into())],
-                    }
+                        headers: vec![(DEGRADED_HEADER, "fail-open".into())],
+                    },
                 }
             }
         }

@@ -74,8 +74,9 @@ impl RecordStore for &MemStore {
 
 const CONFIG: &str = r#"{"policies":[
   {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
-  {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"}],
-  "plans":{"free":["default"],"lenient":["soft"]}}"#;
+  {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"},
+  {"name":"local","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"local_fallback","local_share_percent":20}],
+  "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"]}}"#;
 
 fn setup(store: &MemStore, plan: &str) -> String {
     let (id, secret) = new_secret(&[7u8; 42]);
@@ -439,4 +440,82 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     );
     let stranger = format!("Bearer {}", new_secret(&[9u8; 42]).1);
     assert_eq!(status(&p.gate(head(&stranger)).await), 503);
+}
+
+fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
+    let headers = match g {
+        Gate::Respond { headers, .. } | Gate::Forward { headers, .. } => headers,
+    };
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// local_fallback: while the store is down, each instance enforces its share of
+/// the quota (20% of 10/min = 2 tokens, one more every 30 s) with the pure bucket.
+#[tokio::test]
+async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
+    for plan in ["fallback", "mixed"] {
+        let store = MemStore::default();
+        let auth = setup(&store, plan);
+        let clock = FakeClock::at(T0);
+        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        store.down.store(true, Ordering::SeqCst);
+        let mut statuses = vec![];
+        for _ in 0..4 {
+            let g = p.gate(head(&auth)).await;
+            assert_eq!(
+                header(&g, "X-RateLimit-Degraded"),
+                Some("local-fallback"),
+                "{plan}"
+            );
+            statuses.push(status(&g));
+            if status(&g) == 429 {
+                assert_eq!(retry_after(&g), Some(30), "{plan}");
+                assert_eq!(header(&g, "X-RateLimit-Limit"), Some("2"));
+            }
+        }
+        assert_eq!(statuses, [200, 200, 429, 429], "{plan}");
+        advance(&clock, &store, 30 * MICROS_PER_SEC - 1);
+        assert_eq!(status(&p.gate(head(&auth)).await), 429);
+        advance(&clock, &store, 1);
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        assert_eq!(status(&p.gate(head(&auth)).await), 429);
+        // back up: Redis decides again (its bucket saw only the first request)
+        store.down.store(false, Ordering::SeqCst);
+        advance(&clock, &store, 2 * MICROS_PER_SEC);
+        let g = p.gate(head(&auth)).await;
+        assert_eq!(status(&g), 200);
+        assert_eq!(header(&g, "X-RateLimit-Degraded"), None);
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
+    let store = MemStore::default();
+    let auth = setup(&store, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    store.down.store(true, Ordering::SeqCst);
+    // cold: the key cannot be verified at all
+    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    store.down.store(true, Ordering::SeqCst);
+    let g = p.gate(head(&auth)).await;
+    assert_eq!(status(&g), 503);
+    assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-closed"));
+    use floodgate_edge::pipeline::strictest;
+    use floodgate_shared::policy::FailureMode::*;
+    assert_eq!(
+        strictest([FailOpen, LocalFallback].into_iter()),
+        LocalFallback
+    );
+    assert_eq!(
+        strictest([LocalFallback, FailClosed, FailOpen].into_iter()),
+        FailClosed
+    );
+    assert_eq!(strictest([FailOpen].into_iter()), FailOpen);
 }
