@@ -116,11 +116,42 @@ pub fn router(pipeline: Pipeline<NativeStore, SystemClock>, config: HostConfig) 
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("an HTTP client builds");
-    Router::new().fallback(handle).with_state(Arc::new(Host {
+    let host = Arc::new(Host {
         pipeline,
         config,
         client,
-    }))
+    });
+    // per-endpoint counters: one batched write per second, off the request path;
+    // the task ends once the router (and so the host) is gone
+    let weak = Arc::downgrade(&host);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(host) = weak.upgrade() else { return };
+            let _ = host.pipeline.flush_stats(STATS_FLUSH_EVERY).await;
+        }
+    });
+    Router::new()
+        .route(HEALTH_PATH, axum::routing::get(health))
+        .fallback(handle)
+        .with_state(host)
+}
+
+/// The path the host answers itself with [`Pipeline::health`] as JSON (never
+/// forwarded): breaker phase and transitions, time degraded, degraded requests.
+pub const HEALTH_PATH: &str = "/__floodgate/health";
+const STATS_FLUSH_EVERY: floodgate_shared::Micros = 1_000_000;
+
+async fn health(State(host): State<Arc<Host>>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        host.pipeline.health().to_json(),
+    )
+        .into_response()
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {

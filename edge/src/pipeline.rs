@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use floodgate_shared::apikeys::{
     KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
@@ -118,6 +119,48 @@ pub struct Pipeline<S, C> {
     denied: DenyCache,
     breaker: Breaker,
     local: LocalBuckets,
+    totals: Totals,
+}
+
+/// Running totals since the instance started, for alerting (see [`Health`]).
+#[derive(Default)]
+struct Totals {
+    fail_open: AtomicU64,
+    fail_closed: AtomicU64,
+    local_fallback: AtomicU64,
+    /// µs of breaker time already written to `breaker|open_ms`.
+    open_us_counted: Mutex<Micros>,
+}
+
+/// One instance's view of its store, served as JSON by the hosts
+/// (`GET /__floodgate/health`) for alerting on fail-open duration and volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub breaker: Phase,
+    pub stats: BreakerStats,
+    /// Requests decided without Redis, per failure mode, since start.
+    pub fail_open: u64,
+    pub fail_closed: u64,
+    pub local_fallback: u64,
+}
+
+impl Health {
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "breaker": self.breaker.name(),
+            "breaker_opened": self.stats.opened,
+            "breaker_closed": self.stats.closed,
+            "breaker_probes": self.stats.probes,
+            "breaker_skipped": self.stats.skipped,
+            "degraded_seconds": self.stats.degraded_us as f64 / 1e6,
+            "degraded_requests": {
+                "fail_open": self.fail_open,
+                "fail_closed": self.fail_closed,
+                "local_fallback": self.local_fallback,
+            },
+        })
+        .to_string()
+    }
 }
 
 /// An exact deny cache. When the store denies a bucket with an exact wait `w`, the
@@ -222,6 +265,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             stats: Stats::default(),
             denied: DenyCache::default(),
             local: LocalBuckets::default(),
+            totals: Totals::default(),
             breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
             settings,
         }
@@ -241,17 +285,45 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         self.breaker.phase()
     }
 
-    /// Logs a breaker transition, if there was one.
+    /// Logs a breaker transition, if there was one, and counts new outages.
     fn logged(&self, moved: Option<Transition>) {
         if let Some(t) = moved {
             (self.settings.log)(&t.to_string());
+            if (t.from, t.to) == (Phase::Closed, Phase::Open) {
+                self.stats.bump(t.at, "breaker|opened".into(), 1);
+            }
+        }
+    }
+
+    /// The breaker's phase and counters and the degraded totals, for alerting.
+    pub fn health(&self) -> Health {
+        Health {
+            breaker: self.breaker.phase(),
+            stats: self.breaker_stats(),
+            fail_open: self.totals.fail_open.load(Ordering::Relaxed),
+            fail_closed: self.totals.fail_closed.load(Ordering::Relaxed),
+            local_fallback: self.totals.local_fallback.load(Ordering::Relaxed),
         }
     }
 
     /// Writes the pending per-endpoint counters in one batch, if a flush is due
-    /// (`every` µs since the last). Hosts call it off the request path.
+    /// (`every` µs since the last). Hosts call it off the request path. While the
+    /// breaker is not closed the counters wait (bounded) instead of being lost.
     pub async fn flush_stats(&self, every: Micros) -> Result<(), StoreError> {
-        match self.stats.take_due(self.clock.now(), every) {
+        let now = self.clock.now();
+        {
+            let degraded = self.breaker.stats(now).degraded_us;
+            let mut counted = self.totals.open_us_counted.lock().expect("totals lock");
+            let ms = (degraded - *counted) / 1_000;
+            if ms > 0 {
+                *counted += ms * 1_000;
+                self.stats.bump(now, "breaker|open_ms".into(), ms as u64);
+            }
+        }
+        if self.breaker.phase() != Phase::Closed {
+            return Ok(());
+        }
+        match self.stats.take_due(now, every) {
             Some(batch) => self.store.write_batch(batch).await,
             None => Ok(()),
         }
@@ -484,7 +556,16 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             Err(e) => {
                 count(Outcome::Degraded);
                 // An explicit decision: the strictest mode among the matching policies.
-                match strictest(checks.iter().map(|(_, p)| p.failure_mode())) {
+                let mode = strictest(checks.iter().map(|(_, p)| p.failure_mode()));
+                self.stats
+                    .record_degraded_mode(finished, route_name.as_deref(), mode.name());
+                match mode {
+                    FailureMode::FailOpen => &self.totals.fail_open,
+                    FailureMode::FailClosed => &self.totals.fail_closed,
+                    FailureMode::LocalFallback => &self.totals.local_fallback,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                match mode {
                     FailureMode::FailClosed => {
                         let mut g = unavailable(&format!("rate limit state unavailable: {e}"));
                         if let Gate::Respond { headers, .. } = &mut g {

@@ -519,3 +519,52 @@ async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
     );
     assert_eq!(strictest([FailOpen].into_iter()), FailOpen);
 }
+
+/// Degraded decisions are counted per mode and per route, the breaker's outages
+/// and open time land in the per-minute hash, and the health view adds them up.
+#[tokio::test]
+async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
+    let store = MemStore::default();
+    let auth = setup(&store, "lenient"); // fail_open
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    p.flush_stats(0).await.unwrap();
+    store.writes.lock().unwrap().clear();
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..8 {
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    }
+    let h = p.health();
+    assert_eq!(h.breaker, floodgate_edge::breaker::Phase::Open);
+    assert_eq!((h.fail_open, h.fail_closed, h.local_fallback), (8, 0, 0));
+    assert_eq!(h.stats.opened, 1);
+    let json: serde_json::Value = serde_json::from_str(&h.to_json()).unwrap();
+    assert_eq!(json["breaker"], "open");
+    assert_eq!(json["degraded_requests"]["fail_open"], 8);
+    // counters wait while the breaker is open, then go out once it closes
+    advance(&clock, &store, 2_500_000);
+    p.flush_stats(0).await.unwrap();
+    assert!(
+        store.writes.lock().unwrap().is_empty(),
+        "nothing written while open"
+    );
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    p.flush_stats(0).await.unwrap();
+    let writes = store.writes.lock().unwrap().clone();
+    let sum = |field: &str| -> u64 {
+        writes
+            .iter()
+            .filter(|c| c[0] == "HINCRBY" && c[2] == field)
+            .map(|c| c[3].parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(sum("mode|fail_open"), 8);
+    assert_eq!(sum("_|degraded|fail_open"), 8);
+    assert_eq!(sum("_|degraded"), 8, "the existing field is unchanged");
+    assert_eq!(sum("breaker|opened"), 1);
+    let open_ms = sum("breaker|open_ms");
+    assert!((2_500..=2_600).contains(&open_ms), "open_ms {open_ms}");
+    assert_eq!(sum("mode|fail_closed"), 0);
+}

@@ -87,6 +87,12 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         Err(e) => return json(500, &format!("misconfigured: {e}")),
     };
     let url = req.url()?;
+    if url.path() == "/__floodgate/health" {
+        // this isolate's breaker and degraded totals (see docs/failure.md)
+        let mut r = Response::ok(pipeline.health().to_json())?;
+        r.headers_mut().set("content-type", "application/json")?;
+        return Ok(r);
+    }
     if url.path().len() > floodgate_shared::routes::MAX_PATH_LEN {
         return json(414, "Request URI too long");
     }
