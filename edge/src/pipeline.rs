@@ -53,7 +53,19 @@ pub enum Gate {
         key_id: String,
         route: Option<String>,
         headers: Vec<(&'static str, String)>,
+        /// In-flight slots taken for this request (policies with `max_in_flight`).
+        /// The host releases them with [`Pipeline::release`] when the response is
+        /// complete, the client goes away or the upstream times out; slots never
+        /// released expire after [`PipelineConfig::in_flight_ttl`].
+        slots: Vec<Slot>,
     },
+}
+
+/// One in-flight slot: its set and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub key: String,
+    pub id: String,
 }
 
 /// How the pipeline behaves.
@@ -74,6 +86,9 @@ pub struct PipelineConfig {
     /// How long the open breaker keeps requests off the store (µs), before it
     /// health-checks the store.
     pub breaker_cool_down: Micros,
+    /// How long an in-flight slot lives unless released (µs): slots of a crashed
+    /// instance free themselves then. Longer than the longest request.
+    pub in_flight_ttl: Micros,
     /// Where breaker transitions are logged (one line each): stderr natively, the
     /// console in the Worker.
     pub log: fn(&str),
@@ -99,6 +114,7 @@ impl Default for PipelineConfig {
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             breaker_cool_down: DEFAULT_BREAKER_COOL_DOWN,
             log: log_to_stderr,
+            in_flight_ttl: 60 * MICROS_PER_SEC,
         }
     }
 }
@@ -120,6 +136,37 @@ pub struct Pipeline<S, C> {
     breaker: Breaker,
     local: LocalBuckets,
     totals: Totals,
+    slot_ids: SlotIds,
+}
+
+/// Unique slot ids: a per-instance random prefix and a counter.
+struct SlotIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl SlotIds {
+    fn new(now: Micros) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_i64(now);
+        Self {
+            prefix: format!("{:016x}", h.finish()),
+            next: AtomicU64::new(0),
+        }
+    }
+    fn next(&self) -> String {
+        format!(
+            "{}-{:x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+enum SlotRefusal {
+    Full,
+    Store(StoreError),
 }
 
 /// Running totals since the instance started, for alerting (see [`Health`]).
@@ -257,6 +304,7 @@ fn unavailable(why: &str) -> Gate {
 
 impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
     pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
+        let slot_ids = SlotIds::new(clock.now());
         Self {
             store,
             clock,
@@ -266,6 +314,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             denied: DenyCache::default(),
             local: LocalBuckets::default(),
             totals: Totals::default(),
+            slot_ids,
             breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
             settings,
         }
@@ -292,6 +341,46 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             if (t.from, t.to) == (Phase::Closed, Phase::Open) {
                 self.stats.bump(t.at, "breaker|opened".into(), 1);
             }
+        }
+    }
+
+    /// Takes one in-flight slot per policy with `max_in_flight`; all or none.
+    async fn take_slots(
+        &self,
+        checks: &[(String, &floodgate_shared::Policy)],
+    ) -> Result<Vec<Slot>, SlotRefusal> {
+        let mut taken = vec![];
+        for (key, p) in checks {
+            let Some(limit) = p.max_in_flight() else {
+                continue;
+            };
+            let slot = Slot {
+                key: floodgate_shared::script::in_flight_key(key),
+                id: self.slot_ids.next(),
+            };
+            let ttl_ms = (self.settings.in_flight_ttl / 1_000).max(1) as u64;
+            let outcome = self
+                .store
+                .acquire_slot(&slot.key, &slot.id, limit, ttl_ms)
+                .await;
+            match outcome {
+                Ok(true) => taken.push(slot),
+                Ok(false) | Err(_) => {
+                    self.release(&taken).await;
+                    return Err(match outcome {
+                        Err(e) => SlotRefusal::Store(e),
+                        _ => SlotRefusal::Full,
+                    });
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Gives back in-flight slots (errors ignored: an unreleased slot expires).
+    pub async fn release(&self, slots: &[Slot]) {
+        for s in slots {
+            let _ = self.store.release_slot(&s.key, &s.id).await;
         }
     }
 
@@ -453,6 +542,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 key_id: record.id,
                 route: route_name,
                 headers: vec![],
+                slots: vec![],
             };
         }
         if self.settings.deny_cache {
@@ -541,11 +631,41 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         match result {
             Ok(verdict) => match Answer::for_decision(verdict.headline()) {
                 Answer::Forward { headers } => {
+                    let mut headers = headers.pairs();
+                    let slots = match self.take_slots(&checks).await {
+                        Ok(slots) => slots,
+                        Err(SlotRefusal::Full) => {
+                            count(Outcome::Throttled);
+                            let mut g = json_error(
+                                DENIED_STATUS,
+                                "Too many requests in flight",
+                                Some("wait for a response before sending more"),
+                            );
+                            if let Gate::Respond { headers, .. } = &mut g {
+                                headers.push(("Retry-After", "1".into()));
+                            }
+                            return g;
+                        }
+                        Err(SlotRefusal::Store(e)) => {
+                            let limited =
+                                checks.iter().filter(|(_, p)| p.max_in_flight().is_some());
+                            if strictest(limited.map(|(_, p)| p.failure_mode()))
+                                == FailureMode::FailClosed
+                            {
+                                count(Outcome::Degraded);
+                                return unavailable(&format!("in-flight slots unavailable: {e}"));
+                            }
+                            // fail_open and local_fallback: admit without a slot
+                            headers.push((DEGRADED_HEADER, "fail-open".into()));
+                            vec![]
+                        }
+                    };
                     count(Outcome::Allowed);
                     Gate::Forward {
                         key_id: record.id,
                         route: route_name,
-                        headers: headers.pairs(),
+                        headers,
+                        slots,
                     }
                 }
                 Answer::Reject { headers, .. } => {
@@ -587,6 +707,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                                     key_id: record.id,
                                     route: route_name,
                                     headers: h,
+                                    slots: vec![],
                                 }
                             }
                             Answer::Reject { headers, .. } => {
@@ -602,6 +723,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                         key_id: record.id,
                         route: route_name,
                         headers: vec![(DEGRADED_HEADER, "fail-open".into())],
+                        slots: vec![],
                     },
                 }
             }

@@ -485,6 +485,40 @@ impl BucketStore for RestStore {
         let reply = self.eval_batched(&keys, args).await?;
         Ok(interpret_token_bucket(checks, &reply)?)
     }
+
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        id: &str,
+        limit: u32,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let (limit, ttl) = (limit.to_string(), ttl_ms.to_string());
+        let script = floodgate_shared::script::IN_FLIGHT.source;
+        match self
+            .command(&["EVAL", script, "1", key, id, &limit, &ttl])
+            .await?
+        {
+            RestValue::Array(items) => {
+                let ints: Vec<i64> = items
+                    .iter()
+                    .filter_map(|v| match v {
+                        RestValue::Int(i) => Some(*i),
+                        _ => None,
+                    })
+                    .collect();
+                super::slot_taken(&ints)
+            }
+            other => Err(err(
+                StoreErrorKind::Protocol,
+                format!("unexpected in-flight reply {other:?}"),
+            )),
+        }
+    }
+
+    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
+        self.command(&["ZREM", key, id]).await.map(|_| ())
+    }
 }
 
 fn json_array(args: &[&str]) -> String {

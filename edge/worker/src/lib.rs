@@ -113,7 +113,7 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     ctx.wait_until(async move {
         let _ = flusher.flush_stats(1_000_000).await;
     });
-    let (key_id, quota) = match gate {
+    let (key_id, quota, slots) = match gate {
         Gate::Respond {
             status,
             headers,
@@ -126,8 +126,11 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
             return Ok(r);
         }
         Gate::Forward {
-            key_id, headers, ..
-        } => (key_id, headers),
+            key_id,
+            headers,
+            slots,
+            ..
+        } => (key_id, headers, slots),
     };
 
     let forward_key = var(&env, "FORWARD_KEY").as_deref() == Some("true");
@@ -156,7 +159,14 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         }
     }
     let upstream_req = Request::new_with_init(&target, &init)?;
-    let mut resp = match worker::Fetch::Request(upstream_req).send().await {
+    let sent = worker::Fetch::Request(upstream_req).send().await;
+    // in-flight slots go back once the upstream has answered (or failed); the body
+    // then streams without holding one
+    if !slots.is_empty() {
+        let releaser = pipeline.clone();
+        ctx.wait_until(async move { releaser.release(&slots).await });
+    }
+    let mut resp = match sent {
         Ok(r) => r,
         Err(_) => return json(502, "Upstream unavailable"),
     };

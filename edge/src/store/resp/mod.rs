@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use floodgate_shared::Micros;
 use floodgate_shared::script::{
-    Check, TOKEN_BUCKET, Verdict, interpret_token_bucket, token_bucket_args,
+    Check, IN_FLIGHT, LuaScript, TOKEN_BUCKET, Verdict, interpret_token_bucket, token_bucket_args,
 };
 use redis::{ConnectionAddr, IntoConnectionInfo};
 
@@ -175,9 +175,20 @@ impl RespStore {
         keys: &[&str],
         args: &[String],
     ) -> Result<Vec<i64>, StoreError> {
+        self.eval_script(&TOKEN_BUCKET, keys, args).await
+    }
+
+    /// Runs a script replying with an array of integers: `EVALSHA`, and `EVAL`
+    /// with the source in the same call when the server does not know it.
+    pub async fn eval_script(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
         let numkeys = keys.len().to_string();
         let frame = |by_source: bool| {
-            let words = TOKEN_BUCKET.call_words(by_source, &numkeys, keys.iter().copied(), args);
+            let words = script.call_words(by_source, &numkeys, keys.iter().copied(), args);
             let parts: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
             let mut out = Vec::with_capacity(128);
             encode(&mut out, &parts);
@@ -316,5 +327,26 @@ impl BucketStore for RespStore {
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
         let reply = self.eval_token_bucket(&keys, &args).await?;
         Ok(interpret_token_bucket(checks, &reply)?)
+    }
+
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        id: &str,
+        limit: u32,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let args = [id.to_string(), limit.to_string(), ttl_ms.to_string()];
+        super::slot_taken(&self.eval_script(&IN_FLIGHT, &[key], &args).await?)
+    }
+
+    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
+        match self
+            .command(&[b"ZREM", key.as_bytes(), id.as_bytes()])
+            .await?
+        {
+            Reply::Error(e) => Err(reply_error(e)),
+            _ => Ok(()),
+        }
     }
 }
