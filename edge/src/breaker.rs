@@ -46,7 +46,8 @@ pub enum Permit {
     /// Call the store.
     Call,
     /// Health-check the store first (`PING`): this request is the half-open probe.
-    /// Report the check's outcome with [`Breaker::success`] / [`Breaker::failure`].
+    /// Report the check's outcome with [`Breaker::probe_succeeded`] /
+    /// [`Breaker::probe_failed`].
     Probe,
     /// Do not call the store: apply the failure mode.
     Skip,
@@ -157,13 +158,23 @@ impl Breaker {
         (permit, moved)
     }
 
-    /// A store call (or the health check) succeeded.
-    pub fn success(&self, now: Micros) -> Option<Transition> {
+    /// A store call succeeded. Only resets the failure count: a call still in
+    /// flight when the breaker opened does not close it (only a health check does).
+    pub fn success(&self, _now: Micros) -> Option<Transition> {
         let mut s = self.state.lock().expect("breaker lock");
-        s.failures = 0;
         if s.phase == Phase::Closed {
+            s.failures = 0;
+        }
+        None
+    }
+
+    /// The half-open health check succeeded: close.
+    pub fn probe_succeeded(&self, now: Micros) -> Option<Transition> {
+        let mut s = self.state.lock().expect("breaker lock");
+        if s.phase != Phase::HalfOpen {
             return None;
         }
+        s.failures = 0;
         let from = s.phase;
         s.stats.degraded_us += now - s.since;
         s.stats.closed += 1;
@@ -173,27 +184,36 @@ impl Breaker {
             from,
             to: Phase::Closed,
             at: now,
-            reason: "the store answered".into(),
+            reason: "health check answered".into(),
         })
     }
 
-    /// A store call (or the health check) failed in a way retrying may fix.
+    /// A store call failed in a way retrying may fix (counts only while closed).
     pub fn failure(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
         let mut s = self.state.lock().expect("breaker lock");
+        if s.phase != Phase::Closed {
+            return None;
+        }
         s.failures = s.failures.saturating_add(1);
+        if s.failures < self.threshold {
+            return None;
+        }
+        s.phase = Phase::Open;
+        s.until = now + self.cool_down;
+        s.since = now;
+        s.stats.opened += 1;
+        Some(Transition {
+            from: Phase::Closed,
+            to: Phase::Open,
+            at: now,
+            reason: format!("{} consecutive failures, last: {why}", s.failures),
+        })
+    }
+
+    /// The half-open health check failed: open again for another cool-down.
+    pub fn probe_failed(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
+        let mut s = self.state.lock().expect("breaker lock");
         match s.phase {
-            Phase::Closed if s.failures >= self.threshold => {
-                s.phase = Phase::Open;
-                s.until = now + self.cool_down;
-                s.since = now;
-                s.stats.opened += 1;
-                Some(Transition {
-                    from: Phase::Closed,
-                    to: Phase::Open,
-                    at: now,
-                    reason: format!("{} consecutive failures, last: {why}", s.failures),
-                })
-            }
             Phase::HalfOpen => {
                 s.phase = Phase::Open;
                 s.until = now + self.cool_down;
@@ -263,11 +283,28 @@ mod tests {
             Some((Phase::Open, Phase::HalfOpen))
         );
         assert_eq!(permit(&b, 1_006), Permit::Skip, "one probe at a time");
-        let reopened = b.failure(1_010, &"refused").unwrap();
+        assert_eq!(
+            b.success(1_007),
+            None,
+            "a straggler's success does not close it"
+        );
+        assert_eq!(
+            b.failure(1_008, &"late"),
+            None,
+            "nor does its failure reopen it"
+        );
+        assert_eq!(b.phase(), Phase::HalfOpen);
+        let reopened = b.probe_failed(1_010, &"refused").unwrap();
         assert_eq!((reopened.from, reopened.to), (Phase::HalfOpen, Phase::Open));
         assert_eq!(permit(&b, 1_500), Permit::Skip);
+        assert_eq!(
+            b.success(1_600),
+            None,
+            "open: only a health check closes it"
+        );
+        assert_eq!(b.phase(), Phase::Open);
         assert_eq!(permit(&b, 2_010), Permit::Probe);
-        let closed = b.success(2_020).unwrap();
+        let closed = b.probe_succeeded(2_020).unwrap();
         assert_eq!(
             (closed.from, closed.to, closed.at),
             (Phase::HalfOpen, Phase::Closed, 2_020)

@@ -582,18 +582,21 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             )),
             Permit::Probe => match self.store.ping().await {
                 Ok(()) => {
-                    self.logged(self.breaker.success(self.clock.now()));
+                    self.logged(self.breaker.probe_succeeded(self.clock.now()));
                     self.store.check(&calls, None).await
                 }
-                Err(e) => Err(e),
+                Err(e) => {
+                    // any failed health check reopens, whatever the error
+                    self.logged(self.breaker.probe_failed(self.clock.now(), &e));
+                    Err(e)
+                }
             },
             Permit::Call => self.store.check(&calls, None).await,
         };
         let finished = self.clock.now();
         match &result {
             Ok(_) => self.logged(self.breaker.success(finished)),
-            // a failed health check reopens whatever the error
-            Err(e) if permit == Permit::Probe || (e.is_retryable() && permit == Permit::Call) => {
+            Err(e) if e.is_retryable() && permit != Permit::Skip => {
                 self.logged(self.breaker.failure(finished, e))
             }
             Err(_) => {}

@@ -23,14 +23,58 @@ use super::{BucketStore, StoreError, StoreErrorKind};
 
 /// The default per-call deadline, reconnection included: inside the 5 ms budget
 /// with room for the rest of the request. A healthy store on loopback answers the
-/// bucket check in ~0.06 ms (p50) and well under 1 ms at p99 even with the host
-/// under load (`docs/failure.md` has the figures), so 3 ms only cuts off a store
-/// that is hung, overloaded or far away.
+/// bucket check in ~0.06-0.1 ms (p50), p99 0.2 ms without persistence and 1.4-3.7
+/// ms with an fsync-every-second append-only file on a saturated 2-core machine
+/// (`docs/failure.md`), so 3 ms cuts off a store that is hung or overloaded.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(3);
 
 enum Target {
     Tcp(String, u16),
     Unix(std::path::PathBuf),
+    /// Ask these Sentinels for the current primary of `master` at each connect.
+    Sentinel {
+        sentinels: Vec<(String, u16)>,
+        master: String,
+    },
+}
+
+/// Parses `redis+sentinel://host:port[,host:port...]/<master name>`.
+fn parse_sentinel_url(url: &str) -> Result<Target, StoreError> {
+    let bad = |why: &str| {
+        err(
+            StoreErrorKind::Protocol,
+            format!(
+                "bad Sentinel URL {url:?}: {why} (expected redis+sentinel://host:port[,host:port]/master)"
+            ),
+        )
+    };
+    let rest = url
+        .strip_prefix("redis+sentinel://")
+        .ok_or_else(|| bad("scheme"))?;
+    let (hosts, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
+    let master = master.trim_end_matches('/');
+    if master.is_empty() || master.contains(['/', ' ']) {
+        return Err(bad("no master name"));
+    }
+    let sentinels = hosts
+        .split(',')
+        .map(|h| {
+            let (host, port) = h
+                .rsplit_once(':')
+                .ok_or_else(|| bad("a Sentinel needs host:port"))?;
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| bad("a port is not a number"))?;
+            if host.is_empty() {
+                return Err(bad("empty host"));
+            }
+            Ok((host.to_string(), port))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Target::Sentinel {
+        sentinels,
+        master: master.to_string(),
+    })
 }
 
 struct Settings {
@@ -51,6 +95,8 @@ struct Inner {
     deadline: Duration,
     pipe: Mutex<Pipe>,
     reconnect: tokio::sync::Mutex<()>,
+    /// Set when the server answered READONLY: reconnect before the next call.
+    demoted: std::sync::atomic::AtomicBool,
 }
 
 fn err(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
@@ -76,6 +122,15 @@ impl RespStore {
     /// `redis+unix:///path/to/socket`. TLS (`rediss://`) is not built in: put a TLS
     /// terminator next to the host, or use the REST store.
     pub async fn connect(url: &str, deadline: Duration) -> Result<Self, StoreError> {
+        if url.starts_with("redis+sentinel://") {
+            let settings = Settings {
+                target: parse_sentinel_url(url)?,
+                username: None,
+                password: None,
+                db: 0,
+            };
+            return Self::with_settings(settings, deadline).await;
+        }
         let info = url
             .into_connection_info()
             .map_err(|e| err(StoreErrorKind::Protocol, format!("bad Redis URL: {e}")))?;
@@ -96,6 +151,10 @@ impl RespStore {
             password: r.password().map(str::to_string),
             db: r.db(),
         };
+        Self::with_settings(settings, deadline).await
+    }
+
+    async fn with_settings(settings: Settings, deadline: Duration) -> Result<Self, StoreError> {
         let pipe = open(&settings, deadline).await?;
         Ok(Self {
             inner: std::sync::Arc::new(Inner {
@@ -103,24 +162,38 @@ impl RespStore {
                 deadline,
                 pipe: Mutex::new(pipe),
                 reconnect: tokio::sync::Mutex::new(()),
+                demoted: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// The server refused a write as a replica (`READONLY`): after a failover, the
+    /// connection leads to a demoted primary. Drop it; the next call reconnects
+    /// (asking the Sentinels again). Retryable, like a lost connection.
+    fn demoted(&self, message: String) -> StoreError {
+        self.inner
+            .demoted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        err(StoreErrorKind::Connect, message)
     }
 
     /// The live connection, reconnecting once if the last one was lost. Callers run
     /// it within their deadline: a reconnection that takes longer is abandoned (the
     /// next call tries again), so no request waits on a slow connect.
     async fn pipe(&self) -> Result<Pipe, StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let usable = |p: &Pipe| !p.is_closed() && !self.inner.demoted.load(SeqCst);
         let current = self.inner.pipe.lock().expect("pipe lock").clone();
-        if !current.is_closed() {
+        if usable(&current) {
             return Ok(current);
         }
         let _one_at_a_time = self.inner.reconnect.lock().await;
         let current = self.inner.pipe.lock().expect("pipe lock").clone();
-        if !current.is_closed() {
+        if usable(&current) {
             return Ok(current);
         }
         let fresh = open(&self.inner.settings, self.inner.deadline).await?;
+        self.inner.demoted.store(false, SeqCst);
         *self.inner.pipe.lock().expect("pipe lock") = fresh.clone();
         Ok(fresh)
     }
@@ -217,6 +290,7 @@ impl RespStore {
                     )),
                 })
                 .collect(),
+            Reply::Error(e) if e.starts_with("READONLY") => Err(self.demoted(e)),
             Reply::Error(e) => Err(reply_error(e)),
             other => Err(err(
                 StoreErrorKind::Protocol,
@@ -226,11 +300,65 @@ impl RespStore {
     }
 }
 
+/// The current primary of `master`, from the first Sentinel that knows it.
+async fn ask_sentinels(
+    sentinels: &[(String, u16)],
+    master: &str,
+    limit: Duration,
+) -> Result<Target, StoreError> {
+    let mut last = String::from("no Sentinel configured");
+    for (host, port) in sentinels {
+        let ask = async {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                .await
+                .map_err(|e| e.to_string())?;
+            let (r, w) = stream.into_split();
+            let pipe = Pipe::start(r, w);
+            let mut frame = vec![];
+            encode(
+                &mut frame,
+                &[b"SENTINEL", b"get-master-addr-by-name", master.as_bytes()],
+            );
+            match pipe.call(frame).await? {
+                Reply::Array(Some(items)) => match items.as_slice() {
+                    [Reply::Bulk(Some(h)), Reply::Bulk(Some(p))] => {
+                        let h = String::from_utf8_lossy(h).into_owned();
+                        let p = String::from_utf8_lossy(p)
+                            .parse::<u16>()
+                            .map_err(|_| "bad port".to_string())?;
+                        Ok(Target::Tcp(h, p))
+                    }
+                    other => Err(format!("unexpected reply {other:?}")),
+                },
+                Reply::Array(None) | Reply::Bulk(None) => {
+                    Err(format!("does not know a master named {master:?}"))
+                }
+                other => Err(format!("unexpected reply {other:?}")),
+            }
+        };
+        match tokio::time::timeout(limit, ask).await {
+            Ok(Ok(target)) => return Ok(target),
+            Ok(Err(e)) => last = format!("Sentinel {host}:{port}: {e}"),
+            Err(_) => last = format!("Sentinel {host}:{port}: no answer within {limit:?}"),
+        }
+    }
+    Err(err(StoreErrorKind::Connect, last))
+}
+
 /// Opens a connection and authenticates / selects the database.
 async fn open(s: &Settings, deadline: Duration) -> Result<Pipe, StoreError> {
     let connect_limit = deadline.max(Duration::from_secs(1));
+    let primary;
+    let target = match &s.target {
+        Target::Sentinel { sentinels, master } => {
+            primary = ask_sentinels(sentinels, master, connect_limit).await?;
+            &primary
+        }
+        other => other,
+    };
     let connect = async {
-        match &s.target {
+        match target {
+            Target::Sentinel { .. } => unreachable!("resolved above"),
             Target::Tcp(host, port) => {
                 let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
                 stream.set_nodelay(true)?;
