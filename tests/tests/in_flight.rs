@@ -145,6 +145,17 @@ async fn slots_come_back_on_response_disconnect_and_upstream_timeout() {
     assert!(took < Duration::from_secs(5));
     assert_eq!(s.get("/sleep/1").await.unwrap().status(), StatusCode::OK);
 
+    // the host answers its health endpoint itself
+    let h: serde_json::Value = reqwest::get(format!("{}/__floodgate/health", s.edge))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(h["breaker"], "closed");
+    assert_eq!(h["degraded_requests"]["fail_closed"], 0);
+    assert_eq!(s.gauge.most.load(Ordering::SeqCst), LIMIT);
+
     // upstream timeout (400 ms): 504, and the slot is released
     let r = s.get("/sleep/5000").await.unwrap();
     assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
