@@ -3,7 +3,10 @@
 
 use std::{env, fs, path::PathBuf};
 
-const SCRIPTS: &[(&str, &str)] = &[("TOKEN_BUCKET", "token_bucket.lua")];
+const SCRIPTS: &[(&str, &str)] = &[
+    ("TOKEN_BUCKET", "token_bucket.lua"),
+    ("IN_FLIGHT", "in_flight.lua"),
+];
 
 fn main() {
     let manifest =

@@ -2,10 +2,17 @@
 //!
 //! Closed: every request calls the store; `threshold` consecutive failures open it.
 //! Open: no request calls the store for `cool_down`; each gets its policies' failure
-//! mode at once (no deadline to wait out). Then half-open: ONE request probes the
-//! store (the others keep the failure mode); its success closes the breaker, its
-//! failure opens it again. Transitions and degraded time are counted for alerting.
+//! mode at once (no deadline to wait out). Then half-open: ONE request runs a health
+//! check (`PING`) first; only its success closes the breaker (that request then goes
+//! on to the store as usual), its failure opens it again for another cool-down. The
+//! others keep the failure mode meanwhile.
+//!
+//! Every change of phase is returned as a [`Transition`] (from, to, instant, reason)
+//! for the host to log; transitions, requests kept off the store and time spent
+//! degraded are counted for alerting ([`BreakerStats`]). The breaker never reads a
+//! clock: every call takes the instant.
 
+use std::fmt;
 use std::sync::Mutex;
 
 use floodgate_shared::time::Micros;
@@ -17,25 +24,71 @@ pub enum Phase {
     HalfOpen,
 }
 
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Closed => "closed",
+            Phase::Open => "open",
+            Phase::HalfOpen => "half_open",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What the breaker says about one store call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permit {
     /// Call the store.
     Call,
-    /// Call the store: this request is the half-open probe.
+    /// Health-check the store first (`PING`): this request is the half-open probe.
+    /// Report the check's outcome with [`Breaker::probe_succeeded`] /
+    /// [`Breaker::probe_failed`].
     Probe,
     /// Do not call the store: apply the failure mode.
     Skip,
 }
 
+/// One change of phase, to be logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub from: Phase,
+    pub to: Phase,
+    /// The instant (µs since the epoch, the pipeline's clock).
+    pub at: Micros,
+    pub reason: String,
+}
+
+impl fmt::Display for Transition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "floodgate breaker: {} -> {} at {}.{:03}s ({})",
+            self.from,
+            self.to,
+            self.at.div_euclid(1_000_000),
+            self.at.rem_euclid(1_000_000) / 1_000,
+            self.reason
+        )
+    }
+}
+
 /// Counters exposed for alerting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BreakerStats {
+    /// Transitions to open from closed (a new outage).
     pub opened: u64,
+    /// Transitions to closed (an outage over).
     pub closed: u64,
+    /// Health checks run in half-open.
+    pub probes: u64,
     /// Requests answered without the store while open or half-open.
     pub skipped: u64,
-    /// µs spent not closed, up to the last transition (plus the current spell).
+    /// µs spent not closed, the current spell included.
     pub degraded_us: Micros,
 }
 
@@ -57,6 +110,8 @@ pub struct Breaker {
 }
 
 impl Breaker {
+    /// `threshold` consecutive failures open it (at least 1); `cool_down` µs later
+    /// it probes.
     pub fn new(threshold: u32, cool_down: Micros) -> Self {
         let state = State {
             phase: Phase::Closed,
@@ -68,22 +123,31 @@ impl Breaker {
         };
         Self {
             threshold: threshold.max(1),
-            cool_down,
+            cool_down: cool_down.max(0),
             state: Mutex::new(state),
         }
     }
 
-    pub fn permit(&self, now: Micros) -> Permit {
+    pub fn permit(&self, now: Micros) -> (Permit, Option<Transition>) {
         let mut s = self.state.lock().expect("breaker lock");
+        let mut moved = None;
         let permit = match s.phase {
             Phase::Closed => Permit::Call,
             Phase::Open if now >= s.until => {
                 s.phase = Phase::HalfOpen;
+                moved = Some(Transition {
+                    from: Phase::Open,
+                    to: Phase::HalfOpen,
+                    at: now,
+                    reason: "cool-down over: health check".into(),
+                });
                 s.probing = true;
+                s.stats.probes += 1;
                 Permit::Probe
             }
             Phase::HalfOpen if !s.probing => {
                 s.probing = true;
+                s.stats.probes += 1;
                 Permit::Probe
             }
             Phase::Open | Phase::HalfOpen => Permit::Skip,
@@ -91,36 +155,77 @@ impl Breaker {
         if permit == Permit::Skip {
             s.stats.skipped += 1;
         }
-        permit
+        (permit, moved)
     }
 
-    pub fn success(&self, now: Micros) {
+    /// A store call succeeded. Only resets the failure count: a call still in
+    /// flight when the breaker opened does not close it (only a health check does).
+    pub fn success(&self, _now: Micros) -> Option<Transition> {
         let mut s = self.state.lock().expect("breaker lock");
-        s.failures = 0;
-        if s.phase != Phase::Closed {
-            s.stats.degraded_us += now - s.since;
-            s.stats.closed += 1;
-            s.phase = Phase::Closed;
-            s.probing = false;
+        if s.phase == Phase::Closed {
+            s.failures = 0;
         }
+        None
     }
 
-    pub fn failure(&self, now: Micros) {
+    /// The half-open health check succeeded: close.
+    pub fn probe_succeeded(&self, now: Micros) -> Option<Transition> {
         let mut s = self.state.lock().expect("breaker lock");
-        s.failures += 1;
+        if s.phase != Phase::HalfOpen {
+            return None;
+        }
+        s.failures = 0;
+        let from = s.phase;
+        s.stats.degraded_us += now - s.since;
+        s.stats.closed += 1;
+        s.phase = Phase::Closed;
+        s.probing = false;
+        Some(Transition {
+            from,
+            to: Phase::Closed,
+            at: now,
+            reason: "health check answered".into(),
+        })
+    }
+
+    /// A store call failed in a way retrying may fix (counts only while closed).
+    pub fn failure(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
+        let mut s = self.state.lock().expect("breaker lock");
+        if s.phase != Phase::Closed {
+            return None;
+        }
+        s.failures = s.failures.saturating_add(1);
+        if s.failures < self.threshold {
+            return None;
+        }
+        s.phase = Phase::Open;
+        s.until = now + self.cool_down;
+        s.since = now;
+        s.stats.opened += 1;
+        Some(Transition {
+            from: Phase::Closed,
+            to: Phase::Open,
+            at: now,
+            reason: format!("{} consecutive failures, last: {why}", s.failures),
+        })
+    }
+
+    /// The half-open health check failed: open again for another cool-down.
+    pub fn probe_failed(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
+        let mut s = self.state.lock().expect("breaker lock");
         match s.phase {
-            Phase::Closed if s.failures >= self.threshold => {
-                s.phase = Phase::Open;
-                s.until = now + self.cool_down;
-                s.since = now;
-                s.stats.opened += 1;
-            }
-            Phase::HalfOpen | Phase::Open => {
+            Phase::HalfOpen => {
                 s.phase = Phase::Open;
                 s.until = now + self.cool_down;
                 s.probing = false;
+                Some(Transition {
+                    from: Phase::HalfOpen,
+                    to: Phase::Open,
+                    at: now,
+                    reason: format!("health check failed: {why}"),
+                })
             }
-            Phase::Closed => {}
+            Phase::Open | Phase::Closed => None,
         }
     }
 
@@ -142,32 +247,85 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    fn permit(b: &Breaker, t: Micros) -> Permit {
+        b.permit(t).0
+    }
+
     #[test]
     fn opens_after_the_threshold_probes_once_and_closes_on_success() {
         let b = Breaker::new(3, 1_000);
         for t in 0..2 {
-            assert_eq!(b.permit(t), Permit::Call);
-            b.failure(t);
+            assert_eq!(permit(&b, t), Permit::Call);
+            assert_eq!(b.failure(t, &"boom"), None);
         }
         assert_eq!(b.phase(), Phase::Closed);
-        b.success(2); // a success resets the count
-        for t in 3..6 {
-            assert_eq!(b.permit(t), Permit::Call);
-            b.failure(t);
+        assert_eq!(b.success(2), None, "a success resets the count");
+        for t in 3..5 {
+            assert_eq!(permit(&b, t), Permit::Call);
+            assert_eq!(b.failure(t, &"boom"), None);
         }
+        let opened = b.failure(5, &"timeout").expect("third failure opens");
+        assert_eq!(
+            (opened.from, opened.to, opened.at),
+            (Phase::Closed, Phase::Open, 5)
+        );
+        assert!(
+            opened
+                .reason
+                .contains("3 consecutive failures, last: timeout")
+        );
         assert_eq!(b.phase(), Phase::Open);
-        assert_eq!(b.permit(500), Permit::Skip);
-        assert_eq!(b.permit(1_005), Permit::Probe);
-        assert_eq!(b.permit(1_006), Permit::Skip, "one probe at a time");
-        b.failure(1_010);
+        assert_eq!(permit(&b, 500), Permit::Skip);
+        let (p, t) = b.permit(1_005);
+        assert_eq!(p, Permit::Probe);
+        assert_eq!(
+            t.map(|t| (t.from, t.to)),
+            Some((Phase::Open, Phase::HalfOpen))
+        );
+        assert_eq!(permit(&b, 1_006), Permit::Skip, "one probe at a time");
+        assert_eq!(
+            b.success(1_007),
+            None,
+            "a straggler's success does not close it"
+        );
+        assert_eq!(
+            b.failure(1_008, &"late"),
+            None,
+            "nor does its failure reopen it"
+        );
+        assert_eq!(b.phase(), Phase::HalfOpen);
+        let reopened = b.probe_failed(1_010, &"refused").unwrap();
+        assert_eq!((reopened.from, reopened.to), (Phase::HalfOpen, Phase::Open));
+        assert_eq!(permit(&b, 1_500), Permit::Skip);
+        assert_eq!(
+            b.success(1_600),
+            None,
+            "open: only a health check closes it"
+        );
         assert_eq!(b.phase(), Phase::Open);
-        assert_eq!(b.permit(1_500), Permit::Skip);
-        assert_eq!(b.permit(2_010), Permit::Probe);
-        b.success(2_020);
+        assert_eq!(permit(&b, 2_010), Permit::Probe);
+        let closed = b.probe_succeeded(2_020).unwrap();
+        assert_eq!(
+            (closed.from, closed.to, closed.at),
+            (Phase::HalfOpen, Phase::Closed, 2_020)
+        );
         assert_eq!(b.phase(), Phase::Closed);
-        assert_eq!(b.permit(2_021), Permit::Call);
+        assert_eq!(permit(&b, 2_021), Permit::Call);
         let st = b.stats(3_000);
-        assert_eq!((st.opened, st.closed, st.skipped), (1, 1, 3));
+        assert_eq!((st.opened, st.closed, st.skipped, st.probes), (1, 1, 3, 2));
         assert_eq!(st.degraded_us, 2_020 - 5);
+        assert!(
+            closed
+                .to_string()
+                .starts_with("floodgate breaker: half_open -> closed at 0.002s")
+        );
+    }
+
+    #[test]
+    fn degraded_time_includes_the_current_spell() {
+        let b = Breaker::new(1, 10_000);
+        b.failure(100, &"x").unwrap();
+        assert_eq!(b.stats(400).degraded_us, 300);
+        assert_eq!(b.stats(900).degraded_us, 800);
     }
 }

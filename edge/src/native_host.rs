@@ -22,7 +22,7 @@ use floodgate_shared::contract::{HOP_BY_HOP, IDENTITY_HEADER};
 use floodgate_shared::routes::MAX_PATH_LEN;
 use floodgate_shared::time::SystemClock;
 
-use crate::pipeline::{Gate, Pipeline, RequestHead};
+use crate::pipeline::{Gate, Pipeline, RequestHead, Slot};
 use crate::store::resp::RespStore;
 use crate::store::rest::RestStore;
 use crate::store::{BucketStore, RecordStore, StoreError};
@@ -47,6 +47,26 @@ impl BucketStore for NativeStore {
             NativeStore::Rest(s) => s.check(checks, now).await,
         }
     }
+
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        id: &str,
+        limit: u32,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        match self {
+            NativeStore::Resp(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
+            NativeStore::Rest(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
+        }
+    }
+
+    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
+        match self {
+            NativeStore::Resp(s) => s.release_slot(key, id).await,
+            NativeStore::Rest(s) => s.release_slot(key, id).await,
+        }
+    }
 }
 
 impl RecordStore for NativeStore {
@@ -61,6 +81,13 @@ impl RecordStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.get(key).await,
             NativeStore::Rest(s) => s.get(key).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            NativeStore::Resp(s) => s.ping().await,
+            NativeStore::Rest(s) => s.ping().await,
         }
     }
 }
@@ -109,11 +136,64 @@ pub fn router(pipeline: Pipeline<NativeStore, SystemClock>, config: HostConfig) 
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("an HTTP client builds");
-    Router::new().fallback(handle).with_state(Arc::new(Host {
+    let host = Arc::new(Host {
         pipeline,
         config,
         client,
-    }))
+    });
+    // per-endpoint counters: one batched write per second, off the request path;
+    // the task ends once the router (and so the host) is gone
+    let weak = Arc::downgrade(&host);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(host) = weak.upgrade() else { return };
+            let _ = host.pipeline.flush_stats(STATS_FLUSH_EVERY).await;
+        }
+    });
+    Router::new()
+        .route(HEALTH_PATH, axum::routing::get(health))
+        .fallback(handle)
+        .with_state(host)
+}
+
+/// The path the host answers itself with [`Pipeline::health`] as JSON (never
+/// forwarded): breaker phase and transitions, time degraded, degraded requests.
+pub const HEALTH_PATH: &str = "/__floodgate/health";
+const STATS_FLUSH_EVERY: floodgate_shared::Micros = 1_000_000;
+
+async fn health(State(host): State<Arc<Host>>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        host.pipeline.health().to_json(),
+    )
+        .into_response()
+}
+
+/// Holds a request's in-flight slots; dropping it releases them (in a spawned
+/// task). It lives as long as the request: until the response body is streamed
+/// out, or until the handler is dropped (client disconnect) or returns early
+/// (upstream error or timeout).
+struct SlotGuard {
+    host: Arc<Host>,
+    slots: Vec<Slot>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let slots = std::mem::take(&mut self.slots);
+        let host = self.host.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { host.pipeline.release(&slots).await });
+        }
+    }
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -163,7 +243,7 @@ async fn handle(
     if path.len() > MAX_PATH_LEN || req.uri().query().is_some_and(|q| q.len() > MAX_PATH_LEN) {
         return json(StatusCode::URI_TOO_LONG, "Request URI too long");
     }
-    let (key_id, quota_headers) = if host.config.limiter {
+    let (key_id, quota_headers, guard) = if host.config.limiter {
         let credentials = req
             .headers()
             .get(&host.config.key_header)
@@ -188,11 +268,28 @@ async fn handle(
                 return resp;
             }
             Gate::Forward {
-                key_id, headers, ..
-            } => (Some(key_id), headers),
+                key_id,
+                headers,
+                slots,
+                ..
+            } => (
+                Some(key_id),
+                headers,
+                SlotGuard {
+                    host: host.clone(),
+                    slots,
+                },
+            ),
         }
     } else {
-        (None, vec![])
+        (
+            None,
+            vec![],
+            SlotGuard {
+                host: host.clone(),
+                slots: vec![],
+            },
+        )
     };
 
     let (parts, body) = req.into_parts();
@@ -238,7 +335,12 @@ async fn handle(
             let status = r.status();
             let mut headers = r.headers().clone();
             strip_hop_by_hop(&mut headers);
-            let mut resp = Response::new(Body::from_stream(r.bytes_stream()));
+            // the slots go back once the body is out (or the client left)
+            let body = futures_util::StreamExt::map(r.bytes_stream(), move |chunk| {
+                let _held = &guard;
+                chunk
+            });
+            let mut resp = Response::new(Body::from_stream(body));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
             add_headers(resp.headers_mut(), &quota_headers);

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use floodgate_shared::apikeys::{
     KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
@@ -18,11 +19,12 @@ use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{
     Answer, DENIED_BODY, DENIED_STATUS, JSON_CONTENT_TYPE, RateLimitHeaders,
 };
-use floodgate_shared::policy::FailureMode;
+use floodgate_shared::policy::{FailureMode, Quota};
 use floodgate_shared::script::Check;
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
-use crate::breaker::{Breaker, BreakerStats, Permit};
+use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
+use crate::fallback::LocalBuckets;
 use crate::stats::{Outcome, Stats};
 use crate::store::{BucketStore, RecordStore, StoreError};
 
@@ -51,7 +53,19 @@ pub enum Gate {
         key_id: String,
         route: Option<String>,
         headers: Vec<(&'static str, String)>,
+        /// In-flight slots taken for this request (policies with `max_in_flight`).
+        /// The host releases them with [`Pipeline::release`] when the response is
+        /// complete, the client goes away or the upstream times out; slots never
+        /// released expire after [`PipelineConfig::in_flight_ttl`].
+        slots: Vec<Slot>,
     },
+}
+
+/// One in-flight slot: its set and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub key: String,
+    pub id: String,
 }
 
 /// How the pipeline behaves.
@@ -69,9 +83,26 @@ pub struct PipelineConfig {
     pub deny_cache: bool,
     /// Consecutive store failures that open the circuit breaker.
     pub breaker_threshold: u32,
-    /// How long the open breaker keeps requests off the store (µs).
+    /// How long the open breaker keeps requests off the store (µs), before it
+    /// health-checks the store.
     pub breaker_cool_down: Micros,
+    /// How long an in-flight slot lives unless released (µs): slots of a crashed
+    /// instance free themselves then. Longer than the longest request.
+    pub in_flight_ttl: Micros,
+    /// Where breaker transitions are logged (one line each): stderr natively, the
+    /// console in the Worker.
+    pub log: fn(&str),
 }
+
+/// Logs to stderr (natively; a no-op sink in wasm32, where hosts pass their own).
+pub fn log_to_stderr(line: &str) {
+    eprintln!("{line}");
+}
+
+/// Default breaker threshold: consecutive retryable failures that open it.
+pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+/// Default breaker cool-down before the health check (µs).
+pub const DEFAULT_BREAKER_COOL_DOWN: Micros = MICROS_PER_SEC;
 
 impl Default for PipelineConfig {
     fn default() -> Self {
@@ -80,8 +111,10 @@ impl Default for PipelineConfig {
             cache_ttl: 5 * MICROS_PER_SEC,
             max_cached_keys: 100_000,
             deny_cache: true,
-            breaker_threshold: 5,
-            breaker_cool_down: MICROS_PER_SEC,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            breaker_cool_down: DEFAULT_BREAKER_COOL_DOWN,
+            log: log_to_stderr,
+            in_flight_ttl: 60 * MICROS_PER_SEC,
         }
     }
 }
@@ -101,6 +134,80 @@ pub struct Pipeline<S, C> {
     stats: Stats,
     denied: DenyCache,
     breaker: Breaker,
+    local: LocalBuckets,
+    totals: Totals,
+    slot_ids: SlotIds,
+}
+
+/// Unique slot ids: a per-instance random prefix and a counter.
+struct SlotIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl SlotIds {
+    fn new(now: Micros) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_i64(now);
+        Self {
+            prefix: format!("{:016x}", h.finish()),
+            next: AtomicU64::new(0),
+        }
+    }
+    fn next(&self) -> String {
+        format!(
+            "{}-{:x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+enum SlotRefusal {
+    Full,
+    Store(StoreError),
+}
+
+/// Running totals since the instance started, for alerting (see [`Health`]).
+#[derive(Default)]
+struct Totals {
+    fail_open: AtomicU64,
+    fail_closed: AtomicU64,
+    local_fallback: AtomicU64,
+    /// µs of breaker time already written to `breaker|open_ms`.
+    open_us_counted: Mutex<Micros>,
+}
+
+/// One instance's view of its store, served as JSON by the hosts
+/// (`GET /__floodgate/health`) for alerting on fail-open duration and volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub breaker: Phase,
+    pub stats: BreakerStats,
+    /// Requests decided without Redis, per failure mode, since start.
+    pub fail_open: u64,
+    pub fail_closed: u64,
+    pub local_fallback: u64,
+}
+
+impl Health {
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "breaker": self.breaker.name(),
+            "breaker_opened": self.stats.opened,
+            "breaker_closed": self.stats.closed,
+            "breaker_probes": self.stats.probes,
+            "breaker_skipped": self.stats.skipped,
+            "degraded_seconds": self.stats.degraded_us as f64 / 1e6,
+            "degraded_requests": {
+                "fail_open": self.fail_open,
+                "fail_closed": self.fail_closed,
+                "local_fallback": self.local_fallback,
+            },
+        })
+        .to_string()
+    }
 }
 
 /// An exact deny cache. When the store denies a bucket with an exact wait `w`, the
@@ -149,6 +256,21 @@ impl DenyCache {
     }
 }
 
+/// Marks every answer given without Redis: `fail-open`, `fail-closed` or
+/// `local-fallback` (see `docs/failure.md`).
+pub const DEGRADED_HEADER: &str = "X-RateLimit-Degraded";
+
+/// The mode applied when several policies match: fail_closed over local_fallback
+/// over fail_open.
+pub fn strictest(modes: impl Iterator<Item = FailureMode>) -> FailureMode {
+    let rank = |m: &FailureMode| match m {
+        FailureMode::FailOpen => 0,
+        FailureMode::LocalFallback => 1,
+        FailureMode::FailClosed => 2,
+    };
+    modes.max_by_key(rank).unwrap_or(FailureMode::FailOpen)
+}
+
 fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
     let body = match hint {
         Some(h) => serde_json::json!({ "error": error, "hint": h }),
@@ -182,6 +304,7 @@ fn unavailable(why: &str) -> Gate {
 
 impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
     pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
+        let slot_ids = SlotIds::new(clock.now());
         Self {
             store,
             clock,
@@ -189,6 +312,9 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             keys: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             denied: DenyCache::default(),
+            local: LocalBuckets::default(),
+            totals: Totals::default(),
+            slot_ids,
             breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
             settings,
         }
@@ -204,14 +330,89 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         self.breaker.stats(self.clock.now())
     }
 
-    pub fn breaker_phase(&self) -> crate::breaker::Phase {
+    pub fn breaker_phase(&self) -> Phase {
         self.breaker.phase()
     }
 
+    /// Logs a breaker transition, if there was one, and counts new outages.
+    fn logged(&self, moved: Option<Transition>) {
+        if let Some(t) = moved {
+            (self.settings.log)(&t.to_string());
+            if (t.from, t.to) == (Phase::Closed, Phase::Open) {
+                self.stats.bump(t.at, "breaker|opened".into(), 1);
+            }
+        }
+    }
+
+    /// Takes one in-flight slot per policy with `max_in_flight`; all or none.
+    async fn take_slots(
+        &self,
+        checks: &[(String, &floodgate_shared::Policy)],
+    ) -> Result<Vec<Slot>, SlotRefusal> {
+        let mut taken = vec![];
+        for (key, p) in checks {
+            let Some(limit) = p.max_in_flight() else {
+                continue;
+            };
+            let slot = Slot {
+                key: floodgate_shared::script::in_flight_key(key),
+                id: self.slot_ids.next(),
+            };
+            let ttl_ms = (self.settings.in_flight_ttl / 1_000).max(1) as u64;
+            let outcome = self
+                .store
+                .acquire_slot(&slot.key, &slot.id, limit, ttl_ms)
+                .await;
+            match outcome {
+                Ok(true) => taken.push(slot),
+                Ok(false) | Err(_) => {
+                    self.release(&taken).await;
+                    return Err(match outcome {
+                        Err(e) => SlotRefusal::Store(e),
+                        _ => SlotRefusal::Full,
+                    });
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Gives back in-flight slots (errors ignored: an unreleased slot expires).
+    pub async fn release(&self, slots: &[Slot]) {
+        for s in slots {
+            let _ = self.store.release_slot(&s.key, &s.id).await;
+        }
+    }
+
+    /// The breaker's phase and counters and the degraded totals, for alerting.
+    pub fn health(&self) -> Health {
+        Health {
+            breaker: self.breaker.phase(),
+            stats: self.breaker_stats(),
+            fail_open: self.totals.fail_open.load(Ordering::Relaxed),
+            fail_closed: self.totals.fail_closed.load(Ordering::Relaxed),
+            local_fallback: self.totals.local_fallback.load(Ordering::Relaxed),
+        }
+    }
+
     /// Writes the pending per-endpoint counters in one batch, if a flush is due
-    /// (`every` µs since the last). Hosts call it off the request path.
+    /// (`every` µs since the last). Hosts call it off the request path. While the
+    /// breaker is not closed the counters wait (bounded) instead of being lost.
     pub async fn flush_stats(&self, every: Micros) -> Result<(), StoreError> {
-        match self.stats.take_due(self.clock.now(), every) {
+        let now = self.clock.now();
+        {
+            let degraded = self.breaker.stats(now).degraded_us;
+            let mut counted = self.totals.open_us_counted.lock().expect("totals lock");
+            let ms = (degraded - *counted) / 1_000;
+            if ms > 0 {
+                *counted += ms * 1_000;
+                self.stats.bump(now, "breaker|open_ms".into(), ms as u64);
+            }
+        }
+        if self.breaker.phase() != Phase::Closed {
+            return Ok(());
+        }
+        match self.stats.take_due(now, every) {
             Some(batch) => self.store.write_batch(batch).await,
             None => Ok(()),
         }
@@ -227,6 +428,11 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             .filter(|c| c.until > now)
         {
             return Ok(c.value.clone());
+        }
+        if self.breaker.phase() != Phase::Closed
+            && let Some(c) = self.config.lock().expect("config lock").as_ref()
+        {
+            return Ok(c.value.clone()); // the store is down: keep the last good one
         }
         let fetched = match self.store.get(CONFIG_KEY).await {
             Ok(Some(raw)) => std::str::from_utf8(&raw)
@@ -261,15 +467,23 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             .lock()
             .expect("key cache lock")
             .get(&hash)
-            .filter(|c| c.until > now)
+            .filter(|c| c.until > now || self.breaker.phase() != Phase::Closed)
         {
+            // fresh, or stale while the breaker keeps requests off the store
             return Ok(c.value.clone());
         }
-        let record = self
-            .store
-            .get(&record_key(&hash))
-            .await?
-            .and_then(|raw| KeyRecord::from_json(&raw));
+        let record = match self.store.get(&record_key(&hash)).await {
+            Ok(raw) => raw.and_then(|raw| KeyRecord::from_json(&raw)),
+            Err(e) => {
+                // the store is unreachable: a record seen before (even expired) is
+                // better than refusing every caller whatever their failure mode
+                let cache = self.keys.lock().expect("key cache lock");
+                return match cache.get(&hash) {
+                    Some(c) if e.is_retryable() => Ok(c.value.clone()),
+                    _ => Err(e),
+                };
+            }
+        };
         let mut cache = self.keys.lock().expect("key cache lock");
         if cache.len() >= self.settings.max_cached_keys {
             cache.retain(|_, c| c.until > now);
@@ -328,6 +542,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 key_id: record.id,
                 route: route_name,
                 headers: vec![],
+                slots: vec![],
             };
         }
         if self.settings.deny_cache {
@@ -358,17 +573,32 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             })
             .collect();
         let started = self.clock.now();
-        let result = match self.breaker.permit(started) {
+        let (permit, moved) = self.breaker.permit(started);
+        self.logged(moved);
+        let result = match permit {
             Permit::Skip => Err(StoreError::new(
                 crate::store::StoreErrorKind::Connect,
                 "circuit breaker open: the store is not called",
             )),
-            Permit::Call | Permit::Probe => self.store.check(&calls, None).await,
+            Permit::Probe => match self.store.ping().await {
+                Ok(()) => {
+                    self.logged(self.breaker.probe_succeeded(self.clock.now()));
+                    self.store.check(&calls, None).await
+                }
+                Err(e) => {
+                    // any failed health check reopens, whatever the error
+                    self.logged(self.breaker.probe_failed(self.clock.now(), &e));
+                    Err(e)
+                }
+            },
+            Permit::Call => self.store.check(&calls, None).await,
         };
         let finished = self.clock.now();
         match &result {
-            Ok(_) => self.breaker.success(finished),
-            Err(e) if e.is_retryable() => self.breaker.failure(finished),
+            Ok(_) => self.logged(self.breaker.success(finished)),
+            Err(e) if e.is_retryable() && permit != Permit::Skip => {
+                self.logged(self.breaker.failure(finished, e))
+            }
             Err(_) => {}
         }
         let latency = u64::try_from(finished - started).ok();
@@ -404,11 +634,41 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         match result {
             Ok(verdict) => match Answer::for_decision(verdict.headline()) {
                 Answer::Forward { headers } => {
+                    let mut headers = headers.pairs();
+                    let slots = match self.take_slots(&checks).await {
+                        Ok(slots) => slots,
+                        Err(SlotRefusal::Full) => {
+                            count(Outcome::Throttled);
+                            let mut g = json_error(
+                                DENIED_STATUS,
+                                "Too many requests in flight",
+                                Some("wait for a response before sending more"),
+                            );
+                            if let Gate::Respond { headers, .. } = &mut g {
+                                headers.push(("Retry-After", "1".into()));
+                            }
+                            return g;
+                        }
+                        Err(SlotRefusal::Store(e)) => {
+                            let limited =
+                                checks.iter().filter(|(_, p)| p.max_in_flight().is_some());
+                            if strictest(limited.map(|(_, p)| p.failure_mode()))
+                                == FailureMode::FailClosed
+                            {
+                                count(Outcome::Degraded);
+                                return unavailable(&format!("in-flight slots unavailable: {e}"));
+                            }
+                            // fail_open and local_fallback: admit without a slot
+                            headers.push((DEGRADED_HEADER, "fail-open".into()));
+                            vec![]
+                        }
+                    };
                     count(Outcome::Allowed);
                     Gate::Forward {
                         key_id: record.id,
                         route: route_name,
-                        headers: headers.pairs(),
+                        headers,
+                        slots,
                     }
                 }
                 Answer::Reject { headers, .. } => {
@@ -418,18 +678,56 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             },
             Err(e) => {
                 count(Outcome::Degraded);
-                // An explicit decision: fail closed if any matching policy says so.
-                if checks
-                    .iter()
-                    .any(|(_, p)| p.failure_mode() == FailureMode::FailClosed)
-                {
-                    unavailable(&format!("rate limit state unavailable: {e}"))
-                } else {
-                    Gate::Forward {
+                // An explicit decision: the strictest mode among the matching policies.
+                let mode = strictest(checks.iter().map(|(_, p)| p.failure_mode()));
+                self.stats
+                    .record_degraded_mode(finished, route_name.as_deref(), mode.name());
+                match mode {
+                    FailureMode::FailOpen => &self.totals.fail_open,
+                    FailureMode::FailClosed => &self.totals.fail_closed,
+                    FailureMode::LocalFallback => &self.totals.local_fallback,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                match mode {
+                    FailureMode::FailClosed => {
+                        let mut g = unavailable(&format!("rate limit state unavailable: {e}"));
+                        if let Gate::Respond { headers, .. } = &mut g {
+                            headers.push((DEGRADED_HEADER, "fail-closed".into()));
+                        }
+                        g
+                    }
+                    FailureMode::LocalFallback => {
+                        let local: Vec<(&str, &Quota, u32)> = checks
+                            .iter()
+                            .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
+                            .collect();
+                        let verdict = self.local.check(&local, finished);
+                        match Answer::for_decision(verdict.headline()) {
+                            Answer::Forward { headers } => {
+                                let mut h = headers.pairs();
+                                h.push((DEGRADED_HEADER, "local-fallback".into()));
+                                Gate::Forward {
+                                    key_id: record.id,
+                                    route: route_name,
+                                    headers: h,
+                                    slots: vec![],
+                                }
+                            }
+                            Answer::Reject { headers, .. } => {
+                                let mut g = rate_limited(headers);
+                                if let Gate::Respond { headers, .. } = &mut g {
+                                    headers.push((DEGRADED_HEADER, "local-fallback".into()));
+                                }
+                                g
+                            }
+                        }
+                    }
+                    FailureMode::FailOpen => Gate::Forward {
                         key_id: record.id,
                         route: route_name,
-                        headers: vec![("X-RateLimit-Degraded", "fail-open".into())],
-                    }
+                        headers: vec![(DEGRADED_HEADER, "fail-open".into())],
+                        slots: vec![],
+                    },
                 }
             }
         }

@@ -7,7 +7,11 @@
 //! `<route>|allowed`, `<route>|throttled`, `<route>|degraded` (route `_` when no
 //! route matched), the same three per API key id as `key|<id>|<outcome>`, and
 //! `lat|<upper bound µs>` (a latency histogram of store calls), expiring after two
-//! days.
+//! days. Decisions taken without Redis also count per failure mode, in total
+//! (`mode|fail_open`, `mode|fail_closed`, `mode|local_fallback`) and per route
+//! (`<route>|degraded|<mode>`); the circuit breaker adds `breaker|opened`
+//! (closed → open transitions) and `breaker|open_ms` (ms spent not closed,
+//! counted at each flush). `docs/failure.md` lists them all.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -106,6 +110,25 @@ impl Stats {
                 .entry((minute, format!("lat|{label}")))
                 .or_default() += 1;
         }
+    }
+
+    /// Adds `n` to an arbitrary `field` of `now`'s minute.
+    pub fn bump(&self, now: Micros, field: String, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let minute = now / (60 * MICROS_PER_SEC);
+        let mut p = self.pending.lock().expect("stats lock");
+        if p.counts.len() >= MAX_PENDING && !p.counts.contains_key(&(minute, field.clone())) {
+            return;
+        }
+        *p.counts.entry((minute, field)).or_default() += n;
+    }
+
+    /// Counts one decision taken without Redis, in `mode` (`fail_open`, ...).
+    pub fn record_degraded_mode(&self, now: Micros, route: Option<&str>, mode: &str) {
+        self.bump(now, format!("mode|{mode}"), 1);
+        self.bump(now, format!("{}|degraded|{mode}", route.unwrap_or("_")), 1);
     }
 
     /// When at least `every` has passed since the last flush and something is
@@ -219,6 +242,34 @@ mod tests {
             "too soon"
         );
         assert!(s.take_due(t + MICROS_PER_SEC, MICROS_PER_SEC).is_some());
+    }
+
+    #[test]
+    fn degraded_modes_and_breaker_fields_are_counted_per_minute() {
+        let s = Stats::default();
+        let t = 1_764_000_000_000_000;
+        s.record_degraded_mode(t, Some("search"), "fail_open");
+        s.record_degraded_mode(t, Some("search"), "fail_open");
+        s.record_degraded_mode(t, None, "local_fallback");
+        s.bump(t, "breaker|opened".into(), 1);
+        s.bump(t, "breaker|open_ms".into(), 700);
+        s.bump(t, "breaker|open_ms".into(), 300);
+        s.bump(t, "breaker|open_ms".into(), 0);
+        let batch = s.take_due(t, 1).unwrap();
+        let m = t / 60_000_000;
+        let field = |f: &str| {
+            batch
+                .iter()
+                .find(|c| c[0] == "HINCRBY" && c[1] == stats_key(m) && c[2] == f)
+                .map(|c| c[3].clone())
+        };
+        assert_eq!(field("mode|fail_open").as_deref(), Some("2"));
+        assert_eq!(field("search|degraded|fail_open").as_deref(), Some("2"));
+        assert_eq!(field("mode|local_fallback").as_deref(), Some("1"));
+        assert_eq!(field("_|degraded|local_fallback").as_deref(), Some("1"));
+        assert_eq!(field("breaker|opened").as_deref(), Some("1"));
+        assert_eq!(field("breaker|open_ms").as_deref(), Some("1000"));
+        assert_eq!(field("mode|fail_closed"), None);
     }
 
     #[test]

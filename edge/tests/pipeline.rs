@@ -74,8 +74,9 @@ impl RecordStore for &MemStore {
 
 const CONFIG: &str = r#"{"policies":[
   {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
-  {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"}],
-  "plans":{"free":["default"],"lenient":["soft"]}}"#;
+  {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"},
+  {"name":"local","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"local_fallback","local_share_percent":20}],
+  "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"]}}"#;
 
 fn setup(store: &MemStore, plan: &str) -> String {
     let (id, secret) = new_secret(&[7u8; 42]);
@@ -375,20 +376,195 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     let stats = p.breaker_stats();
     assert_eq!((stats.opened, stats.skipped), (1, 15));
     assert_eq!(p.breaker_phase(), Phase::Open);
-    // still down at the probe: open again
+    // still down at the health check: open again, without a bucket check
     advance(&clock, &store, 1_000_001);
+    let gets = store.gets.load(Ordering::SeqCst);
     assert_eq!(status(&p.gate(head(&auth)).await), 200);
-    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6, "one probe");
-    // back up: the next probe closes the breaker
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        1,
+        "one health check (the stale key record and config are reused)"
+    );
+    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 5);
+    assert_eq!(p.breaker_phase(), Phase::Open);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        1,
+        "one probe per cool-down"
+    );
+    // back up: the next health check closes the breaker, then the bucket is checked
     store.down.store(false, Ordering::SeqCst);
     advance(&clock, &store, 1_000_001);
     let g = p.gate(head(&auth)).await;
+    assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6);
     assert_eq!(status(&g), 200);
     assert!(
         matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, _)| *k == "X-RateLimit-Limit"))
     );
     let stats = p.breaker_stats();
-    assert_eq!((stats.opened, stats.closed), (1, 1));
+    assert_eq!((stats.opened, stats.closed, stats.probes), (1, 1, 2));
     assert!(stats.degraded_us >= 2_000_000);
     assert_eq!(p.breaker_phase(), Phase::Closed);
+}
+
+/// An outage longer than the cache TTL still applies the policies' failure mode:
+/// the last key record and configuration seen keep serving while the store is
+/// unreachable (a key never seen is still refused with 503).
+#[tokio::test]
+async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
+    let store = MemStore::default();
+    let auth = setup(&store, "lenient"); // fail_open
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        &store,
+        &clock,
+        PipelineConfig {
+            cache_ttl: MICROS_PER_SEC,
+            breaker_threshold: 100, // keep the breaker closed: the store is asked
+            ..PipelineConfig::default()
+        },
+    );
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    store.down.store(true, Ordering::SeqCst);
+    advance(&clock, &store, 10 * MICROS_PER_SEC);
+    let gets = store.gets.load(Ordering::SeqCst);
+    let g = p.gate(head(&auth)).await;
+    assert!(
+        store.gets.load(Ordering::SeqCst) > gets,
+        "the expired record was looked up again"
+    );
+    assert!(
+        matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, v)| *k == "X-RateLimit-Degraded" && v == "fail-open")),
+        "{g:?}"
+    );
+    let stranger = format!("Bearer {}", new_secret(&[9u8; 42]).1);
+    assert_eq!(status(&p.gate(head(&stranger)).await), 503);
+}
+
+fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
+    let headers = match g {
+        Gate::Respond { headers, .. } | Gate::Forward { headers, .. } => headers,
+    };
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// local_fallback: while the store is down, each instance enforces its share of
+/// the quota (20% of 10/min = 2 tokens, one more every 30 s) with the pure bucket.
+#[tokio::test]
+async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
+    for plan in ["fallback", "mixed"] {
+        let store = MemStore::default();
+        let auth = setup(&store, plan);
+        let clock = FakeClock::at(T0);
+        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        store.down.store(true, Ordering::SeqCst);
+        let mut statuses = vec![];
+        for _ in 0..4 {
+            let g = p.gate(head(&auth)).await;
+            assert_eq!(
+                header(&g, "X-RateLimit-Degraded"),
+                Some("local-fallback"),
+                "{plan}"
+            );
+            statuses.push(status(&g));
+            if status(&g) == 429 {
+                assert_eq!(retry_after(&g), Some(30), "{plan}");
+                assert_eq!(header(&g, "X-RateLimit-Limit"), Some("2"));
+            }
+        }
+        assert_eq!(statuses, [200, 200, 429, 429], "{plan}");
+        advance(&clock, &store, 30 * MICROS_PER_SEC - 1);
+        assert_eq!(status(&p.gate(head(&auth)).await), 429);
+        advance(&clock, &store, 1);
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        assert_eq!(status(&p.gate(head(&auth)).await), 429);
+        // back up: Redis decides again (its bucket saw only the first request)
+        store.down.store(false, Ordering::SeqCst);
+        advance(&clock, &store, 2 * MICROS_PER_SEC);
+        let g = p.gate(head(&auth)).await;
+        assert_eq!(status(&g), 200);
+        assert_eq!(header(&g, "X-RateLimit-Degraded"), None);
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
+    let store = MemStore::default();
+    let auth = setup(&store, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    store.down.store(true, Ordering::SeqCst);
+    // cold: the key cannot be verified at all
+    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    store.down.store(true, Ordering::SeqCst);
+    let g = p.gate(head(&auth)).await;
+    assert_eq!(status(&g), 503);
+    assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-closed"));
+    use floodgate_edge::pipeline::strictest;
+    use floodgate_shared::policy::FailureMode::*;
+    assert_eq!(
+        strictest([FailOpen, LocalFallback].into_iter()),
+        LocalFallback
+    );
+    assert_eq!(
+        strictest([LocalFallback, FailClosed, FailOpen].into_iter()),
+        FailClosed
+    );
+    assert_eq!(strictest([FailOpen].into_iter()), FailOpen);
+}
+
+/// Degraded decisions are counted per mode and per route, the breaker's outages
+/// and open time land in the per-minute hash, and the health view adds them up.
+#[tokio::test]
+async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
+    let store = MemStore::default();
+    let auth = setup(&store, "lenient"); // fail_open
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    p.flush_stats(0).await.unwrap();
+    store.writes.lock().unwrap().clear();
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..8 {
+        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    }
+    let h = p.health();
+    assert_eq!(h.breaker, floodgate_edge::breaker::Phase::Open);
+    assert_eq!((h.fail_open, h.fail_closed, h.local_fallback), (8, 0, 0));
+    assert_eq!(h.stats.opened, 1);
+    let json: serde_json::Value = serde_json::from_str(&h.to_json()).unwrap();
+    assert_eq!(json["breaker"], "open");
+    assert_eq!(json["degraded_requests"]["fail_open"], 8);
+    // counters wait while the breaker is open, then go out once it closes
+    advance(&clock, &store, 2_500_000);
+    p.flush_stats(0).await.unwrap();
+    assert!(
+        store.writes.lock().unwrap().is_empty(),
+        "nothing written while open"
+    );
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    p.flush_stats(0).await.unwrap();
+    let writes = store.writes.lock().unwrap().clone();
+    let sum = |field: &str| -> u64 {
+        writes
+            .iter()
+            .filter(|c| c[0] == "HINCRBY" && c[2] == field)
+            .map(|c| c[3].parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(sum("mode|fail_open"), 8);
+    assert_eq!(sum("_|degraded|fail_open"), 8);
+    assert_eq!(sum("_|degraded"), 8, "the existing field is unchanged");
+    assert_eq!(sum("breaker|opened"), 1);
+    let open_ms = sum("breaker|open_ms");
+    assert!((2_500..=2_600).contains(&open_ms), "open_ms {open_ms}");
+    assert_eq!(sum("mode|fail_closed"), 0);
 }

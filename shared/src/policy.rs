@@ -231,7 +231,7 @@ pub enum Dimension {
     ClientIp,
 }
 
-/// What the edge does when Redis cannot give a decision.
+/// What the edge does when Redis cannot give a decision (see `docs/failure.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureMode {
@@ -239,7 +239,24 @@ pub enum FailureMode {
     FailOpen,
     /// Reject the request: it cannot be proven within quota.
     FailClosed,
+    /// Decide with an in-memory bucket per edge instance holding
+    /// `local_share_percent` of the quota (capacity and refill scaled).
+    LocalFallback,
 }
+
+impl FailureMode {
+    /// The name used in JSON and in the per-minute counters (`mode|<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureMode::FailOpen => "fail_open",
+            FailureMode::FailClosed => "fail_closed",
+            FailureMode::LocalFallback => "local_fallback",
+        }
+    }
+}
+
+/// The most requests in flight a policy may allow per bucket.
+pub const MAX_IN_FLIGHT: u32 = 100_000;
 
 /// A validated, enforceable policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +266,9 @@ pub struct Policy {
     quota: Quota,
     cost: u32,
     failure_mode: FailureMode,
+    local_share_percent: Option<u8>,
+    local_quota: Option<Quota>,
+    max_in_flight: Option<u32>,
 }
 
 impl Policy {
@@ -270,6 +290,17 @@ impl Policy {
     }
     pub fn failure_mode(&self) -> FailureMode {
         self.failure_mode
+    }
+    /// With [`FailureMode::LocalFallback`]: the quota one edge instance enforces on
+    /// its own while Redis is unavailable (capacity and refill scaled down to
+    /// `local_share_percent`, at least 1 token each).
+    pub fn local_quota(&self) -> Option<&Quota> {
+        self.local_quota.as_ref()
+    }
+    /// The most requests in flight at once per bucket of this policy (per API key
+    /// for a plan's policy); `None`: not limited.
+    pub fn max_in_flight(&self) -> Option<u32> {
+        self.max_in_flight
     }
 
     /// Parses and validates one policy document. Bounded in size; every error names
@@ -332,6 +363,14 @@ pub struct PolicySpec {
     #[serde(default = "one")]
     pub cost: u32,
     pub failure_mode: FailureMode,
+    /// With `failure_mode: local_fallback` (and only then): the share of the quota,
+    /// in percent (1-100), each edge instance enforces alone while Redis is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_share_percent: Option<u8>,
+    /// The most requests of one bucket (e.g. one API key) in flight at once,
+    /// next to the rate limit; absent: not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -402,14 +441,74 @@ impl PolicySpec {
                 ),
             ));
         }
+        let local_quota = match (self.failure_mode, self.local_share_percent) {
+            (FailureMode::LocalFallback, None) => {
+                return Err(PolicyError::new(
+                    "local_share_percent",
+                    "is required with failure_mode \"local_fallback\": the percent (1-100) \
+                     of the quota each instance enforces alone",
+                ));
+            }
+            (FailureMode::LocalFallback, Some(pct)) => Some(local_quota(&quota, pct, self.cost)?),
+            (_, Some(_)) => {
+                return Err(PolicyError::new(
+                    "local_share_percent",
+                    format!(
+                        "only applies to failure_mode \"local_fallback\", not {:?}",
+                        self.failure_mode.name()
+                    ),
+                ));
+            }
+            (_, None) => None,
+        };
+        if let Some(n) = self.max_in_flight
+            && !(1..=MAX_IN_FLIGHT).contains(&n)
+        {
+            return Err(PolicyError::new(
+                "max_in_flight",
+                format!("must be between 1 and {MAX_IN_FLIGHT}, got {n}"),
+            ));
+        }
         Ok(Policy {
             name: self.name.clone(),
             dimensions,
             quota,
             cost: self.cost,
             failure_mode: self.failure_mode,
+            local_share_percent: self.local_share_percent,
+            local_quota,
+            max_in_flight: self.max_in_flight,
         })
     }
+}
+
+/// `quota` scaled to `pct` percent (capacity and refill, at least 1 each).
+fn local_quota(quota: &Quota, pct: u8, cost: u32) -> Result<Quota, PolicyError> {
+    let field = "local_share_percent";
+    if !(1..=100).contains(&pct) {
+        return Err(PolicyError::new(
+            field,
+            format!("must be between 1 and 100, got {pct}"),
+        ));
+    }
+    let scale = |n: u64| (n * u64::from(pct) / 100).max(1);
+    let local = Quota::new(
+        scale(quota.capacity()),
+        scale(quota.refill()),
+        quota.period(),
+    )
+    .map_err(|e| PolicyError::new(field, format!("the scaled quota is invalid: {e}")))?;
+    if u64::from(cost) > local.capacity() {
+        return Err(PolicyError::new(
+            field,
+            format!(
+                "{pct}% of the quota holds {} tokens, less than the cost {cost}: no request \
+                 could ever pass locally",
+                local.capacity()
+            ),
+        ));
+    }
+    Ok(local)
 }
 
 impl From<&Policy> for PolicySpec {
@@ -425,6 +524,8 @@ impl From<&Policy> for PolicySpec {
             },
             cost: p.cost,
             failure_mode: p.failure_mode,
+            local_share_percent: p.local_share_percent,
+            max_in_flight: p.max_in_flight,
         }
     }
 }
@@ -464,6 +565,47 @@ mod tests {
         assert_eq!(p.quota().burst_window(), 60_000_000);
         assert_eq!(p.cost(), 1);
         assert_eq!(p.failure_mode(), FailureMode::FailClosed);
+    }
+
+    #[test]
+    fn local_fallback_scales_the_quota_and_validates_the_share() {
+        let local = |pct: &str, cost: u32| {
+            let mut v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+            v["failure_mode"] = "local_fallback".into();
+            v["local_share_percent"] = serde_json::from_str(pct).unwrap();
+            v["cost"] = cost.into();
+            Policy::from_json(&v.to_string())
+        };
+        let p = local("10", 1).unwrap();
+        assert_eq!(p.failure_mode(), FailureMode::LocalFallback);
+        let q = p.local_quota().unwrap();
+        assert_eq!(
+            (q.capacity(), q.refill(), q.period()),
+            (100, 100, 60_000_000)
+        );
+        assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
+        let tiny = local("1", 1).unwrap();
+        assert_eq!(tiny.local_quota().unwrap().capacity(), 10);
+        for (pct, cost) in [
+            ("0", 1),
+            ("101", 1),
+            ("300", 1),
+            ("-1", 1),
+            ("0.5", 1),
+            ("1", 11),
+        ] {
+            let e = local(pct, cost).unwrap_err();
+            assert_eq!(e.field, "local_share_percent", "{pct}/{cost}: {e}");
+        }
+        // old documents (no new fields) parse as before and round-trip without them
+        let old = Policy::from_json(GOOD).unwrap();
+        assert!(old.local_quota().is_none() && old.max_in_flight().is_none());
+        assert!(!old.to_json().contains("local_share") && !old.to_json().contains("in_flight"));
+        let mut v: serde_json::Value = serde_json::from_str(GOOD).unwrap();
+        v["max_in_flight"] = 20.into();
+        let p = Policy::from_json(&v.to_string()).unwrap();
+        assert_eq!(p.max_in_flight(), Some(20));
+        assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
     }
 
     #[test]
@@ -515,6 +657,11 @@ mod tests {
             ("dimensions", "[\"user\"]", "dimensions[0]"),
             ("dimensions", "\"api_key\"", "dimensions"),
             ("failure_mode", "\"maybe\"", "failure_mode"),
+            ("failure_mode", "\"local_fallback\"", "local_share_percent"),
+            ("local_share_percent", "10", "local_share_percent"), // with fail_closed
+            ("max_in_flight", "0", "max_in_flight"),
+            ("max_in_flight", "100001", "max_in_flight"),
+            ("max_in_flight", "-1", "max_in_flight"),
         ];
         for (field, value, named) in cases {
             let e = err(&with(field, value));

@@ -47,6 +47,17 @@ pub const TOKEN_BUCKET: LuaScript = LuaScript {
     sha1: sha::TOKEN_BUCKET_SHA1,
 };
 
+/// `lua/in_flight.lua`: takes one in-flight slot (the concurrency limiter).
+pub const IN_FLIGHT: LuaScript = LuaScript {
+    source: include_str!("../../lua/in_flight.lua"),
+    sha1: sha::IN_FLIGHT_SHA1,
+};
+
+/// The sorted set of in-flight slots next to a bucket (same hash tag).
+pub fn in_flight_key(bucket_key: &str) -> String {
+    format!("{bucket_key}:inflight")
+}
+
 /// At most this many buckets are checked in one call.
 pub const MAX_CHECKS: usize = 16;
 

@@ -14,6 +14,7 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     dir: PathBuf,
+    args: Vec<String>,
 }
 
 /// A port that was free a moment ago (the kernel's pick for an ephemeral bind).
@@ -53,35 +54,14 @@ impl RedisServer {
             let dir =
                 std::env::temp_dir().join(format!("floodgate-redis-{port}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create a scratch dir");
-            let mut cmd = match cpu {
-                Some(c) => {
-                    let mut cmd = Command::new("taskset");
-                    cmd.args(["-c", &c.to_string(), "redis-server"]);
-                    cmd
-                }
-                None => Command::new("redis-server"),
+            let args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+            let child = spawn_redis(cpu, port, &dir, &args);
+            let mut server = RedisServer {
+                child,
+                port,
+                dir,
+                args,
             };
-            cmd.args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(["--dir", dir.to_str().unwrap(), "--protected-mode", "yes"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-            let child = match cmd.spawn() {
-                Ok(c) => c,
-                Err(e) => panic!(
-                    "cannot start redis-server ({e}); the test command installs it (scripts/test)"
-                ),
-            };
-            let mut server = RedisServer { child, port, dir };
             if server.wait_ready(Duration::from_secs(10)) {
                 return server;
             }
@@ -89,6 +69,44 @@ impl RedisServer {
             drop(server);
         }
         panic!("{last_error}");
+    }
+
+    /// Sends a signal (`"KILL"`, `"STOP"`, `"CONT"`, `"TERM"`) to the server.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill -{sig} {} failed", self.child.id());
+    }
+
+    /// Waits (bounded) for the process to exit, e.g. after `signal("KILL")`.
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// Starts the server again on the same port, in the same directory and with
+    /// the same arguments (so an append-only file is replayed). The old process
+    /// must have exited.
+    pub fn restart(&mut self) {
+        assert!(
+            self.wait_exit(Duration::from_secs(10)),
+            "the old redis-server is still running"
+        );
+        self.child = spawn_redis(None, self.port, &self.dir, &self.args);
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not restart on port {}",
+            self.port
+        );
     }
 
     fn wait_ready(&mut self, limit: Duration) -> bool {
@@ -129,6 +147,137 @@ impl RedisServer {
     /// The OS process id (fault tests send it signals).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+}
+
+fn spawn_redis(cpu: Option<usize>, port: u16, dir: &std::path::Path, extra: &[String]) -> Child {
+    let mut cmd = match cpu {
+        Some(c) => {
+            let mut cmd = Command::new("taskset");
+            cmd.args(["-c", &c.to_string(), "redis-server"]);
+            cmd
+        }
+        None => Command::new("redis-server"),
+    };
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .args(["--dir", dir.to_str().unwrap(), "--protected-mode", "yes"])
+    .args(extra)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            panic!("cannot start redis-server ({e}); the test command installs it (scripts/test)")
+        }
+    }
+}
+
+/// A Redis Sentinel (`redis-server <conf> --sentinel`) on a free loopback port,
+/// monitoring one primary as `master` with quorum 1. Killed when dropped.
+pub struct Sentinel {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Sentinel {
+    /// `down_after_ms`: how long the primary must be silent to be judged down.
+    pub fn start(master: &str, primary_port: u16, down_after_ms: u64) -> Self {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = std::env::temp_dir()
+                .join(format!("floodgate-sentinel-{port}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create a scratch dir");
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                     sentinel monitor {master} 127.0.0.1 {primary_port} 1\n\
+                     sentinel down-after-milliseconds {master} {down_after_ms}\n\
+                     sentinel failover-timeout {master} 5000\n\
+                     sentinel parallel-syncs {master} 1\n",
+                    dir = dir.display()
+                ),
+            )
+            .expect("write sentinel.conf");
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel starts");
+            let mut s = Sentinel { child, port, dir };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = s.child.try_wait() {
+                    break;
+                }
+                if answers_ping(port) {
+                    return s;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            drop(s);
+        }
+        panic!("redis-sentinel did not start");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The Sentinel's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
+    }
+
+    /// The primary's port as this Sentinel reports it now.
+    pub fn primary_port(&self, master: &str) -> Option<u16> {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .ok()?
+            .get_connection()
+            .ok()?;
+        let addr: Vec<String> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master)
+            .query(&mut c)
+            .ok()?;
+        addr.get(1)?.parse().ok()
+    }
+
+    /// How many replicas this Sentinel knows for `master`.
+    pub fn replicas(&self, master: &str) -> usize {
+        let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) else {
+            return 0;
+        };
+        let Ok(mut c) = client.get_connection() else {
+            return 0;
+        };
+        redis::cmd("SENTINEL")
+            .arg("replicas")
+            .arg(master)
+            .query::<Vec<redis::Value>>(&mut c)
+            .map(|v| v.len())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -4,8 +4,13 @@
 //! floodgate-edge --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
 //!                [--redis redis://127.0.0.1:6379/ | --rest-url http://127.0.0.1:8079]
 //!                [--key-header authorization] [--forward-key] [--identity-header x-floodgate-key-id]
-//!                [--cache-ttl-ms 5000] [--deadline-ms 50] [--no-limit]
+//!                [--cache-ttl-ms 5000] [--deadline-ms 3] [--no-limit]
+//!                [--breaker-threshold 5] [--breaker-cool-down-ms 1000]
 //! ```
+//! `--deadline-ms` bounds every store call (bucket check, key and config reads,
+//! health checks; default 3 ms over RESP, 1000 ms over REST); `--breaker-threshold` consecutive failures open the circuit
+//! breaker for `--breaker-cool-down-ms`, then one `PING` decides whether it closes.
+//! Breaker transitions are logged to stderr.
 //! With `--rest-url`, the token comes from `FLOODGATE_REST_TOKEN` (or
 //! `UPSTASH_REDIS_REST_TOKEN`). `--no-limit` proxies without limiting (a baseline
 //! for benchmarks). Ctrl-C or SIGTERM stops it after requests in flight.
@@ -37,7 +42,7 @@ fn run() -> Result<(), String> {
     let mut rest_url = None;
     let mut host = HostConfig::new("");
     let mut settings = PipelineConfig::default();
-    let mut deadline = Duration::from_millis(50);
+    let mut deadline = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -64,11 +69,27 @@ fn run() -> Result<(), String> {
                     * 1000
             }
             "--deadline-ms" => {
-                deadline = Duration::from_millis(
+                deadline = Some(Duration::from_millis(
                     value()?
-                        .parse()
-                        .map_err(|_| "--deadline-ms takes milliseconds")?,
-                )
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ms| *ms >= 1)
+                        .ok_or("--deadline-ms takes milliseconds, at least 1")?,
+                ))
+            }
+            "--breaker-threshold" => {
+                settings.breaker_threshold = value()?
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or("--breaker-threshold takes a whole number of failures, at least 1")?
+            }
+            "--breaker-cool-down-ms" => {
+                settings.breaker_cool_down = value()?
+                    .parse::<u32>()
+                    .map_err(|_| "--breaker-cool-down-ms takes milliseconds")?
+                    as i64
+                    * 1000
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -92,12 +113,17 @@ fn run() -> Result<(), String> {
                     .map_err(
                         |_| "--rest-url needs FLOODGATE_REST_TOKEN or UPSTASH_REDIS_REST_TOKEN",
                     )?;
+                // a REST endpoint is an HTTP hop, usually remote: a wider default
+                let deadline = deadline.unwrap_or(Duration::from_millis(1000));
                 NativeStore::Rest(RestStore::new(url, &token, deadline).map_err(|e| e.to_string())?)
             }
             None => NativeStore::Resp(
-                RespStore::connect(&redis, deadline)
-                    .await
-                    .map_err(|e| e.to_string())?,
+                RespStore::connect(
+                    &redis,
+                    deadline.unwrap_or(floodgate_edge::store::resp::DEFAULT_DEADLINE),
+                )
+                .await
+                .map_err(|e| e.to_string())?,
             ),
         };
         let pipeline = Pipeline::new(store, SystemClock, settings);

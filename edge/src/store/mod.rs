@@ -72,6 +72,38 @@ pub trait BucketStore {
     /// an explicit instant.
     async fn check(&self, checks: &[Check<'_>], now: Option<Micros>)
     -> Result<Verdict, StoreError>;
+
+    /// Takes an in-flight slot `id` in the set `key` when fewer than `limit`
+    /// unexpired slots are held (`lua/in_flight.lua`); the slot expires after
+    /// `ttl_ms` unless released. `Ok(false)`: the limit is reached.
+    async fn acquire_slot(
+        &self,
+        _key: &str,
+        _id: &str,
+        _limit: u32,
+        _ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            "this store has no in-flight slots",
+        ))
+    }
+
+    /// Releases a slot (a no-op when it already expired).
+    async fn release_slot(&self, _key: &str, _id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Reads the in-flight script's reply `{taken, held}`.
+pub fn slot_taken(reply: &[i64]) -> Result<bool, StoreError> {
+    match reply {
+        [taken, _held] => Ok(*taken == 1),
+        other => Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("unexpected in-flight reply {other:?}"),
+        )),
+    }
 }
 
 /// Plain reads of the records the edge caches (configuration, API keys).
@@ -83,4 +115,10 @@ pub trait RecordStore {
     /// Runs several write commands in ONE round trip (not atomic); fails if any
     /// command failed.
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError>;
+
+    /// A health check within the deadline: `PING` where the store speaks it (the
+    /// breaker's half-open probe). The default reads a key that need not exist.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.get("fg:ping").await.map(|_| ())
+    }
 }

@@ -442,6 +442,10 @@ fn script_outcome(item: Value) -> ScriptResult {
 }
 
 impl super::RecordStore for RestStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.command(&["PING"]).await.map(|_| ())
+    }
+
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
         let parts: Vec<Vec<&str>> = commands
             .iter()
@@ -480,6 +484,40 @@ impl BucketStore for RestStore {
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
         let reply = self.eval_batched(&keys, args).await?;
         Ok(interpret_token_bucket(checks, &reply)?)
+    }
+
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        id: &str,
+        limit: u32,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let (limit, ttl) = (limit.to_string(), ttl_ms.to_string());
+        let script = floodgate_shared::script::IN_FLIGHT.source;
+        match self
+            .command(&["EVAL", script, "1", key, id, &limit, &ttl])
+            .await?
+        {
+            RestValue::Array(items) => {
+                let ints: Vec<i64> = items
+                    .iter()
+                    .filter_map(|v| match v {
+                        RestValue::Int(i) => Some(*i),
+                        _ => None,
+                    })
+                    .collect();
+                super::slot_taken(&ints)
+            }
+            other => Err(err(
+                StoreErrorKind::Protocol,
+                format!("unexpected in-flight reply {other:?}"),
+            )),
+        }
+    }
+
+    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
+        self.command(&["ZREM", key, id]).await.map(|_| ())
     }
 }
 

@@ -2,7 +2,9 @@
 //! host-free pipeline in `floodgate-edge` over the Upstash REST store.
 //!
 //! Bindings (wrangler.toml): secrets `UPSTASH_REDIS_REST_URL`, `UPSTASH_REDIS_REST_TOKEN`;
-//! vars `UPSTREAM_URL`, optional `CACHE_TTL_MS`, `DEADLINE_MS`, `FORWARD_KEY`.
+//! vars `UPSTREAM_URL`, optional `CACHE_TTL_MS`, `DEADLINE_MS`, `FORWARD_KEY`,
+//! `BREAKER_THRESHOLD` (consecutive failures that open the breaker, default 5) and
+//! `BREAKER_COOL_DOWN_MS` (default 1000). Breaker transitions go to the console log.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -53,11 +55,18 @@ fn pipeline(env: &Env) -> Result<Rc<EdgePipeline>> {
         .map_err(|e| worker::Error::RustError(e.to_string()))?;
     let settings = PipelineConfig {
         cache_ttl: ms("CACHE_TTL_MS", 5000) as i64 * 1000,
+        breaker_threshold: ms("BREAKER_THRESHOLD", 5).clamp(1, u32::MAX as u64) as u32,
+        breaker_cool_down: ms("BREAKER_COOL_DOWN_MS", 1000) as i64 * 1000,
+        log: console_log,
         ..PipelineConfig::default()
     };
     let p = Rc::new(Pipeline::new(store, WorkerClock, settings));
     PIPELINE.with(|slot| *slot.borrow_mut() = Some(p.clone()));
     Ok(p)
+}
+
+fn console_log(line: &str) {
+    worker::console_log!("{line}");
 }
 
 fn json(status: u16, error: &str) -> Result<Response> {
@@ -78,6 +87,12 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         Err(e) => return json(500, &format!("misconfigured: {e}")),
     };
     let url = req.url()?;
+    if url.path() == "/__floodgate/health" {
+        // this isolate's breaker and degraded totals (see docs/failure.md)
+        let mut r = Response::ok(pipeline.health().to_json())?;
+        r.headers_mut().set("content-type", "application/json")?;
+        return Ok(r);
+    }
     if url.path().len() > floodgate_shared::routes::MAX_PATH_LEN {
         return json(414, "Request URI too long");
     }
@@ -98,7 +113,7 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     ctx.wait_until(async move {
         let _ = flusher.flush_stats(1_000_000).await;
     });
-    let (key_id, quota) = match gate {
+    let (key_id, quota, slots) = match gate {
         Gate::Respond {
             status,
             headers,
@@ -111,8 +126,11 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
             return Ok(r);
         }
         Gate::Forward {
-            key_id, headers, ..
-        } => (key_id, headers),
+            key_id,
+            headers,
+            slots,
+            ..
+        } => (key_id, headers, slots),
     };
 
     let forward_key = var(&env, "FORWARD_KEY").as_deref() == Some("true");
@@ -141,7 +159,14 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         }
     }
     let upstream_req = Request::new_with_init(&target, &init)?;
-    let mut resp = match worker::Fetch::Request(upstream_req).send().await {
+    let sent = worker::Fetch::Request(upstream_req).send().await;
+    // in-flight slots go back once the upstream has answered (or failed); the body
+    // then streams without holding one
+    if !slots.is_empty() {
+        let releaser = pipeline.clone();
+        ctx.wait_until(async move { releaser.release(&slots).await });
+    }
+    let mut resp = match sent {
         Ok(r) => r,
         Err(_) => return json(502, "Upstream unavailable"),
     };
