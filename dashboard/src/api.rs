@@ -259,6 +259,8 @@ pub async fn save_policy(
     refill: String,
     cost: String,
     failure_mode: String,
+    #[server(default)] local_share_percent: String,
+    #[server(default)] max_in_flight: String,
 ) -> Result<Saved, ServerFnError> {
     let form = crate::model::PolicyForm {
         name,
@@ -268,6 +270,8 @@ pub async fn save_policy(
         refill,
         cost,
         failure_mode,
+        local_share_percent,
+        max_in_flight,
     };
     let spec = match form.to_spec() {
         Ok(s) => s,

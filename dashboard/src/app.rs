@@ -326,6 +326,22 @@ fn traffic_view(t: Traffic) -> impl IntoView {
     let p50_now = fmt_us(latest(&t.p50_us));
     let p99_now = fmt_us(latest(&t.p99_us));
     let top = t.top_throttled.clone();
+    let modes: Vec<(String, String, u64)> = t
+        .degraded_by_route_mode
+        .iter()
+        .map(|((r, m), n)| (r.clone(), m.clone(), *n))
+        .collect();
+    let mode_totals = t
+        .degraded_by_mode
+        .iter()
+        .map(|(m, n)| format!("{m}: {n}"))
+        .collect::<Vec<_>>()
+        .join(" · ");
+    let breaker = format!(
+        "Circuit breakers opened {} times; open for {:.1} s in total (all edges, this window).",
+        t.breaker_opened,
+        t.breaker_open_ms as f64 / 1000.0
+    );
     view! {
         {legend()}
         {empty.then(|| view! { <p id="no-traffic">"No traffic recorded in this window yet."</p> })}
@@ -353,6 +369,15 @@ fn traffic_view(t: Traffic) -> impl IntoView {
             <span><i style="background:var(--p50)"></i>"p50"</span>
             <span><i style="background:var(--p99)"></i>"p99"</span>
         </div>
+        <h2>"Decisions taken without Redis"</h2>
+        <p id="breaker">{breaker}</p>
+        <p id="modes">{if mode_totals.is_empty() { "No degraded decisions.".to_string() } else { format!("By failure mode: {mode_totals}") }}</p>
+        <table id="degraded-modes">
+            <thead><tr><th>"Endpoint"</th><th>"Failure mode"</th><th>"Decisions"</th></tr></thead>
+            <tbody>
+                {modes.into_iter().map(|(r, m, n)| view! { <tr><td>{r}</td><td>{m}</td><td>{n}</td></tr> }).collect_view()}
+            </tbody>
+        </table>
         <h2>"Most throttled keys"</h2>
         <table id="top-throttled">
             <thead><tr><th>"Key id"</th><th>"429s"</th></tr></thead>
@@ -396,6 +421,23 @@ fn PoliciesPage() -> impl IntoView {
     let editing = RwSignal::new(None::<PolicyForm>);
     let editing_plan = RwSignal::new(None::<(String, String)>);
     let editing_route = RwSignal::new(None::<(String, String, String)>);
+    // a saved edit closes its form (it shows the stored values once reloaded)
+    let saved = |v: Option<Result<Saved, ServerFnError>>| matches!(v, Some(Ok(Saved::Ok(_))));
+    Effect::new(move |_| {
+        if saved(save_policy.value().get()) {
+            editing.set(None);
+        }
+    });
+    Effect::new(move |_| {
+        if saved(save_plan.value().get()) {
+            editing_plan.set(None);
+        }
+    });
+    Effect::new(move |_| {
+        if saved(save_route.value().get()) {
+            editing_route.set(None);
+        }
+    });
     view! {
         <Title text="Floodgate — policies"/>
         <h1>"Policies"</h1>
@@ -516,9 +558,12 @@ fn policy_section(
                         <select name="failure_mode">
                             <option value="fail_closed" selected=mode != "fail_open">"fail closed (503)"</option>
                             <option value="fail_open" selected=mode == "fail_open">"fail open (allow, marked)"</option>
+                            <option value="local_fallback" selected=mode == "local_fallback">"local fallback (a share per instance)"</option>
                         </select>
                         {field_error(val(save), same, "failure_mode")}
                     </label>
+                    <label>"Local share % (local fallback)" <input name="local_share_percent" inputmode="numeric" value=f.local_share_percent.clone()/>{field_error(val(save), same, "local_share_percent")}</label>
+                    <label>"Max in flight (optional)" <input name="max_in_flight" inputmode="numeric" value=f.max_in_flight.clone()/>{field_error(val(save), same, "max_in_flight")}</label>
                     <br/>
                     <button type="submit">"Save limit"</button>
                     " "

@@ -130,6 +130,13 @@ pub struct Traffic {
     /// Store-call latency per minute, µs (None when no call was made).
     pub p50_us: Vec<Option<u64>>,
     pub p99_us: Vec<Option<u64>>,
+    /// Decisions taken without Redis over the window: per failure mode, and per
+    /// (route, mode).
+    pub degraded_by_mode: BTreeMap<String, u64>,
+    pub degraded_by_route_mode: BTreeMap<(String, String), u64>,
+    /// Circuit-breaker openings and time open (ms) over the window, all edges.
+    pub breaker_opened: u64,
+    pub breaker_open_ms: u64,
 }
 
 /// One audit record: who changed what, when, with the item before and after.
@@ -189,10 +196,15 @@ pub struct PolicyForm {
     pub refill: String,
     pub cost: String,
     pub failure_mode: String,
+    /// With `local_fallback`: the share (1–100 %) of the quota each instance
+    /// enforces alone while Redis is unavailable.
+    pub local_share_percent: String,
+    /// Requests of one bucket in flight at once (empty: no limit).
+    pub max_in_flight: String,
 }
 
 /// The form fields a policy error can name, as `PolicySpec` names them.
-pub const POLICY_FIELDS: [&str; 7] = [
+pub const POLICY_FIELDS: [&str; 9] = [
     "name",
     "dimensions",
     "quota.capacity",
@@ -200,6 +212,8 @@ pub const POLICY_FIELDS: [&str; 7] = [
     "quota.refill",
     "cost",
     "failure_mode",
+    "local_share_percent",
+    "max_in_flight",
 ];
 
 impl PolicyForm {
@@ -233,6 +247,12 @@ impl PolicyForm {
             "failure_mode".into(),
             bounded("failure_mode", &self.failure_mode)?.into(),
         );
+        if let Some(share) = whole_number("local_share_percent", &self.local_share_percent)? {
+            doc.insert("local_share_percent".into(), share);
+        }
+        if let Some(n) = whole_number("max_in_flight", &self.max_in_flight)? {
+            doc.insert("max_in_flight".into(), n);
+        }
         let policy = Policy::from_json(&serde_json::Value::Object(doc).to_string())?;
         Ok(serde_json::from_str(&policy.to_json()).expect("a valid policy's JSON is a spec"))
     }
@@ -251,6 +271,11 @@ impl PolicyForm {
             refill: p.quota.refill.map(|r| r.to_string()).unwrap_or_default(),
             cost: p.cost.to_string(),
             failure_mode: failure_mode_name(p),
+            local_share_percent: p
+                .local_share_percent
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+            max_in_flight: p.max_in_flight.map(|v| v.to_string()).unwrap_or_default(),
         }
     }
 }
@@ -370,6 +395,8 @@ mod tests {
             refill: "".into(),
             cost: "".into(),
             failure_mode: "fail_closed".into(),
+            local_share_percent: "".into(),
+            max_in_flight: "".into(),
         }
     }
 
@@ -379,12 +406,31 @@ mod tests {
         assert_eq!(spec.quota.capacity, 100);
         assert_eq!(spec.cost, 1);
         assert_eq!(PolicyForm::from_spec(&spec).to_spec().unwrap(), spec);
+        let mut f = form();
+        f.failure_mode = "local_fallback".into();
+        f.local_share_percent = "10".into();
+        f.max_in_flight = "20".into();
+        let spec = f.to_spec().unwrap();
+        assert_eq!(
+            (spec.local_share_percent, spec.max_in_flight),
+            (Some(10), Some(20))
+        );
+        f.cost = "1".into();
+        assert_eq!(PolicyForm::from_spec(&spec), f);
     }
 
     #[test]
     fn each_bad_field_is_named_as_the_edge_names_it() {
         type Edit = fn(&mut PolicyForm);
-        let cases: [(Edit, &str); 12] = [
+        let cases: [(Edit, &str); 14] = [
+            (|f| f.max_in_flight = "0".into(), "max_in_flight"),
+            (
+                |f| {
+                    f.failure_mode = "local_fallback".into();
+                    f.local_share_percent = "101".into()
+                },
+                "local_share_percent",
+            ),
             (|f| f.capacity = "abc".into(), "quota.capacity"),
             (|f| f.capacity = "".into(), "quota.capacity"),
             (|f| f.capacity = "0".into(), "quota.capacity"),

@@ -497,6 +497,17 @@ pub fn summarize(minutes: &[i64], hashes: &[Vec<(String, u64)>]) -> Traffic {
                     }
                 }
                 ["key", id, "throttled"] => *per_key.entry((*id).to_string()).or_default() += count,
+                ["key", ..] => {}
+                ["mode", mode] => {
+                    *t.degraded_by_mode.entry((*mode).to_string()).or_default() += count
+                }
+                ["breaker", "opened"] => t.breaker_opened += count,
+                ["breaker", "open_ms"] => t.breaker_open_ms += count,
+                [route, "degraded", mode] => {
+                    *t.degraded_by_route_mode
+                        .entry(((*route).to_string(), (*mode).to_string()))
+                        .or_default() += count
+                }
                 [route, outcome @ ("allowed" | "throttled" | "degraded")] => {
                     let s = t
                         .routes
@@ -779,6 +790,9 @@ mod tests {
                 ("search|degraded|fail_open".to_string(), 9),
                 ("key|K1|throttled".to_string(), 2),
                 ("lat|250".to_string(), 7),
+                ("mode|fail_open".to_string(), 9),
+                ("breaker|opened".to_string(), 1),
+                ("breaker|open_ms".to_string(), 1500),
             ],
             vec![
                 ("_|allowed".to_string(), 1),
@@ -801,6 +815,13 @@ mod tests {
         );
         assert_eq!(t.p50_us, [Some(250), None]);
         assert_eq!(key_usage(&hashes)["K2"], (4, 3, 0));
+        assert_eq!(t.degraded_by_mode["fail_open"], 9);
+        assert_eq!(
+            t.degraded_by_route_mode[&("search".to_string(), "fail_open".to_string())],
+            9
+        );
+        assert_eq!((t.breaker_opened, t.breaker_open_ms), (1, 1500));
+        assert!(!t.routes.contains_key("mode") && !t.routes.contains_key("breaker"));
     }
 
     #[test]

@@ -250,6 +250,23 @@ impl Browser {
         path
     }
 
+    /// Renders pages as with `prefers-color-scheme: dark` (or light).
+    pub async fn color_scheme(&self, dark: bool) {
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                "/goog/cdp/execute",
+                Some(json!({"cmd": "Emulation.setEmulatedMedia", "params": {"features": [
+                    {"name": "prefers-color-scheme", "value": if dark { "dark" } else { "light" }}
+                ]}})),
+            )
+            .await;
+        assert!(
+            v.is_object() || v.is_null(),
+            "emulate the color scheme: {v}"
+        );
+    }
+
     /// Ends the session (Chromium exits); chromedriver is killed on drop.
     pub async fn quit(self) {
         let _ = self.http.delete(&self.base).send().await;

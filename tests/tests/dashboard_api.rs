@@ -164,7 +164,8 @@ async fn bad_input_on_every_form_gets_a_clear_error_and_writes_nothing() {
             ("failure_mode", "fail_closed"),
         ]
     };
-    let mut cases: Vec<(&str, Vec<(&str, &str)>, &str)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+    let mut cases: Vec<Case> = vec![
         ("save_policy", policy("abc", "p1", "1m"), "quota.capacity"),
         ("save_policy", policy("0", "p1", "1m"), "quota.capacity"),
         ("save_policy", policy("-1", "p1", "1m"), "quota.capacity"),

@@ -862,6 +862,10 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
             &upstream,
             "--redis",
             &redis,
+            // at saturation the queue, not Redis, sets the wait: a 3 ms deadline
+            // would turn load into fail-closed 503s and flatter the ratio
+            "--deadline-ms",
+            "50",
         ],
         &[],
         on,
@@ -908,6 +912,8 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
             &upstream,
             "--redis",
             &remote_redis,
+            "--deadline-ms",
+            "50",
         ],
         &[],
         on_remote,
