@@ -13,6 +13,7 @@ pub mod keys;
 pub mod policy;
 pub mod routes;
 pub mod script;
+pub mod slot;
 pub mod time;
 
 pub use bucket::{BucketState, Decision, Outcome, Transition, decide};
