@@ -6,6 +6,8 @@ use std::{env, fs, path::PathBuf};
 const SCRIPTS: &[(&str, &str)] = &[
     ("TOKEN_BUCKET", "token_bucket.lua"),
     ("IN_FLIGHT", "in_flight.lua"),
+    ("LEASE_TAKE", "lease_take.lua"),
+    ("LEASE_RETURN", "lease_return.lua"),
 ];
 
 fn main() {

@@ -10,6 +10,7 @@ pub mod bucket;
 pub mod config;
 pub mod contract;
 pub mod keys;
+pub mod lease;
 pub mod policy;
 pub mod routes;
 pub mod script;

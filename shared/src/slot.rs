@@ -88,7 +88,11 @@ mod tests {
             .map(|i| {
                 let mut c = i << 8;
                 for _ in 0..8 {
-                    c = if c & 0x8000 != 0 { (c << 1) ^ 0x1021 } else { c << 1 };
+                    c = if c & 0x8000 != 0 {
+                        (c << 1) ^ 0x1021
+                    } else {
+                        c << 1
+                    };
                 }
                 c
             })

@@ -1,0 +1,60 @@
+-- Floodgate lease: give back the tokens of a lease its holder did not spend.
+--
+-- The holder stops spending before it calls this (or at the lease's expiry, when
+-- the lease simply lapses and its tokens are lost: never an overshoot). The refund
+-- moves full_at back by the unused tokens, but never below now, and never by more
+-- than the bucket could still owe them: had the lease not been taken, the bucket
+-- would have been full (wasting refill) from `base` on, so every token of time
+-- elapsed past `base` is one fewer to give back.
+--
+-- KEYS[1]  the bucket;  KEYS[2]  its leases
+-- ARGV[1]  now in microseconds, or "" for Redis TIME
+-- ARGV[2]  T (microseconds per token)
+-- ARGV[3]  the lease's member as take recorded it: "<id>:<tokens>:<base>"
+-- ARGV[4]  unused tokens
+--
+-- Returns {refunded, now, full_at}.
+
+if #KEYS ~= 2 or #ARGV ~= 4 then
+  return redis.error_reply('ERR floodgate: lease return expects 2 keys and 4 arguments')
+end
+local now = ARGV[1]
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+  if now == nil or now < 0 or now % 1 ~= 0 then
+    return redis.error_reply('ERR floodgate: bad now')
+  end
+end
+local t, unused = tonumber(ARGV[2]), tonumber(ARGV[4])
+if not (t and unused and t >= 1 and unused >= 0) then
+  return redis.error_reply('ERR floodgate: bad lease return arguments')
+end
+local _, _, granted, base = string.find(ARGV[3], '^[^:]*:(%d+):(%d+)$')
+local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+local full_at = 0
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
+  full_at = tonumber(raw)
+end
+if not granted or not expires or tonumber(expires) <= now then
+  return {0, now, full_at}
+end
+local refund = math.min(unused, tonumber(granted))
+local wasted = tonumber(base) < now and math.ceil((now - tonumber(base)) / t) or 0
+refund = refund - wasted
+if refund <= 0 or full_at <= now then
+  return {0, now, full_at}
+end
+local new_full = full_at - refund * t
+if new_full <= now then
+  redis.call('DEL', KEYS[1])
+  return {refund, now, now}
+end
+local expiry = math.ceil(new_full / 1000000) * 1000000
+redis.call('SET', KEYS[1], string.format('%d', new_full),
+  'PX', string.format('%d', math.ceil((expiry - now) / 1000)))
+return {refund, now, new_full}

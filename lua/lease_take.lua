@@ -1,0 +1,87 @@
+-- Floodgate lease: decide one request exactly AND take up to N more tokens from the
+-- same bucket for the caller to spend locally (the design's "distributed token
+-- bucket"), atomically. The bucket is the token bucket's one integer full_at
+-- (lua/token_bucket.lua); taking n tokens advances it by n x T when they fit.
+--
+-- Tokens out on leases are the overshoot: a lease spent later than it was taken can
+-- push the admissions of a window past capacity + refill x window by at most the
+-- tokens outstanding. KEYS[2] records every live lease (sorted set, score = expiry,
+-- member = "<id>:<tokens>:<base>"), and no lease is granted past ARGV[6] tokens
+-- outstanding in total, so the overshoot bound is enforced here, whatever the
+-- number of edge instances.
+--
+-- KEYS[1]  the bucket;  KEYS[2]  its leases (same hash tag: same cluster slot)
+-- ARGV[1]  now in microseconds, or "" for Redis TIME
+-- ARGV[2]  burst window (capacity x T);  ARGV[3]  T (microseconds per token)
+-- ARGV[4]  cost of this request in tokens (0: only lease)
+-- ARGV[5]  tokens wanted for the lease;  ARGV[6]  bound on tokens outstanding
+-- ARGV[7]  lease lifetime in microseconds;  ARGV[8]  lease id
+--
+-- Returns {admitted, leased, now, full_at, expires_at}: admitted 1/0 for the
+-- request (a denial writes nothing and leases nothing), the tokens leased (0 when
+-- none fit), Redis' instant, the bucket's full_at after the call and the lease's
+-- expiry (Redis clock).
+
+local MAX_WINDOW = 34560000000000
+local MAX_INSTANT = 4503599627370496
+if #KEYS ~= 2 or #ARGV ~= 8 then
+  return redis.error_reply('ERR floodgate: lease take expects 2 keys and 8 arguments')
+end
+local now = ARGV[1]
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+  if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
+    return redis.error_reply('ERR floodgate: bad now')
+  end
+end
+local burst, t = tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost, want, bound, life = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+if not (burst and t and cost and want and bound and life and burst >= 1 and burst <= MAX_WINDOW
+    and t >= 1 and t <= burst and cost >= 0 and want >= 0 and bound >= 0 and life >= 1
+    and life <= MAX_WINDOW) then
+  return redis.error_reply('ERR floodgate: bad lease arguments')
+end
+
+local full_at = 0
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
+  full_at = tonumber(raw)
+  if full_at > now + MAX_WINDOW then full_at = 0 end
+end
+local base = full_at
+if base < now then base = now end
+local room = math.floor((burst - (base - now)) / t)
+if room < cost then
+  return {0, 0, now, full_at, 0}
+end
+
+-- Live leases only: an expired lease's holder has stopped spending it.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local outstanding = 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local _, _, n = string.find(m, '^[^:]*:(%d+):')
+  if n then outstanding = outstanding + tonumber(n) end
+end
+local extra = math.min(want, room - cost, bound - outstanding)
+if extra < 0 then extra = 0 end
+
+local taken = cost + extra
+local expires_at = 0
+if taken > 0 then
+  local new_full = base + taken * t
+  local expiry = math.ceil(new_full / 1000000) * 1000000
+  redis.call('SET', KEYS[1], string.format('%d', new_full),
+    'PX', string.format('%d', math.ceil((expiry - now) / 1000)))
+  full_at = new_full
+end
+if extra > 0 then
+  expires_at = now + life
+  -- base: where the bucket would be without this lease's tokens (see lease_return.lua)
+  redis.call('ZADD', KEYS[2], expires_at,
+    ARGV[8] .. ':' .. extra .. ':' .. string.format('%d', full_at - extra * t))
+  redis.call('PEXPIRE', KEYS[2], math.ceil(life / 1000) + 1000)
+end
+return {1, extra, now, full_at, expires_at}
