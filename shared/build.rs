@@ -6,23 +6,31 @@ use std::{env, fs, path::PathBuf};
 const SCRIPTS: &[(&str, &str)] = &[
     ("TOKEN_BUCKET", "token_bucket.lua"),
     ("IN_FLIGHT", "in_flight.lua"),
+];
+
+/// The lease scripts (`shared/src/lease.rs`), in their own generated file.
+const LEASE_SCRIPTS: &[(&str, &str)] = &[
     ("LEASE_TAKE", "lease_take.lua"),
     ("LEASE_RETURN", "lease_return.lua"),
 ];
 
 fn main() {
+    write_shas(SCRIPTS, "script_sha1.rs");
+    write_shas(LEASE_SCRIPTS, "lease_sha1.rs");
+}
+
+fn write_shas(scripts: &[(&str, &str)], file: &str) {
     let manifest =
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let lua_dir = manifest.join("../lua");
     let mut out = String::new();
-    for (name, file) in SCRIPTS {
-        let path = lua_dir.join(file);
+    for (name, script) in scripts {
+        let path = lua_dir.join(script);
         println!("cargo:rerun-if-changed={}", path.display());
         let source = fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let sha = sha1_smol::Sha1::from(&source).digest().to_string();
         out.push_str(&format!("pub const {name}_SHA1: &str = \"{sha}\";\n"));
     }
-    let dest =
-        PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("script_sha1.rs");
-    fs::write(dest, out).expect("writing script_sha1.rs");
+    let dest = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join(file);
+    fs::write(dest, out).expect("writing the SHA-1 file");
 }

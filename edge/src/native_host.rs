@@ -34,6 +34,8 @@ use floodgate_shared::script::{Check, Verdict};
 pub enum NativeStore {
     Resp(RespStore),
     Rest(RestStore),
+    /// Redis Cluster (`redis+cluster://host:port[,host:port]`).
+    Cluster(crate::store::cluster::ClusterStore),
 }
 
 impl BucketStore for NativeStore {
@@ -45,6 +47,7 @@ impl BucketStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.check(checks, now).await,
             NativeStore::Rest(s) => s.check(checks, now).await,
+            NativeStore::Cluster(s) => s.check(checks, now).await,
         }
     }
 
@@ -58,6 +61,7 @@ impl BucketStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
             NativeStore::Rest(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
+            NativeStore::Cluster(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
         }
     }
 
@@ -65,6 +69,7 @@ impl BucketStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.release_slot(key, id).await,
             NativeStore::Rest(s) => s.release_slot(key, id).await,
+            NativeStore::Cluster(s) => s.release_slot(key, id).await,
         }
     }
 }
@@ -74,6 +79,7 @@ impl RecordStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.write_batch(commands).await,
             NativeStore::Rest(s) => s.write_batch(commands).await,
+            NativeStore::Cluster(s) => s.write_batch(commands).await,
         }
     }
 
@@ -81,6 +87,7 @@ impl RecordStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.get(key).await,
             NativeStore::Rest(s) => s.get(key).await,
+            NativeStore::Cluster(s) => s.get(key).await,
         }
     }
 
@@ -88,6 +95,7 @@ impl RecordStore for NativeStore {
         match self {
             NativeStore::Resp(s) => s.ping().await,
             NativeStore::Rest(s) => s.ping().await,
+            NativeStore::Cluster(s) => s.ping().await,
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::script::LuaScript;
 use crate::time::{MICROS_PER_SEC, Micros};
 
 mod sha {
-    include!(concat!(env!("OUT_DIR"), "/script_sha1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/lease_sha1.rs"));
 }
 
 /// `lua/lease_take.lua`.
@@ -245,6 +245,7 @@ pub struct Central {
 
 impl Central {
     /// [`LEASE_TAKE`] at `now`.
+    #[allow(clippy::too_many_arguments)]
     pub fn take(
         &mut self,
         config: &LeaseConfig,

@@ -3,6 +3,7 @@
 //! ```text
 //! floodgate-edge --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
 //!                [--redis redis://127.0.0.1:6379/ | --rest-url http://127.0.0.1:8079]
+//!                (or --redis redis+cluster://host:port[,host:port] for Redis Cluster)
 //!                [--key-header authorization] [--forward-key] [--identity-header x-floodgate-key-id]
 //!                [--cache-ttl-ms 5000] [--deadline-ms 3] [--no-limit]
 //!                [--breaker-threshold 5] [--breaker-cool-down-ms 1000]
@@ -117,6 +118,14 @@ fn run() -> Result<(), String> {
                 let deadline = deadline.unwrap_or(Duration::from_millis(1000));
                 NativeStore::Rest(RestStore::new(url, &token, deadline).map_err(|e| e.to_string())?)
             }
+            None if redis.starts_with("redis+cluster://") => NativeStore::Cluster(
+                floodgate_edge::store::cluster::ClusterStore::connect(
+                    &redis,
+                    deadline.unwrap_or(floodgate_edge::store::resp::DEFAULT_DEADLINE),
+                )
+                .await
+                .map_err(|e| e.to_string())?,
+            ),
             None => NativeStore::Resp(
                 RespStore::connect(
                     &redis,

@@ -8,6 +8,8 @@ use floodgate_shared::Micros;
 use floodgate_shared::script::{CallError, Check, ProtocolError, Verdict};
 
 #[cfg(feature = "native")]
+pub mod cluster;
+#[cfg(feature = "native")]
 pub mod resp;
 #[cfg(feature = "rest")]
 pub mod rest;
