@@ -1,6 +1,7 @@
 //! Test harness: real `redis-server` processes on free loopback ports, started by
 //! the tests themselves and killed when dropped. Nothing assumes a running Redis.
 
+pub mod cluster;
 pub mod dash;
 pub mod webdriver;
 

@@ -28,8 +28,10 @@ use super::resp::RespStore;
 use super::resp::wire::Reply;
 use super::{BucketStore, RecordStore, StoreError, StoreErrorKind};
 
-/// Tries per call: the first, plus redirections / waits.
-pub const MAX_ATTEMPTS: usize = 5;
+/// Tries per call: the first, plus redirections / waits (an `ASK` and the call to
+/// its target count as one). The waits for `TRYAGAIN` double from 2 ms: at most
+/// 2 + 4 + 8 + 16 + 32 = 62 ms in all.
+pub const MAX_ATTEMPTS: usize = 6;
 
 /// What the cluster client did besides plain calls (tests and the benchmark).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -234,7 +236,11 @@ impl ClusterStore {
         let mut addr = self.owner(slot);
         let mut asking: Option<String> = None;
         let mut last = err(StoreErrorKind::Connect, "no attempt");
-        for attempt in 0..MAX_ATTEMPTS {
+        // an ASK is followed at once by the call to its target, in the same attempt
+        let mut attempt = 0;
+        let mut steps = 0;
+        while attempt < MAX_ATTEMPTS && steps < 2 * MAX_ATTEMPTS {
+            steps += 1;
             if addr.is_empty() {
                 self.refresh().await?;
                 addr = self.owner(slot);
@@ -272,6 +278,8 @@ impl ClusterStore {
                 Some(Redirect::Ask(to)) => {
                     self.inner.ask.fetch_add(1, Ordering::Relaxed);
                     asking = Some(to);
+                    last = e;
+                    continue;
                 }
                 Some(Redirect::Wait) => {
                     self.inner.try_again.fetch_add(1, Ordering::Relaxed);
@@ -284,6 +292,7 @@ impl ClusterStore {
                 }
                 None => return Err(e),
             }
+            attempt += 1;
             last = e;
         }
         Err(last)
