@@ -16,6 +16,8 @@
 -- ARGV[4]  cost of this request in tokens (0: only lease)
 -- ARGV[5]  tokens wanted for the lease;  ARGV[6]  bound on tokens outstanding
 -- ARGV[7]  lease lifetime in microseconds;  ARGV[8]  lease id
+-- ARGV[9]  the member of the caller's previous lease, now spent to the last
+--          token ("" for none): it is no longer outstanding
 --
 -- Returns {admitted, leased, now, full_at, expires_at}: admitted 1/0 for the
 -- request (a denial writes nothing and leases nothing), the tokens leased (0 when
@@ -24,8 +26,8 @@
 
 local MAX_WINDOW = 34560000000000
 local MAX_INSTANT = 4503599627370496
-if #KEYS ~= 2 or #ARGV ~= 8 then
-  return redis.error_reply('ERR floodgate: lease take expects 2 keys and 8 arguments')
+if #KEYS ~= 2 or #ARGV ~= 9 then
+  return redis.error_reply('ERR floodgate: lease take expects 2 keys and 9 arguments')
 end
 local now = ARGV[1]
 if now == '' then
@@ -58,8 +60,10 @@ if room < cost then
   return {0, 0, now, full_at, 0}
 end
 
--- Live leases only: an expired lease's holder has stopped spending it.
+-- Live leases only: an expired lease's holder has stopped spending it, and a
+-- spent one has nothing left to spend.
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if ARGV[9] ~= '' then redis.call('ZREM', KEYS[2], ARGV[9]) end
 local outstanding = 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local _, _, n = string.find(m, '^[^:]*:(%d+):')

@@ -12,6 +12,8 @@ pub mod admin;
 #[cfg(feature = "native")]
 pub mod demo_upstream;
 #[cfg(feature = "native")]
+pub mod lease;
+#[cfg(feature = "native")]
 pub mod native_host;
 #[cfg(feature = "native")]
 pub mod rest_endpoint;

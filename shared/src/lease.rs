@@ -87,6 +87,7 @@ impl LeaseConfig {
         cost: u64,
         want: u64,
         id: &str,
+        spent: Option<&str>,
     ) -> Vec<String> {
         vec![
             now.map(|n| n.to_string()).unwrap_or_default(),
@@ -97,6 +98,7 @@ impl LeaseConfig {
             self.max_overshoot.to_string(),
             self.lifetime.to_string(),
             id.to_string(),
+            spent.unwrap_or_default().to_string(),
         ]
     }
 }
@@ -255,6 +257,7 @@ impl Central {
         cost: u64,
         want: u64,
         id: &str,
+        spent: Option<&str>,
     ) -> Taken {
         let base = self.full_at.max(now);
         let room = (burst - (base - now)).div_euclid(t);
@@ -267,7 +270,8 @@ impl Central {
                 expires_at: 0,
             };
         }
-        self.leases.retain(|l| l.1 > now);
+        self.leases
+            .retain(|l| l.1 > now && Some(l.0.as_str()) != spent);
         let outstanding: u64 = self.leases.iter().map(|l| l.2).sum();
         let extra = (want as i64)
             .min(room - cost as i64)
@@ -374,7 +378,10 @@ mod tests {
                 max_overshoot: 0,
                 ..*cfg
             };
-            if exact.take(&exact_cfg, now, burst, T, 1, 0, "x").admitted {
+            if exact
+                .take(&exact_cfg, now, burst, T, 1, 0, "x", None)
+                .admitted
+            {
                 admitted_exact.push(now);
             }
             if give_back && let Some(l) = leases[who].take() {
@@ -389,7 +396,12 @@ mod tests {
             }
             calls += 1;
             let id = format!("i{who}-{n}");
-            let got = central.take(cfg, now, burst, T, 1, cfg.max_lease, &id);
+            // a lease spent to the last token is retired by the next take
+            let spent = leases[who]
+                .take()
+                .filter(|l| l.tokens == 0)
+                .map(|l| l.member);
+            let got = central.take(cfg, now, burst, T, 1, cfg.max_lease, &id, spent.as_deref());
             if got.admitted {
                 admitted.push(now);
             }
@@ -429,9 +441,9 @@ mod tests {
         let (capacity, burst) = (20u64, 20 * T);
         let mut c = Central::default();
         let t0 = 1_000_000;
-        let a = c.take(&cfg, t0, burst, T, 1, 10, "a");
+        let a = c.take(&cfg, t0, burst, T, 1, 10, "a", None);
         assert_eq!((a.admitted, a.leased), (true, 10));
-        let refused = c.take(&cfg, t0, burst, T, 1, 10, "b");
+        let refused = c.take(&cfg, t0, burst, T, 1, 10, "b", None);
         assert_eq!(
             (refused.admitted, refused.leased),
             (true, 0),
@@ -447,7 +459,7 @@ mod tests {
         while lease.spend(1, t1) {
             admitted.push(t1);
         }
-        while c.take(&cfg, t1, burst, T, 1, 0, "b").admitted {
+        while c.take(&cfg, t1, burst, T, 1, 0, "b", None).admitted {
             admitted.push(t1);
         }
         assert_eq!(worst_excess(&admitted, capacity), 10);
@@ -477,7 +489,7 @@ mod tests {
         let mut c = Central::default();
         let t0 = 1_000_000;
         // empty the bucket first: 50 exact, then a lease of 50
-        let got = c.take(&cfg, t0, burst, T, 50, 50, "a");
+        let got = c.take(&cfg, t0, burst, T, 50, 50, "a", None);
         assert_eq!((got.admitted, got.leased), (true, 50));
         let member = got.member("a", T);
         let before = c.full_at;
@@ -486,13 +498,13 @@ mod tests {
         assert_eq!(c.full_at, before - 50 * T);
         // a lease on a bucket that refills past its base refunds less
         let mut c = Central::default();
-        let got = c.take(&cfg, t0, burst, T, 0, 10, "b");
+        let got = c.take(&cfg, t0, burst, T, 0, 10, "b", None);
         assert_eq!(got.leased, 10);
         let later = t0 + 4 * T; // 4 tokens of refill wasted (the bucket was full)
         assert_eq!(c.give_back(later, T, &got.member("b", T), 10), 6);
         // an expired lease refunds nothing
         let mut c = Central::default();
-        let got = c.take(&cfg, t0, burst, T, 60, 10, "c");
+        let got = c.take(&cfg, t0, burst, T, 60, 10, "c", None);
         assert_eq!(
             c.give_back(t0 + cfg.lifetime, T, &got.member("c", T), 10),
             0

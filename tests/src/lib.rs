@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod scale;
 pub mod webdriver;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
