@@ -26,6 +26,9 @@ use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_tests::RedisServer;
 use rand::{Rng, SeedableRng};
 
+#[path = "bench/scale.rs"]
+mod scale;
+
 const REFERENCE: &str = r#"
 local capacity = tonumber(ARGV[1])
 local refill_rate = tonumber(ARGV[2])
@@ -65,7 +68,8 @@ fn reference_with(pexpire: bool, time: bool) -> String {
 
 struct Args {
     quick: bool,
-    /// `rest` / `edge`: run just that section.
+    /// `rest` / `edge`: run just that section (`cluster`, `lease`, `region`,
+    /// `hotkey`: the scale-out sections, `bench/scale.rs`, only when named).
     only_rest: bool,
     only_edge: bool,
 }
@@ -96,6 +100,18 @@ fn main() {
             "no (taskset missing)"
         }
     );
+
+    let scale_sections: Vec<String> = std::env::args()
+        .filter(|a| ["cluster", "lease", "region", "hotkey"].contains(&a.as_str()))
+        .collect();
+    if !scale_sections.is_empty() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        scale::run(&scale_sections, pinned, scale, &rt);
+        return;
+    }
 
     bench_decide(10_000_000 / scale as u64);
 
