@@ -79,7 +79,10 @@ async fn pump(
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let writer = tokio::spawn(async move {
         while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at.into()).await;
+            // tokio's timer ticks in whole milliseconds: no timer when due already
+            if at > Instant::now() {
+                tokio::time::sleep_until(at.into()).await;
+            }
             if to.write_all(&bytes).await.is_err() {
                 return;
             }
