@@ -570,6 +570,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 key,
                 quota: p.quota(),
                 cost: p.cost(),
+                shadow: false,
             })
             .collect();
         let started = self.clock.now();

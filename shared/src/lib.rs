@@ -14,6 +14,7 @@ pub mod policy;
 pub mod routes;
 pub mod script;
 pub mod time;
+pub mod windows;
 
 pub use bucket::{BucketState, Decision, Outcome, Transition, decide};
 pub use policy::{Dimension, FailureMode, Policy, PolicyError, Quota};

@@ -306,6 +306,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                                 key: &key,
                                 quota: &quota,
                                 cost: 1,
+                                shadow: false,
                             }],
                             None,
                         )
@@ -335,6 +336,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                             key: &key,
                             quota: &quota,
                             cost: 1,
+                            shadow: false,
                         }],
                         None,
                     )
@@ -504,6 +506,7 @@ async fn memory_ours(server: &RedisServer, count: usize) -> (f64, usize) {
                             key: &key,
                             quota: policy.quota(),
                             cost: 1,
+                            shadow: false,
                         }],
                         None,
                     )
