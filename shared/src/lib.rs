@@ -13,6 +13,7 @@ pub mod keys;
 pub mod policy;
 pub mod routes;
 pub mod script;
+pub mod simulate;
 pub mod time;
 pub mod windows;
 
