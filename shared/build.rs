@@ -6,6 +6,7 @@ use std::{env, fs, path::PathBuf};
 const SCRIPTS: &[(&str, &str)] = &[
     ("TOKEN_BUCKET", "token_bucket.lua"),
     ("IN_FLIGHT", "in_flight.lua"),
+    ("LIMITER", "limiter.lua"),
 ];
 
 /// The lease scripts (`shared/src/lease.rs`), in their own generated file.

@@ -130,6 +130,7 @@ mod ctx {
                 routes: vec![],
                 ip_policies: vec![],
                 key_overrides: Default::default(),
+                headers: Default::default(),
             },
         };
         let done = match edit(&mut spec) {
@@ -261,6 +262,9 @@ pub async fn save_policy(
     failure_mode: String,
     #[server(default)] local_share_percent: String,
     #[server(default)] max_in_flight: String,
+    #[server(default)] algorithm: String,
+    #[server(default)] shadow: String,
+    #[server(default)] preview: String,
 ) -> Result<Saved, ServerFnError> {
     let form = crate::model::PolicyForm {
         name,
@@ -272,11 +276,16 @@ pub async fn save_policy(
         failure_mode,
         local_share_percent,
         max_in_flight,
+        algorithm,
+        shadow: matches!(shadow.as_str(), "on" | "true" | "1"),
     };
     let spec = match form.to_spec() {
         Ok(s) => s,
         Err(e) => return Ok(Saved::invalid(e)),
     };
+    if preview == "1" {
+        return backtest(&csrf, spec, original).await;
+    }
     let target = spec.name.clone();
     let action = if original.is_empty() {
         "create policy"
@@ -284,46 +293,126 @@ pub async fn save_policy(
         "edit policy"
     };
     ctx::change_config(&csrf, &version, action, &target, move |c| {
-        let after = Some(ctx::json(&spec));
-        if original.is_empty() {
-            if c.policies.iter().any(|p| p.name == spec.name) {
-                return Err(floodgate_shared::policy::PolicyError::new(
-                    "name",
-                    format!("a policy named {:?} exists already", spec.name),
-                ));
-            }
-            c.policies.push(spec);
-            Ok(ctx::Edit {
-                before: None,
-                after,
-                prefix: format!("policies[{}]", c.policies.len() - 1),
-            })
-        } else {
-            let i = c
-                .policies
-                .iter()
-                .position(|p| p.name == original)
-                .ok_or_else(|| {
-                    floodgate_shared::policy::PolicyError::new(
-                        "(form)",
-                        format!("no policy is named {original:?} any more"),
-                    )
-                })?;
-            let before = Some(ctx::json(&c.policies[i]));
-            let renamed = spec.name != original;
-            let new_name = spec.name.clone();
-            c.policies[i] = spec;
-            if renamed {
-                rename_policy(c, &original, &new_name);
-            }
-            Ok(ctx::Edit {
-                before,
-                after,
-                prefix: format!("policies[{i}]"),
-            })
-        }
+        apply_policy(c, spec, &original)
     })
     .await
+}
+
+/// Puts `spec` into the configuration: a new policy when `original` is empty,
+/// else in place of the policy named `original` (renamed everywhere).
+#[cfg(feature = "ssr")]
+fn apply_policy(
+    c: &mut floodgate_shared::config::ConfigSpec,
+    spec: floodgate_shared::policy::PolicySpec,
+    original: &str,
+) -> Result<ctx::Edit, floodgate_shared::policy::PolicyError> {
+    let after = Some(ctx::json(&spec));
+    if original.is_empty() {
+        if c.policies.iter().any(|p| p.name == spec.name) {
+            return Err(floodgate_shared::policy::PolicyError::new(
+                "name",
+                format!("a policy named {:?} exists already", spec.name),
+            ));
+        }
+        c.policies.push(spec);
+        Ok(ctx::Edit {
+            before: None,
+            after,
+            prefix: format!("policies[{}]", c.policies.len() - 1),
+        })
+    } else {
+        let i = c
+            .policies
+            .iter()
+            .position(|p| p.name == original)
+            .ok_or_else(|| {
+                floodgate_shared::policy::PolicyError::new(
+                    "(form)",
+                    format!("no policy is named {original:?} any more"),
+                )
+            })?;
+        let before = Some(ctx::json(&c.policies[i]));
+        let renamed = spec.name != original;
+        let new_name = spec.name.clone();
+        c.policies[i] = spec;
+        if renamed {
+            rename_policy(c, original, &new_name);
+        }
+        Ok(ctx::Edit {
+            before,
+            after,
+            prefix: format!("policies[{i}]"),
+        })
+    }
+}
+
+/// Replays the edge's sample of recent requests against the current configuration
+/// and against it with `spec` applied; nothing is saved.
+#[cfg(feature = "ssr")]
+async fn backtest(
+    csrf: &str,
+    spec: floodgate_shared::policy::PolicySpec,
+    original: String,
+) -> Result<Saved, ServerFnError> {
+    use floodgate_shared::config::EdgeConfig;
+    use floodgate_shared::simulate::{SampledRequest, replay};
+    let (core, _) = ctx::mutation(csrf).await?;
+    let (_, text) = crate::server::load_config(&core.store)
+        .await
+        .map_err(ctx::fail)?;
+    let Some(current) = text.as_deref().and_then(|t| EdgeConfig::from_json(t).ok()) else {
+        return Ok(Saved::Conflict(
+            "no valid configuration is stored to compare with".into(),
+        ));
+    };
+    let mut proposal = current.spec().clone();
+    let prefix = match apply_policy(&mut proposal, spec, &original) {
+        Ok(e) => e.prefix,
+        Err(e) => return Ok(Saved::invalid(e)),
+    };
+    let proposal = match EdgeConfig::new(proposal) {
+        Ok(c) => c,
+        Err(mut e) => {
+            if let Some(rest) = e.field.strip_prefix(&prefix) {
+                e.field = rest.trim_start_matches('.').to_string();
+            }
+            return Ok(Saved::invalid(e));
+        }
+    };
+    let mut sample: Vec<SampledRequest> = crate::server::sample(&core.store)
+        .await
+        .map_err(ctx::fail)?
+        .iter()
+        .filter_map(|e| SampledRequest::parse(e))
+        .collect();
+    sample.reverse(); // the list is newest first
+    sample.sort_by_key(|r| r.at_ms); // edges flush independently
+    let now = replay(&current, &sample);
+    let then = replay(&proposal, &sample);
+    let rows = then
+        .iter()
+        .map(|(route, p)| {
+            let c = now.get(route).cloned().unwrap_or_default();
+            crate::model::BacktestRow {
+                route: route.clone(),
+                requests: p.requests,
+                throttled_now: c.throttled,
+                throttled: p.throttled,
+                keys: p.keys_throttled.len() as u64,
+                keys_seen: sample
+                    .iter()
+                    .filter(|r| r.route.as_deref().unwrap_or("_") == route)
+                    .map(|r| r.key_id.as_str())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len() as u64,
+                shadow: p.shadow_throttled,
+            }
+        })
+        .collect();
+    Ok(Saved::Preview {
+        sampled: sample.len() as u64,
+        rows,
+    })
 }
 
 /// Renames a policy everywhere the configuration refers to it.

@@ -33,10 +33,10 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 
 const STYLE: &str = r#"
 :root { --bg:#ffffff; --fg:#1d2433; --muted:#5b6478; --line:#d9dee8; --card:#f6f8fb;
-  --allowed:#1a7f37; --throttled:#cf222e; --degraded:#9a6700; --p50:#0969da; --p99:#8250df; --budget:#cf222e; --accent:#0969da; }
+  --allowed:#1a7f37; --throttled:#cf222e; --degraded:#9a6700; --p50:#0969da; --p99:#8250df; --budget:#cf222e; --accent:#0969da; --shadow:#6e7781; }
 @media (prefers-color-scheme: dark) {
   :root { --bg:#0d1117; --fg:#e6edf3; --muted:#9aa4b2; --line:#30363d; --card:#161b22;
-    --allowed:#3fb950; --throttled:#ff7b72; --degraded:#d29922; --p50:#58a6ff; --p99:#bc8cff; --budget:#ff7b72; --accent:#58a6ff; } }
+    --allowed:#3fb950; --throttled:#ff7b72; --degraded:#d29922; --p50:#58a6ff; --p99:#bc8cff; --budget:#ff7b72; --accent:#58a6ff; --shadow:#8b949e; } }
 * { box-sizing: border-box; }
 body { margin:0; font: 14px/1.45 system-ui, sans-serif; background:var(--bg); color:var(--fg); }
 nav { display:flex; gap:1rem; align-items:center; padding:.6rem 1.2rem; border-bottom:1px solid var(--line); }
@@ -57,6 +57,7 @@ svg.chart { width:100%; max-width:640px; height:auto; color:var(--muted); }
 svg.chart .allowed { stroke:var(--allowed); } svg.chart .throttled { stroke:var(--throttled); }
 svg.chart .degraded { stroke:var(--degraded); } svg.chart .p50 { stroke:var(--p50); } svg.chart .p99 { stroke:var(--p99); }
 svg.chart .budget { stroke:var(--budget); stroke-dasharray:6 4; }
+svg.chart .shadow { stroke:var(--shadow); stroke-dasharray:3 3; }
 svg.chart polyline { fill:none; stroke-width:2; } svg.chart text { fill:currentColor; font-size:11px; }
 svg.chart .frame { fill:none; stroke:var(--line); }
 .legend span { margin-right:1rem; } .legend i { display:inline-block; width:.8rem; height:.2rem; vertical-align:middle; margin-right:.3rem; }
@@ -230,6 +231,7 @@ fn legend() -> impl IntoView {
             <span><i style="background:var(--allowed)"></i>"allowed"</span>
             <span><i style="background:var(--throttled)"></i>"throttled (429)"</span>
             <span><i style="background:var(--degraded)"></i>"degraded (store unavailable)"</span>
+            <span><i style="background:var(--shadow)"></i>"would have throttled (shadow)"</span>
         </div>
     }
 }
@@ -263,6 +265,7 @@ fn traffic_view(t: Traffic) -> impl IntoView {
                 sum(&s.allowed),
                 sum(&s.throttled),
                 sum(&s.degraded),
+                sum(&s.shadow),
             )
         })
         .collect();
@@ -274,6 +277,7 @@ fn traffic_view(t: Traffic) -> impl IntoView {
                     .iter()
                     .chain(&s.throttled)
                     .chain(&s.degraded)
+                    .chain(&s.shadow)
                     .copied()
                     .max()
                     .unwrap_or(0),
@@ -299,6 +303,7 @@ fn traffic_view(t: Traffic) -> impl IntoView {
                     <polyline class="allowed" points=polyline(&some(&s.allowed), max)/>
                     <polyline class="degraded" points=polyline(&some(&s.degraded), max)/>
                     <polyline class="throttled" points=polyline(&some(&s.throttled), max)/>
+                    <polyline class="shadow" points=polyline(&some(&s.shadow), max)/>
                 </svg>
             }
         })
@@ -346,10 +351,10 @@ fn traffic_view(t: Traffic) -> impl IntoView {
         {legend()}
         {empty.then(|| view! { <p id="no-traffic">"No traffic recorded in this window yet."</p> })}
         <table id="totals">
-            <thead><tr><th>"Endpoint"</th><th>"Allowed"</th><th>"Throttled (429)"</th><th>"Degraded"</th></tr></thead>
+            <thead><tr><th>"Endpoint"</th><th>"Allowed"</th><th>"Throttled (429)"</th><th>"Degraded"</th><th>"Would have throttled (shadow)"</th></tr></thead>
             <tbody>
-                {totals.into_iter().map(|(r, a, th, d)| { let r2 = r.clone(); view! {
-                    <tr data-route=r2><td>{r}</td><td>{a}</td><td class="throttled-count">{th}</td><td>{d}</td></tr>
+                {totals.into_iter().map(|(r, a, th, d, sh)| { let r2 = r.clone(); view! {
+                    <tr data-route=r2><td>{r}</td><td>{a}</td><td class="throttled-count">{th}</td><td>{d}</td><td class="shadow-count">{sh}</td></tr>
                 }}).collect_view()}
             </tbody>
         </table>
@@ -402,10 +407,13 @@ fn PoliciesPage() -> impl IntoView {
     let save_override = ServerAction::<SaveOverride>::new();
     let delete_override = ServerAction::<DeleteOverride>::new();
     let save_ip = ServerAction::<SaveIpPolicies>::new();
+    // a saved limit reloads the configuration; a backtest or a refused form does
+    // not (the form keeps what was typed)
+    let limits_saved = RwSignal::new(0u32);
     let config = Resource::new(
         move || {
             (
-                save_policy.version().get(),
+                limits_saved.get(),
                 delete_policy.version().get(),
                 save_plan.version().get(),
                 delete_plan.version().get(),
@@ -426,6 +434,7 @@ fn PoliciesPage() -> impl IntoView {
     Effect::new(move |_| {
         if saved(save_policy.value().get()) {
             editing.set(None);
+            limits_saved.update(|n| *n += 1);
         }
     });
     Effect::new(move |_| {
@@ -455,6 +464,7 @@ fn PoliciesPage() -> impl IntoView {
                     routes: vec![],
                     ip_policies: vec![],
                     key_overrides: Default::default(),
+                    headers: Default::default(),
                 });
                 view! {
                     <p>"Configuration version " <code id="config-version">{if version.is_empty() { "(none stored)".to_string() } else { version[..12.min(version.len())].to_string() }}</code>
@@ -509,7 +519,7 @@ fn policy_section(
                     <td>{form.dimensions.clone()}</td>
                     <td class="limit">{describe_quota(p)}</td>
                     <td>{p.cost}</td>
-                    <td>{form.failure_mode.clone()}</td>
+                    <td>{form.failure_mode.clone()}{form.shadow.then_some(" · shadow (not enforced)")}</td>
                     <td>
                         <button type="button" on:click=move |_| editing.set(Some(form.clone()))>"Edit"</button>
                         <ActionForm action=delete attr:style="display:inline">
@@ -538,6 +548,7 @@ fn policy_section(
             let title = if original.is_empty() { "New limit".to_string() } else { format!("Edit limit {original}") };
             let dims = f.dimensions.clone();
             let mode = f.failure_mode.clone();
+            let algo = if f.algorithm.is_empty() { "token_bucket".to_string() } else { f.algorithm.clone() };
             view! {
                 <ActionForm action=save attr:class="card" attr:id="policy-form">
                     <strong>{title}</strong><br/>
@@ -564,15 +575,61 @@ fn policy_section(
                     </label>
                     <label>"Local share % (local fallback)" <input name="local_share_percent" inputmode="numeric" value=f.local_share_percent.clone()/>{field_error(val(save), same, "local_share_percent")}</label>
                     <label>"Max in flight (optional)" <input name="max_in_flight" inputmode="numeric" value=f.max_in_flight.clone()/>{field_error(val(save), same, "max_in_flight")}</label>
+                    <label>"Algorithm"
+                        <select name="algorithm">
+                            {ALGORITHMS.iter().map(|(v, label)| view! { <option value=*v selected=algo == *v>{*label}</option> }).collect_view()}
+                        </select>
+                        {field_error(val(save), same, "algorithm")}
+                    </label>
+                    <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
                     <br/>
-                    <button type="submit">"Save limit"</button>
+                    <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
+                    " "
+                    <button type="submit" id="save-limit">"Save limit"</button>
                     " "
                     <button type="button" on:click=move |_| editing.set(None)>"New"</button>
                     {outcome(val(save), same, fields)}
+                    {move || match save.value().get() {
+                        Some(Ok(Saved::Preview { sampled, rows })) => Some(backtest_view(sampled, rows)),
+                        _ => None,
+                    }}
                 </ActionForm>
             }
         }}
     }
+}
+
+const ALGORITHMS: [(&str, &str); 4] = [
+    ("token_bucket", "token bucket (burst, continuous refill)"),
+    ("fixed_window", "fixed window (2× at window edges)"),
+    ("sliding_log", "sliding-window log (exact)"),
+    ("sliding_counter", "sliding-window counter (approximate)"),
+];
+
+fn backtest_view(sampled: u64, rows: Vec<BacktestRow>) -> AnyView {
+    view! {
+        <div id="backtest-result" data-sampled=sampled.to_string()>
+            <p>"Replayed the edge's last " {sampled} " sampled requests (nothing saved):"</p>
+            <table>
+                <thead><tr><th>"Endpoint"</th><th>"Requests"</th><th>"429s now"</th><th>"With this change"</th><th>"Would have throttled (shadow)"</th></tr></thead>
+                <tbody>
+                    {rows.into_iter().map(|r| {
+                        let route = r.route.clone();
+                        view! {
+                            <tr data-route=route>
+                                <td>{r.route}</td>
+                                <td>{r.requests}</td>
+                                <td>{r.throttled_now}</td>
+                                <td class="would">{format!("would have returned 429 to {} requests of {} keys (of {} seen)", r.throttled, r.keys, r.keys_seen)}</td>
+                                <td>{r.shadow}</td>
+                            </tr>
+                        }
+                    }).collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+    .into_any()
 }
 
 fn plan_section(

@@ -33,6 +33,27 @@ pub enum Saved {
     },
     /// Someone else saved since this form was loaded.
     Conflict(String),
+    /// A backtest of the form's proposal (nothing saved).
+    Preview {
+        sampled: u64,
+        rows: Vec<BacktestRow>,
+    },
+}
+
+/// One endpoint of a backtest: the edge's recent requests replayed against the
+/// current configuration and against the proposal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BacktestRow {
+    pub route: String,
+    pub requests: u64,
+    /// 429s the current configuration gives these requests.
+    pub throttled_now: u64,
+    /// 429s the proposal would give, and to how many of the keys seen.
+    pub throttled: u64,
+    pub keys: u64,
+    pub keys_seen: u64,
+    /// Requests a shadow policy of the proposal would have throttled.
+    pub shadow: u64,
 }
 
 impl Saved {
@@ -76,7 +97,7 @@ impl Saved {
             Saved::Invalid { field, message } if !fields.contains(&field.as_str()) => {
                 Some((false, format!("{field}: {message}")))
             }
-            Saved::Invalid { .. } => None,
+            Saved::Invalid { .. } | Saved::Preview { .. } => None,
         }
     }
 }
@@ -118,6 +139,8 @@ pub struct Series {
     pub allowed: Vec<u64>,
     pub throttled: Vec<u64>,
     pub degraded: Vec<u64>,
+    /// Admitted requests a shadow policy would have throttled.
+    pub shadow: Vec<u64>,
 }
 
 /// The traffic page's data: `minutes` (Unix minutes, oldest first) index every series.
@@ -201,10 +224,17 @@ pub struct PolicyForm {
     pub local_share_percent: String,
     /// Requests of one bucket in flight at once (empty: no limit).
     pub max_in_flight: String,
+    /// `token_bucket` (default when empty), `fixed_window`, `sliding_log`,
+    /// `sliding_counter`.
+    pub algorithm: String,
+    /// Shadow (dry-run) mode.
+    pub shadow: bool,
 }
 
 /// The form fields a policy error can name, as `PolicySpec` names them.
-pub const POLICY_FIELDS: [&str; 9] = [
+pub const POLICY_FIELDS: [&str; 11] = [
+    "algorithm",
+    "shadow",
     "name",
     "dimensions",
     "quota.capacity",
@@ -253,6 +283,13 @@ impl PolicyForm {
         if let Some(n) = whole_number("max_in_flight", &self.max_in_flight)? {
             doc.insert("max_in_flight".into(), n);
         }
+        let algorithm = bounded("algorithm", &self.algorithm)?;
+        if !algorithm.is_empty() {
+            doc.insert("algorithm".into(), algorithm.into());
+        }
+        if self.shadow {
+            doc.insert("shadow".into(), true.into());
+        }
         let policy = Policy::from_json(&serde_json::Value::Object(doc).to_string())?;
         Ok(serde_json::from_str(&policy.to_json()).expect("a valid policy's JSON is a spec"))
     }
@@ -276,6 +313,8 @@ impl PolicyForm {
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
             max_in_flight: p.max_in_flight.map(|v| v.to_string()).unwrap_or_default(),
+            algorithm: p.algorithm.name().to_string(),
+            shadow: p.shadow,
         }
     }
 }
@@ -296,13 +335,18 @@ pub fn failure_mode_name(p: &PolicySpec) -> String {
         .unwrap_or_default()
 }
 
-/// "1000 / 1m" (or "1000 per 1m, burst 2000" when refill differs).
+/// "1000 / 1m" (or "1000 per 1m, burst 2000" when refill differs), with the
+/// algorithm when it is not the token bucket.
 pub fn describe_quota(p: &PolicySpec) -> String {
-    match p.quota.refill {
+    let base = match p.quota.refill {
         Some(r) if r != p.quota.capacity => {
             format!("{r} / {}, burst {}", p.quota.period, p.quota.capacity)
         }
         _ => format!("{} / {}", p.quota.capacity, p.quota.period),
+    };
+    match p.algorithm {
+        floodgate_shared::policy::Algorithm::TokenBucket => base,
+        a => format!("{base} ({})", a.name().replace('_', " ")),
     }
 }
 
@@ -397,6 +441,8 @@ mod tests {
             failure_mode: "fail_closed".into(),
             local_share_percent: "".into(),
             max_in_flight: "".into(),
+            algorithm: "".into(),
+            shadow: false,
         }
     }
 
@@ -416,13 +462,31 @@ mod tests {
             (Some(10), Some(20))
         );
         f.cost = "1".into();
+        f.algorithm = "token_bucket".into();
         assert_eq!(PolicyForm::from_spec(&spec), f);
+        let mut f = form();
+        f.algorithm = "fixed_window".into();
+        f.shadow = true;
+        let spec = f.to_spec().unwrap();
+        assert!(spec.shadow);
+        assert_eq!(
+            spec.algorithm,
+            floodgate_shared::policy::Algorithm::FixedWindow
+        );
     }
 
     #[test]
     fn each_bad_field_is_named_as_the_edge_names_it() {
         type Edit = fn(&mut PolicyForm);
-        let cases: [(Edit, &str); 14] = [
+        let cases: [(Edit, &str); 16] = [
+            (|f| f.algorithm = "leaky".into(), "algorithm"),
+            (
+                |f| {
+                    f.algorithm = "sliding_log".into();
+                    f.capacity = "20000".into()
+                },
+                "quota.capacity",
+            ),
             (|f| f.max_in_flight = "0".into(), "max_in_flight"),
             (
                 |f| {

@@ -203,11 +203,13 @@ pub async fn sign_in(
                     key: &ip_key,
                     quota: &quota,
                     cost: 1,
+                    shadow: false,
                 },
                 Check {
                     key: &user_key,
                     quota: &quota,
                     cost: 1,
+                    shadow: false,
                 },
             ],
             None,
@@ -427,6 +429,30 @@ pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry
     }
 }
 
+/// The edge's sample of recent decisions (newest first).
+pub async fn sample(store: &RespStore) -> Result<Vec<String>, DashError> {
+    match check_reply(
+        store
+            .command(&[
+                b"LRANGE",
+                floodgate_edge::stats::SAMPLE_KEY.as_bytes(),
+                b"0",
+                b"-1",
+            ])
+            .await?,
+    )? {
+        Reply::Array(Some(items)) => Ok(items
+            .into_iter()
+            .filter_map(|i| match i {
+                Reply::Bulk(Some(b)) => String::from_utf8(b).ok(),
+                _ => None,
+            })
+            .collect()),
+        Reply::Array(None) => Ok(vec![]),
+        other => Err(unexpected(&other)),
+    }
+}
+
 // ----- traffic -----------------------------------------------------------------
 
 /// Reads the edge's per-minute counters for the `window` minutes ending at
@@ -508,7 +534,10 @@ pub fn summarize(minutes: &[i64], hashes: &[Vec<(String, u64)>]) -> Traffic {
                         .entry(((*route).to_string(), (*mode).to_string()))
                         .or_default() += count
                 }
-                [route, outcome @ ("allowed" | "throttled" | "degraded")] => {
+                [
+                    route,
+                    outcome @ ("allowed" | "throttled" | "degraded" | "shadow_throttled"),
+                ] => {
                     let s = t
                         .routes
                         .entry((*route).to_string())
@@ -516,10 +545,12 @@ pub fn summarize(minutes: &[i64], hashes: &[Vec<(String, u64)>]) -> Traffic {
                             allowed: vec![0; n],
                             throttled: vec![0; n],
                             degraded: vec![0; n],
+                            shadow: vec![0; n],
                         });
                     let v = match *outcome {
                         "allowed" => &mut s.allowed,
                         "throttled" => &mut s.throttled,
+                        "shadow_throttled" => &mut s.shadow,
                         _ => &mut s.degraded,
                     };
                     v[i] += count;
@@ -788,6 +819,7 @@ mod tests {
                 ("search|allowed".to_string(), 5),
                 ("search|throttled".to_string(), 2),
                 ("search|degraded|fail_open".to_string(), 9),
+                ("search|shadow_throttled".to_string(), 4),
                 ("key|K1|throttled".to_string(), 2),
                 ("lat|250".to_string(), 7),
                 ("mode|fail_open".to_string(), 9),
@@ -803,6 +835,7 @@ mod tests {
         let t = summarize(&[10, 11], &hashes);
         assert_eq!(t.routes["search"].allowed, [5, 0]);
         assert_eq!(t.routes["search"].throttled, [2, 0]);
+        assert_eq!(t.routes["search"].shadow, [4, 0]);
         assert_eq!(
             t.routes["search"].degraded,
             [0, 0],

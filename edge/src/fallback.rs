@@ -62,6 +62,7 @@ impl LocalBuckets {
         Verdict {
             admitted,
             now,
+            shadow: vec![false; checks.len()],
             decisions,
         }
     }

@@ -17,7 +17,8 @@ use floodgate_shared::apikeys::{
 };
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{
-    Answer, DENIED_BODY, DENIED_STATUS, JSON_CONTENT_TYPE, RateLimitHeaders,
+    Answer, DENIED_BODY, DENIED_STATUS, JSON_CONTENT_TYPE, PolicyState, RateLimitHeaders,
+    ietf_fields, jittered,
 };
 use floodgate_shared::policy::{FailureMode, Quota};
 use floodgate_shared::script::Check;
@@ -283,6 +284,36 @@ fn json_error(status: u16, error: &str, hint: Option<&str>) -> Gate {
     }
 }
 
+/// The IETF `RateLimit-Policy` and `RateLimit` fields for every enforced policy of
+/// the request, when the configuration asks for them.
+fn ietf(
+    config: &EdgeConfig,
+    checks: &[(String, &floodgate_shared::Policy)],
+    verdict: &floodgate_shared::script::Verdict,
+) -> Vec<(&'static str, String)> {
+    if !config.headers().ietf {
+        return vec![];
+    }
+    let states: Vec<PolicyState<'_>> = checks
+        .iter()
+        .zip(&verdict.decisions)
+        .filter(|((_, p), _)| !p.shadow())
+        .map(|((_, p), d)| PolicyState {
+            name: p.name(),
+            quota: p.quota(),
+            decision: d,
+        })
+        .collect();
+    ietf_fields(&states).map(Vec::from).unwrap_or_default()
+}
+
+/// The seed of a client's Retry-After jitter: its key and the instant.
+fn jitter_seed(key_id: &str, now: Micros) -> u64 {
+    key_id
+        .bytes()
+        .fold(now as u64, |h, b| h.rotate_left(5) ^ u64::from(b))
+}
+
 /// The contract's 429: quota headers, Retry-After and the JSON body.
 fn rate_limited(headers: RateLimitHeaders) -> Gate {
     let mut h = headers.pairs();
@@ -351,7 +382,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
     ) -> Result<Vec<Slot>, SlotRefusal> {
         let mut taken = vec![];
         for (key, p) in checks {
-            let Some(limit) = p.max_in_flight() else {
+            let Some(limit) = p.max_in_flight().filter(|_| !p.shadow()) else {
                 continue;
             };
             let slot = Slot {
@@ -556,11 +587,16 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                     Outcome::Throttled,
                     None,
                 );
+                let wait = floodgate_shared::time::ceil_secs(d.until - now).max(1);
                 return rate_limited(RateLimitHeaders {
                     limit: d.limit,
                     remaining: 0,
                     reset: floodgate_shared::time::ceil_secs(d.full_at.max(now)),
-                    retry_after: Some(floodgate_shared::time::ceil_secs(d.until - now).max(1)),
+                    retry_after: Some(jittered(
+                        wait,
+                        config.headers().retry_jitter_secs,
+                        jitter_seed(&record.id, now),
+                    )),
                 });
             }
         }
@@ -570,8 +606,15 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 key,
                 quota: p.quota(),
                 cost: p.cost(),
+                shadow: p.shadow(),
             })
             .collect();
+        self.stats.sample(
+            self.clock.now(),
+            &record.id,
+            &record.plan,
+            route_name.as_deref(),
+        );
         let started = self.clock.now();
         let (permit, moved) = self.breaker.permit(started);
         self.logged(moved);
@@ -614,7 +657,11 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         if let (true, Ok(verdict)) = (self.settings.deny_cache, &result)
             && !verdict.admitted
         {
-            for ((key, _), d) in checks.iter().zip(&verdict.decisions) {
+            for ((key, _), d) in checks
+                .iter()
+                .zip(&verdict.decisions)
+                .filter(|((_, p), _)| !p.shadow())
+            {
                 if let floodgate_shared::Outcome::Denied {
                     retry_after: Some(wait),
                 } = d.outcome
@@ -634,7 +681,12 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         match result {
             Ok(verdict) => match Answer::for_decision(verdict.headline()) {
                 Answer::Forward { headers } => {
+                    if verdict.shadow_denied() {
+                        self.stats
+                            .record_shadow(finished, route_name.as_deref(), &record.id);
+                    }
                     let mut headers = headers.pairs();
+                    headers.extend(ietf(&config, &checks, &verdict));
                     let slots = match self.take_slots(&checks).await {
                         Ok(slots) => slots,
                         Err(SlotRefusal::Full) => {
@@ -671,15 +723,31 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                         slots,
                     }
                 }
-                Answer::Reject { headers, .. } => {
+                Answer::Reject { mut headers, .. } => {
                     count(Outcome::Throttled);
-                    rate_limited(headers)
+                    headers.retry_after = headers.retry_after.map(|w| {
+                        jittered(
+                            w,
+                            config.headers().retry_jitter_secs,
+                            jitter_seed(&record.id, finished),
+                        )
+                    });
+                    let mut g = rate_limited(headers);
+                    if let Gate::Respond { headers, .. } = &mut g {
+                        headers.extend(ietf(&config, &checks, &verdict));
+                    }
+                    g
                 }
             },
             Err(e) => {
                 count(Outcome::Degraded);
                 // An explicit decision: the strictest mode among the matching policies.
-                let mode = strictest(checks.iter().map(|(_, p)| p.failure_mode()));
+                let mode = strictest(
+                    checks
+                        .iter()
+                        .filter(|(_, p)| !p.shadow())
+                        .map(|(_, p)| p.failure_mode()),
+                );
                 self.stats
                     .record_degraded_mode(finished, route_name.as_deref(), mode.name());
                 match mode {
@@ -699,6 +767,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                     FailureMode::LocalFallback => {
                         let local: Vec<(&str, &Quota, u32)> = checks
                             .iter()
+                            .filter(|(_, p)| !p.shadow())
                             .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
                             .collect();
                         let verdict = self.local.check(&local, finished);

@@ -57,8 +57,17 @@ impl Outcome {
 struct Pending {
     /// (minute, field) → count
     counts: BTreeMap<(i64, String), u64>,
+    /// Recent decisions for the dashboard's backtest: `<ms>|<key id>|<plan>|<route>`.
+    sample: Vec<String>,
     last_flush: Micros,
 }
+
+/// The list holding the most recent decisions (newest first), for backtests.
+pub const SAMPLE_KEY: &str = "fg:sample";
+/// How many decisions the sample keeps (all edges together).
+pub const SAMPLE_KEEP: usize = 20_000;
+/// The most decisions one instance queues between flushes.
+const MAX_SAMPLE_PENDING: usize = 5_000;
 
 /// Counters waiting for the next flush.
 #[derive(Default)]
@@ -125,6 +134,21 @@ impl Stats {
         *p.counts.entry((minute, field)).or_default() += n;
     }
 
+    /// Counts a request a shadow policy would have throttled (it was not enforced).
+    pub fn record_shadow(&self, now: Micros, route: Option<&str>, key_id: &str) {
+        self.bump(now, format!("{}|shadow_throttled", route.unwrap_or("_")), 1);
+        self.bump(now, format!("key|{key_id}|shadow_throttled"), 1);
+    }
+
+    /// Keeps one decided request (its key, plan and route at `now`) for backtests.
+    pub fn sample(&self, now: Micros, key_id: &str, plan: &str, route: Option<&str>) {
+        let mut p = self.pending.lock().expect("stats lock");
+        if p.sample.len() < MAX_SAMPLE_PENDING {
+            let entry = format!("{}|{key_id}|{plan}|{}", now / 1000, route.unwrap_or("_"));
+            p.sample.push(entry);
+        }
+    }
+
     /// Counts one decision taken without Redis, in `mode` (`fail_open`, ...).
     pub fn record_degraded_mode(&self, now: Micros, route: Option<&str>, mode: &str) {
         self.bump(now, format!("mode|{mode}"), 1);
@@ -136,13 +160,25 @@ impl Stats {
     /// minute). The counts are taken; a failed write loses them (never blocks).
     pub fn take_due(&self, now: Micros, every: Micros) -> Option<Vec<Vec<String>>> {
         let mut p = self.pending.lock().expect("stats lock");
-        if p.counts.is_empty() || now - p.last_flush < every {
+        if (p.counts.is_empty() && p.sample.is_empty()) || now - p.last_flush < every {
             return None;
         }
         p.last_flush = now;
         let counts = std::mem::take(&mut p.counts);
+        let sample = std::mem::take(&mut p.sample);
         drop(p);
-        let mut commands = Vec::with_capacity(counts.len() + 2);
+        let mut commands = Vec::with_capacity(counts.len() + 4);
+        if !sample.is_empty() {
+            let mut push = vec!["LPUSH".to_string(), SAMPLE_KEY.to_string()];
+            push.extend(sample);
+            commands.push(push);
+            commands.push(vec![
+                "LTRIM".into(),
+                SAMPLE_KEY.into(),
+                "0".into(),
+                (SAMPLE_KEEP - 1).to_string(),
+            ]);
+        }
         let mut minutes = vec![];
         for ((minute, field), n) in counts {
             if minutes.last() != Some(&minute) {

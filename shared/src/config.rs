@@ -57,6 +57,28 @@ pub struct ConfigSpec {
     /// Per API key overrides: key id → the per-key policies that replace its plan's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub key_overrides: BTreeMap<String, Vec<String>>,
+    /// Response header options.
+    #[serde(default, skip_serializing_if = "HeaderSpec::is_default")]
+    pub headers: HeaderSpec,
+}
+
+/// Response header options (the `X-RateLimit-*` contract is always sent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderSpec {
+    /// Also send the IETF `RateLimit-Policy` and `RateLimit` fields
+    /// (draft-ietf-httpapi-ratelimit-headers-11), describing every matching policy.
+    #[serde(default)]
+    pub ietf: bool,
+    /// Adds 0..=N seconds to `Retry-After` (spreads retries; never earlier). 0-60.
+    #[serde(default)]
+    pub retry_jitter_secs: u32,
+}
+
+impl HeaderSpec {
+    fn is_default(&self) -> bool {
+        *self == HeaderSpec::default()
+    }
 }
 
 /// Where a policy that applies to a request comes from.
@@ -140,6 +162,15 @@ impl EdgeConfig {
                 .map(|(i, n)| find(format!("plans.{plan}[{i}]"), n, &per_key))
                 .collect::<Result<Vec<_>, _>>()?;
             plans.insert(plan.clone(), idx);
+        }
+        if spec.headers.retry_jitter_secs > 60 {
+            return Err(err(
+                "headers.retry_jitter_secs",
+                format!(
+                    "must be between 0 and 60, got {}",
+                    spec.headers.retry_jitter_secs
+                ),
+            ));
         }
         if spec.key_overrides.len() > MAX_KEY_OVERRIDES {
             return Err(err(
@@ -235,6 +266,10 @@ impl EdgeConfig {
 
     pub fn spec(&self) -> &ConfigSpec {
         &self.spec
+    }
+
+    pub fn headers(&self) -> &HeaderSpec {
+        &self.spec.headers
     }
 
     pub fn to_json(&self) -> String {

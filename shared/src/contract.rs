@@ -114,6 +114,95 @@ impl Answer {
 
 #[cfg(test)]
 mod tests {
+    /// Parses a field with a real RFC 9651 parser: (name, parameter → integer).
+    fn parse_list(field: &str) -> Vec<(String, Vec<(String, i64)>)> {
+        let list: sfv::List = sfv::Parser::new(field)
+            .parse_list()
+            .expect("a valid sf-list");
+        list.into_iter()
+            .map(|entry| match entry {
+                sfv::ListEntry::Item(item) => (
+                    item.bare_item
+                        .as_string()
+                        .expect("an sf-string")
+                        .as_str()
+                        .to_string(),
+                    item.params
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.as_str().to_string(),
+                                i64::from(v.as_integer().expect("an integer")),
+                            )
+                        })
+                        .collect(),
+                ),
+                other => panic!("not an item: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_ietf_fields_parse_as_structured_field_lists_describing_every_policy() {
+        use crate::policy::{Algorithm, Quota};
+        let bucket = Quota::per_minute(1000).unwrap();
+        let window = Quota::new(100, 100, 60_000_000)
+            .unwrap()
+            .with_algorithm(Algorithm::FixedWindow)
+            .unwrap();
+        let now = 1_764_000_000_500_000;
+        let d1 = crate::bucket::decide(None, &bucket, now, 1).decision;
+        let (d2, _) = crate::windows::fixed_window(40, 100, 60_000_000, now, 1);
+        let fields = ietf_fields(&[
+            PolicyState {
+                name: "default",
+                quota: &bucket,
+                decision: &d1,
+            },
+            PolicyState {
+                name: "search",
+                quota: &window,
+                decision: &d2,
+            },
+        ])
+        .unwrap();
+        assert_eq!(fields[0].0, "RateLimit-Policy");
+        let policy = parse_list(&fields[0].1);
+        assert_eq!(
+            policy,
+            [
+                (
+                    "default".to_string(),
+                    vec![("q".to_string(), 1000), ("w".to_string(), 60)]
+                ),
+                (
+                    "search".to_string(),
+                    vec![("q".to_string(), 100), ("w".to_string(), 60)]
+                ),
+            ]
+        );
+        let state = parse_list(&fields[1].1);
+        assert_eq!(state[0].0, "default");
+        assert_eq!(state[0].1[0], ("r".to_string(), 999));
+        assert_eq!(
+            state[0].1[1],
+            ("t".to_string(), 1),
+            "full again in 60 ms: 1 s rounded up"
+        );
+        assert_eq!(state[1].1[0], ("r".to_string(), 59));
+        // window ends at the next whole minute
+        let end = (now / 60_000_000 + 1) * 60_000_000;
+        assert_eq!(state[1].1[1].1, crate::time::ceil_secs(end - now));
+        assert!(ietf_fields(&[]).is_none());
+    }
+
+    #[test]
+    fn jitter_only_ever_delays_and_stays_in_range() {
+        assert_eq!(jittered(7, 0, 42), 7);
+        let seen: std::collections::BTreeSet<i64> = (0..500).map(|s| jittered(7, 3, s)).collect();
+        assert_eq!(seen, (7..=10).collect(), "spread over 0..=3 extra seconds");
+    }
+
     use super::*;
     use crate::bucket::{BucketState, decide};
     use crate::policy::Quota;
@@ -173,4 +262,87 @@ mod tests {
         assert_eq!(headers.retry_after, None);
         assert_eq!(headers.pairs().len(), 3);
     }
+}
+
+/// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11):
+/// Structured Field Lists naming every enforced policy a request matched.
+pub const IETF_POLICY: &str = "RateLimit-Policy";
+pub const IETF_RATELIMIT: &str = "RateLimit";
+
+/// One matching policy as the IETF fields describe it.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyState<'a> {
+    /// The policy's name (a-z, 0-9, `_`, `-`: a valid sf-string as is).
+    pub name: &'a str,
+    pub quota: &'a crate::policy::Quota,
+    pub decision: &'a Decision,
+}
+
+/// The window (whole seconds, at least 1) a quota describes: the period of a
+/// window algorithm, the time an empty token bucket takes to fill.
+pub fn window_secs(q: &crate::policy::Quota) -> i64 {
+    let us = if q.algorithm() == crate::policy::Algorithm::TokenBucket {
+        q.burst_window()
+    } else {
+        q.period()
+    };
+    crate::time::ceil_secs(us).max(1)
+}
+
+/// The two IETF fields for `policies` (in order): `"name";q=<quota>;w=<window s>`
+/// and `"name";r=<remaining>;t=<seconds until full>`. `None` without policies.
+pub fn ietf_fields(policies: &[PolicyState<'_>]) -> Option<[(&'static str, String); 2]> {
+    if policies.is_empty() {
+        return None;
+    }
+    let sf_string = |name: &str| {
+        // names are validated to [a-z0-9_-]; escape anyway, per RFC 9651 §4.1.6
+        let mut s = String::with_capacity(name.len() + 2);
+        s.push('"');
+        for c in name.chars().filter(|c| (' '..='~').contains(c)) {
+            if c == '"' || c == '\\' {
+                s.push('\\');
+            }
+            s.push(c);
+        }
+        s.push('"');
+        s
+    };
+    let policy = policies
+        .iter()
+        .map(|p| {
+            format!(
+                "{};q={};w={}",
+                sf_string(p.name),
+                p.quota.capacity(),
+                window_secs(p.quota)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let state = policies
+        .iter()
+        .map(|p| {
+            let d = p.decision;
+            let t = crate::time::ceil_secs((d.full_at - d.now).max(0));
+            format!("{};r={};t={}", sf_string(p.name), d.remaining, t)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some([(IETF_POLICY, policy), (IETF_RATELIMIT, state)])
+}
+
+/// `Retry-After` plus a jitter of 0..=`max_jitter` seconds derived from `seed` (so
+/// the edge stays deterministic): spreads the retries of clients denied together.
+/// Only ever later than the exact value, never earlier.
+pub fn jittered(retry_after: i64, max_jitter: u32, seed: u64) -> i64 {
+    if max_jitter == 0 {
+        return retry_after;
+    }
+    // splitmix64
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    retry_after + (z % (u64::from(max_jitter) + 1)) as i64
 }

@@ -14,8 +14,10 @@ pub mod lease;
 pub mod policy;
 pub mod routes;
 pub mod script;
+pub mod simulate;
 pub mod slot;
 pub mod time;
+pub mod windows;
 
 pub use bucket::{BucketState, Decision, Outcome, Transition, decide};
 pub use policy::{Dimension, FailureMode, Policy, PolicyError, Quota};

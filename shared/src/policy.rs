@@ -53,6 +53,37 @@ pub struct Quota {
     period: Micros,
     emission: Micros,
     burst: Micros,
+    algorithm: Algorithm,
+}
+
+/// How a policy measures its quota (see `shared/src/windows.rs`, `docs/algorithms.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// `capacity` of burst refilled continuously at `refill` per `period` (GCRA).
+    #[default]
+    TokenBucket,
+    /// At most `capacity` per aligned `period` (allows 2× at a window edge).
+    FixedWindow,
+    /// At most `capacity` in any `period` (exact; one entry per token).
+    SlidingLog,
+    /// The previous window weighted by its overlap plus the current one (approximate).
+    SlidingCounter,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Algorithm::TokenBucket
+    }
 }
 
 impl Quota {
@@ -108,7 +139,40 @@ impl Quota {
             period,
             emission,
             burst,
+            algorithm: Algorithm::TokenBucket,
         })
+    }
+
+    /// The same quota enforced by `algorithm`. Window algorithms admit `capacity`
+    /// per `period`: their refill must equal the capacity, and a sliding log holds at
+    /// most [`crate::windows::MAX_LOG_LIMIT`].
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Result<Self, PolicyError> {
+        if algorithm != Algorithm::TokenBucket && self.refill != self.capacity {
+            return Err(PolicyError::new(
+                "quota.refill",
+                format!(
+                    "{} admits quota.capacity per period; a different refill ({}) does not apply",
+                    algorithm.name(),
+                    self.refill
+                ),
+            ));
+        }
+        if algorithm == Algorithm::SlidingLog && self.capacity > crate::windows::MAX_LOG_LIMIT {
+            return Err(PolicyError::new(
+                "quota.capacity",
+                format!(
+                    "a sliding_log keeps one entry per token: at most {} per period, got {}",
+                    crate::windows::MAX_LOG_LIMIT,
+                    self.capacity
+                ),
+            ));
+        }
+        self.algorithm = algorithm;
+        Ok(self)
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
     }
 
     /// Parses the short form `<limit>/<period>` (`1000/1m`: capacity and refill 1000
@@ -269,9 +333,14 @@ pub struct Policy {
     local_share_percent: Option<u8>,
     local_quota: Option<Quota>,
     max_in_flight: Option<u32>,
+    shadow: bool,
 }
 
 impl Policy {
+    /// Shadow (dry-run) mode: computed and counted, never enforced.
+    pub fn shadow(&self) -> bool {
+        self.shadow
+    }
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -371,6 +440,13 @@ pub struct PolicySpec {
     /// next to the rate limit; absent: not limited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
+    /// How the quota is measured; defaults to `token_bucket`.
+    #[serde(default, skip_serializing_if = "Algorithm::is_default")]
+    pub algorithm: Algorithm,
+    /// Shadow (dry-run) mode: decided and counted ("would have throttled"), never
+    /// enforced; defaults to false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
 }
 
 fn one() -> u32 {
@@ -430,7 +506,8 @@ impl PolicySpec {
             self.quota.capacity,
             self.quota.refill.unwrap_or(self.quota.capacity),
             period.0,
-        )?;
+        )?
+        .with_algorithm(self.algorithm)?;
         if self.cost == 0 || u64::from(self.cost) > quota.capacity() {
             return Err(PolicyError::new(
                 "cost",
@@ -478,6 +555,7 @@ impl PolicySpec {
             local_share_percent: self.local_share_percent,
             local_quota,
             max_in_flight: self.max_in_flight,
+            shadow: self.shadow,
         })
     }
 }
@@ -526,6 +604,8 @@ impl From<&Policy> for PolicySpec {
             failure_mode: p.failure_mode,
             local_share_percent: p.local_share_percent,
             max_in_flight: p.max_in_flight,
+            algorithm: q.algorithm(),
+            shadow: p.shadow,
         }
     }
 }

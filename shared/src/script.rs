@@ -4,8 +4,9 @@
 
 use crate::bucket::{BucketState, Decision, Outcome, decide};
 use crate::keys::MAX_KEY_LEN;
-use crate::policy::Quota;
+use crate::policy::{Algorithm, Quota};
 use crate::time::{MAX_INSTANT, Micros};
+use crate::windows;
 
 mod sha {
     include!(concat!(env!("OUT_DIR"), "/script_sha1.rs"));
@@ -47,6 +48,12 @@ pub const TOKEN_BUCKET: LuaScript = LuaScript {
     sha1: sha::TOKEN_BUCKET_SHA1,
 };
 
+/// `lua/limiter.lua`: every algorithm and shadow buckets, in one atomic call.
+pub const LIMITER: LuaScript = LuaScript {
+    source: include_str!("../../lua/limiter.lua"),
+    sha1: sha::LIMITER_SHA1,
+};
+
 /// `lua/in_flight.lua`: takes one in-flight slot (the concurrency limiter).
 pub const IN_FLIGHT: LuaScript = LuaScript {
     source: include_str!("../../lua/in_flight.lua"),
@@ -67,6 +74,49 @@ pub struct Check<'a> {
     pub key: &'a str,
     pub quota: &'a Quota,
     pub cost: u32,
+    /// Decided and counted, never enforced (see [`LIMITER`]).
+    pub shadow: bool,
+}
+
+impl<'a> Check<'a> {
+    /// An enforced check.
+    pub fn new(key: &'a str, quota: &'a Quota, cost: u32) -> Self {
+        Check {
+            key,
+            quota,
+            cost,
+            shadow: false,
+        }
+    }
+}
+
+/// Whether a call needs [`LIMITER`]: some bucket is not an enforced token bucket.
+pub fn needs_limiter(checks: &[Check<'_>]) -> bool {
+    checks
+        .iter()
+        .any(|c| c.shadow || c.quota.algorithm() != Algorithm::TokenBucket)
+}
+
+/// The script and `ARGV` of one call over `checks`: [`TOKEN_BUCKET`] when every
+/// bucket is an enforced token bucket (the hot path), else [`LIMITER`].
+pub fn script_call(
+    checks: &[Check<'_>],
+    now: Option<Micros>,
+) -> Result<(&'static LuaScript, Vec<String>), CallError> {
+    if needs_limiter(checks) {
+        Ok((&LIMITER, limiter_args(checks, now)?))
+    } else {
+        Ok((&TOKEN_BUCKET, token_bucket_args(checks, now)?))
+    }
+}
+
+/// Interprets the reply of the script [`script_call`] chose.
+pub fn interpret(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, ProtocolError> {
+    if needs_limiter(checks) {
+        interpret_limiter(checks, reply)
+    } else {
+        interpret_token_bucket(checks, reply)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,11 +131,7 @@ pub enum CallError {
     Instant(Micros),
 }
 
-/// `ARGV` for [`TOKEN_BUCKET`]; `now = None` lets Redis' `TIME` decide.
-pub fn token_bucket_args(
-    checks: &[Check<'_>],
-    now: Option<Micros>,
-) -> Result<Vec<String>, CallError> {
+fn validate_call(checks: &[Check<'_>], now: Option<Micros>) -> Result<String, CallError> {
     if checks.is_empty() || checks.len() > MAX_CHECKS {
         return Err(CallError::Count(checks.len()));
     }
@@ -97,12 +143,50 @@ pub fn token_bucket_args(
             return Err(CallError::Duplicate(c.key.to_string()));
         }
     }
+    match now {
+        None => Ok(String::new()),
+        Some(t) if (0..=MAX_INSTANT).contains(&t) => Ok(t.to_string()),
+        Some(t) => Err(CallError::Instant(t)),
+    }
+}
+
+/// `ARGV` for [`LIMITER`]; `now = None` lets Redis' `TIME` decide.
+pub fn limiter_args(checks: &[Check<'_>], now: Option<Micros>) -> Result<Vec<String>, CallError> {
+    let mut args = Vec::with_capacity(1 + 4 * checks.len());
+    args.push(validate_call(checks, now)?);
+    for c in checks {
+        let q = c.quota;
+        let code = match q.algorithm() {
+            Algorithm::TokenBucket => "t",
+            Algorithm::FixedWindow => "f",
+            Algorithm::SlidingLog => "l",
+            Algorithm::SlidingCounter => "c",
+        };
+        args.push(if c.shadow {
+            format!("s{code}")
+        } else {
+            code.to_string()
+        });
+        if q.algorithm() == Algorithm::TokenBucket {
+            args.push(q.burst_window().to_string());
+            args.push(q.cost_window(c.cost).to_string());
+            args.push("0".to_string());
+        } else {
+            args.push(q.period().to_string());
+            args.push(q.capacity().to_string());
+            args.push(c.cost.to_string());
+        }
+    }
+    Ok(args)
+}
+
+/// `ARGV` for [`TOKEN_BUCKET`]; `now = None` lets Redis' `TIME` decide.
+pub fn token_bucket_args(
+    checks: &[Check<'_>],
+    now: Option<Micros>,
+) -> Result<Vec<String>, CallError> {
     let mut args = Vec::with_capacity(1 + 2 * checks.len());
-    args.push(match now {
-        None => String::new(),
-        Some(t) if (0..=MAX_INSTANT).contains(&t) => t.to_string(),
-        Some(t) => return Err(CallError::Instant(t)),
-    });
+    args.push(validate_call(checks, now)?);
     for c in checks {
         args.push(c.quota.burst_window().to_string());
         args.push(c.quota.cost_window(c.cost).to_string());
@@ -125,6 +209,8 @@ pub struct Verdict {
     /// One decision per check, in order. When the request was denied, buckets that
     /// had room report their untouched state.
     pub decisions: Vec<Decision>,
+    /// Per check: a shadow bucket (its denial did not count).
+    pub shadow: Vec<bool>,
 }
 
 impl Verdict {
@@ -138,18 +224,109 @@ impl Verdict {
                 retry_after: Some(w),
             } => w,
         };
-        if self.admitted {
+        let enforced = || {
             self.decisions
                 .iter()
-                .min_by_key(|d| (d.remaining, d.limit))
-                .expect("at least one check")
+                .zip(self.shadow.iter().chain(std::iter::repeat(&false)))
+                .filter(|(_, s)| !**s)
+                .map(|(d, _)| d)
+        };
+        let pick = if self.admitted {
+            enforced().min_by_key(|d| (d.remaining, d.limit))
         } else {
-            self.decisions
-                .iter()
-                .max_by_key(|d| wait(d))
-                .expect("at least one check")
-        }
+            enforced().max_by_key(|d| wait(d))
+        };
+        pick.or(self.decisions.first()).expect("at least one check")
     }
+
+    /// Whether some shadow bucket would have denied this request.
+    pub fn shadow_denied(&self) -> bool {
+        self.decisions
+            .iter()
+            .zip(&self.shadow)
+            .any(|(d, s)| *s && !d.allowed())
+    }
+}
+
+/// Interprets [`LIMITER`]'s reply `{admitted, now, (v1, v2, v3) per bucket}` with
+/// the pure twins of each algorithm. The twins must agree on admission.
+pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, ProtocolError> {
+    let err = |m: String| Err(ProtocolError(m));
+    if reply.len() != 3 * checks.len() + 2 {
+        return err(format!(
+            "{} values for {} buckets",
+            reply.len(),
+            checks.len()
+        ));
+    }
+    let admitted = match reply[0] {
+        0 => false,
+        1 => true,
+        other => return err(format!("admitted flag {other}")),
+    };
+    let now = reply[1];
+    if !(0..=MAX_INSTANT).contains(&now) {
+        return err(format!("instant {now}"));
+    }
+    let mut decisions = Vec::with_capacity(checks.len());
+    let mut all_fit = true;
+    for (i, c) in checks.iter().enumerate() {
+        let v = &reply[2 + 3 * i..5 + 3 * i];
+        if v.iter().any(|x| !(0..=MAX_INSTANT).contains(x)) {
+            return err(format!("bucket state {v:?}"));
+        }
+        let count = |x: i64| x as u64;
+        let q = c.quota;
+        let decide_with = |cost: u32| match q.algorithm() {
+            Algorithm::TokenBucket => {
+                let prev = (v[0] > 0).then_some(BucketState { full_at: v[0] });
+                decide(prev, q, now, cost).decision
+            }
+            Algorithm::FixedWindow => {
+                windows::fixed_window(count(v[0]), q.capacity(), q.period(), now, cost).0
+            }
+            Algorithm::SlidingLog => {
+                let s = windows::LogSummary {
+                    count: count(v[0]),
+                    needed: v[1],
+                    newest: v[2],
+                };
+                windows::sliding_log(s, q.capacity(), q.period(), now, cost)
+            }
+            Algorithm::SlidingCounter => {
+                windows::sliding_counter(
+                    count(v[0]),
+                    count(v[1]),
+                    q.capacity(),
+                    q.period(),
+                    now,
+                    cost,
+                )
+                .0
+            }
+        };
+        let d = decide_with(c.cost);
+        if !c.shadow {
+            all_fit &= d.allowed();
+        }
+        let consumed = admitted && d.allowed();
+        decisions.push(if consumed || !d.allowed() {
+            d
+        } else {
+            decide_with(0)
+        });
+    }
+    if all_fit != admitted {
+        return err(format!(
+            "script says admitted={admitted}, its twins say {all_fit}"
+        ));
+    }
+    Ok(Verdict {
+        admitted,
+        now,
+        shadow: checks.iter().map(|c| c.shadow).collect(),
+        decisions,
+    })
 }
 
 /// Interprets the script's reply `{admitted, now, full_at_1, ...}` by running the pure
@@ -200,6 +377,7 @@ pub fn interpret_token_bucket(
     Ok(Verdict {
         admitted,
         now,
+        shadow: vec![false; checks.len()],
         decisions,
     })
 }
@@ -240,11 +418,13 @@ mod tests {
                 key: "a",
                 quota: &q,
                 cost: 1,
+                shadow: false,
             },
             Check {
                 key: "b",
                 quota: &q,
                 cost: 3,
+                shadow: false,
             },
         ];
         assert_eq!(
@@ -261,6 +441,7 @@ mod tests {
             key,
             quota: &q,
             cost: 1,
+            shadow: false,
         };
         assert_eq!(token_bucket_args(&[], None), Err(CallError::Count(0)));
         assert!(matches!(
@@ -295,6 +476,7 @@ mod tests {
             key: "a",
             quota: &q,
             cost: 1,
+            shadow: false,
         }];
         for bad in [
             &[][..],
@@ -323,11 +505,13 @@ mod tests {
                 key: "a",
                 quota: &a,
                 cost: 1,
+                shadow: false,
             },
             Check {
                 key: "b",
                 quota: &b,
                 cost: 1,
+                shadow: false,
             },
         ];
         let now = 1_000_000_000;

@@ -21,6 +21,7 @@ fn check<'a>(key: &'a str, q: &'a Quota) -> Check<'a> {
         key,
         quota: q,
         cost: 1,
+        shadow: false,
     }
 }
 
@@ -52,6 +53,41 @@ async fn the_cluster_store_routes_by_slot_and_follows_moved_and_ask() {
         .unwrap();
     assert_eq!(store.masters().len(), 3);
     let q = Quota::per_minute(10).unwrap();
+
+    // every algorithm, and shadow buckets, run on the cluster too (lua/limiter.lua,
+    // routed like the token bucket): a fixed window of 3 with a shadow log of 1
+    {
+        use floodgate_shared::policy::Algorithm;
+        let fixed = Quota::new(3, 3, 60_000_000)
+            .unwrap()
+            .with_algorithm(Algorithm::FixedWindow)
+            .unwrap();
+        let log = Quota::new(1, 1, 60_000_000)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingLog)
+            .unwrap();
+        let (a, b) = ("fg:{k:algos}:fixed", "fg:{k:algos}:log");
+        let mut admitted = 0;
+        let mut shadow_denials = 0;
+        for _ in 0..5 {
+            let v = store
+                .check(
+                    &[
+                        check(a, &fixed),
+                        Check {
+                            shadow: true,
+                            ..check(b, &log)
+                        },
+                    ],
+                    None,
+                )
+                .await
+                .unwrap();
+            admitted += u32::from(v.admitted);
+            shadow_denials += u32::from(v.admitted && v.shadow_denied());
+        }
+        assert_eq!((admitted, shadow_denials), (3, 2));
+    }
 
     // 30 principals: each bucket lives on its slot's master only
     for i in 0..30 {
@@ -222,6 +258,7 @@ async fn a_slot_migration_under_load_admits_nothing_above_quota() {
                             key: &total,
                             quota: &q_total,
                             cost: 1,
+                            shadow: false,
                         },
                     ];
                     store.check(&checks, None).await

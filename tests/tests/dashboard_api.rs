@@ -458,3 +458,72 @@ async fn keys_are_created_once_labelled_replanned_revoked_and_effective_limits_s
         ["revoke key", "edit key", "set key override", "create key"]
     );
 }
+
+#[tokio::test]
+async fn a_backtest_replays_recent_requests_against_the_proposal_without_saving_it() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let op = Operator::sign_in(&d.url).await;
+    let version = op.version().await;
+    // the edge's sample: 12 searches by one key and 3 by another within a second,
+    // 4 checkouts, newest first as the edge pushes them
+    let mut entries = vec![];
+    let t0 = 1_764_000_000_000i64;
+    for i in 0..12 {
+        entries.push(format!("{}|Ab3dE5gH1j|free|search", t0 + i));
+    }
+    for i in 0..3 {
+        entries.push(format!("{}|Zz3dE5gH1j|free|search", t0 + 20 + i));
+    }
+    for i in 0..4 {
+        entries.push(format!("{}|Ab3dE5gH1j|free|checkout", t0 + 40 + i));
+    }
+    entries.push("garbage|<b>|x|y".to_string());
+    let mut conn = redis.connection();
+    // LPUSH in time order: the list ends newest first, as the edge leaves it
+    let _: () = redis::cmd("LPUSH")
+        .arg("fg:sample")
+        .arg(&entries)
+        .query(&mut conn)
+        .unwrap();
+    let propose = |capacity: &'static str, algorithm: &'static str| {
+        vec![
+            ("version", version.as_str()),
+            ("original", "search"),
+            ("name", "search"),
+            ("dimensions", "api_key,endpoint"),
+            ("capacity", capacity),
+            ("period", "1m"),
+            ("refill", ""),
+            ("cost", ""),
+            ("failure_mode", "fail_closed"),
+            ("algorithm", algorithm),
+            ("preview", "1"),
+        ]
+    };
+    let v = op.json("save_policy", &propose("5", "fixed_window")).await;
+    let preview = &v["Preview"];
+    assert_eq!(preview["sampled"], 19, "the garbage entry is skipped: {v}");
+    let rows = preview["rows"].as_array().unwrap();
+    let search = rows.iter().find(|r| r["route"] == "search").unwrap();
+    assert_eq!(search["requests"], 15);
+    assert_eq!(search["throttled_now"], 0, "100/min today");
+    assert_eq!(
+        search["throttled"], 7,
+        "12 - 5 from the busy key; the other fits"
+    );
+    assert_eq!(search["keys"], 1);
+    assert_eq!(search["keys_seen"], 2);
+    let checkout = rows.iter().find(|r| r["route"] == "checkout").unwrap();
+    assert_eq!(checkout["throttled"], 0, "checkout (10/min) is untouched");
+    assert_eq!(op.version().await, version, "a backtest saves nothing");
+    // an invalid proposal is refused as a save would be
+    let v = op.json("save_policy", &propose("0", "")).await;
+    assert_eq!(v["Invalid"]["field"], "quota.capacity", "{v}");
+    // the same form without preview saves
+    let mut form = propose("5", "fixed_window");
+    form.pop();
+    let v = op.json("save_policy", &form).await;
+    assert!(v["Ok"].is_string(), "{v}");
+    assert_ne!(op.version().await, version);
+}

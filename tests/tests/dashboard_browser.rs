@@ -99,7 +99,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.screenshot("02-key-created").await;
 
     // the key works at the edge with the demo limit (100/min on /v1/search)
-    assert_eq!(statuses(&edge.url, &secret, 3).await, [200, 200, 200]);
+    assert_eq!(statuses(&edge.url, &secret, 12).await, [200; 12]);
 
     // lower /v1/search's limit to 5 per hour
     b.goto(&format!("{}/policies", dash.url)).await;
@@ -141,8 +141,37 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.fill(&cap, "5").await;
     let period = b.find("#policy-form input[name=period]").await.unwrap();
     b.fill(&period, "1h").await;
-    b.click(&b.find("#policy-form button[type=submit]").await.unwrap())
+    // backtest first: the edge's sample of the 12 searches replayed against 5/h
+    // (the sample reaches Redis within the edge's 1 s flush)
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        b.click(&b.find("#backtest").await.unwrap()).await;
+        b.wait_for("#backtest-result", WAIT).await;
+        let sampled = b
+            .exec(
+                "return document.querySelector('#backtest-result').dataset.sampled;",
+                json!([]),
+            )
+            .await;
+        if sampled.as_str() == Some("12") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "sampled {sampled}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let would = b
+        .exec(
+            "return document.querySelector(\"#backtest-result tr[data-route='search'] td.would\").textContent;",
+            json!([]),
+        )
         .await;
+    assert_eq!(
+        would.as_str(),
+        Some("would have returned 429 to 7 requests of 1 keys (of 1 seen)"),
+        "{would}"
+    );
+    b.screenshot("04a-backtest").await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
     b.wait_until(
         "the table shows the new limit",
         "const c = document.querySelector(\"tr[data-policy='search'] td.limit\"); return !!c && c.textContent === '5 / 1h';",
@@ -152,7 +181,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.screenshot("04-limit-lowered").await;
 
     // the edge enforces it once its config cache (200 ms here) expires; the bucket
-    // already holds the 3 earlier requests' debt at the old rate, so count admits
+    // already holds the 12 earlier requests' debt at the old rate (7.2 s), so 4 fit
     tokio::time::sleep(Duration::from_millis(400)).await;
     let got = statuses(&edge.url, &secret, 10).await;
     let admitted = got.iter().filter(|s| **s == 200).count();
@@ -184,7 +213,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.screenshot("05-traffic-429s").await;
     let more = statuses(&edge.url, &secret, 4).await;
     let more_throttled = more.iter().filter(|s| **s == 429).count();
-    // the 3 requests made at the old rate (a token per 0.6 s) leave 1.8 s of debt
+    // the 12 requests made at the old rate (a token per 0.6 s) leave 7.2 s of debt
     // that repays one admission at most; the new rate adds none (a token per 12 min)
     let admitted_after = admitted + (4 - more_throttled);
     assert!(admitted_after <= 6, "{got:?} then {more:?}");

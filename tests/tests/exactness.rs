@@ -45,6 +45,7 @@ async fn fifty_connections_admit_exactly_the_analytical_maximum() {
                     key: "fg:{clock}:probe",
                     quota: &quota,
                     cost: 0,
+                    shadow: false,
                 }],
                 None,
             )
@@ -64,6 +65,7 @@ async fn fifty_connections_admit_exactly_the_analytical_maximum() {
                                 key: &key,
                                 quota: &quota,
                                 cost: 1,
+                                shadow: false,
                             }],
                             None,
                         )
@@ -82,6 +84,7 @@ async fn fifty_connections_admit_exactly_the_analytical_maximum() {
                     key: &key,
                     quota: &quota,
                     cost: 0,
+                    shadow: false,
                 }],
                 None,
             )

@@ -159,6 +159,7 @@ fn script_and_decide_agree_on_every_step() {
                         key,
                         quota: q,
                         cost,
+                        shadow: false,
                     })
                     .collect();
                 let verdict = rt

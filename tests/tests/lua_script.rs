@@ -48,6 +48,7 @@ async fn evalsha_falls_back_to_eval_within_the_same_call_after_script_flush() {
         key: &key,
         quota: &q,
         cost: 1,
+        shadow: false,
     }];
 
     // a fresh server does not know the script: one call, EVALSHA then EVAL
@@ -137,6 +138,7 @@ async fn corrupt_state_is_a_fresh_bucket_and_is_repaired() {
             key: &key,
             quota: &q,
             cost: 2,
+            shadow: false,
         }];
         let v = store
             .check(&checks, Some(NOW))
@@ -163,6 +165,7 @@ async fn corrupt_state_is_a_fresh_bucket_and_is_repaired() {
                 key: &key,
                 quota: &q,
                 cost: 6,
+                shadow: false,
             }],
             Some(NOW),
         )
@@ -187,6 +190,7 @@ async fn idle_buckets_expire_once_full_again() {
         key: &key,
         quota: &q,
         cost: 1,
+        shadow: false,
     }];
     store.check(&checks, None).await.unwrap();
     let v = store.check(&checks, None).await.unwrap();
@@ -241,6 +245,7 @@ async fn the_expiry_always_covers_the_debt() {
                     key: &key,
                     quota: &q,
                     cost,
+                    shadow: false,
                 }],
                 None,
             )
@@ -340,6 +345,7 @@ async fn store_errors_say_whether_retrying_helps() {
                 key: &key,
                 quota: &q,
                 cost: 1,
+                shadow: false,
             }],
             None,
         )
@@ -370,6 +376,7 @@ async fn a_password_protected_server_reports_auth_errors() {
         key: &key,
         quota: &q,
         cost: 1,
+        shadow: false,
     }];
     let url = format!("redis://:wrong@127.0.0.1:{}/", server.port());
     let e = RespStore::connect(&url, Duration::from_secs(2))

@@ -31,6 +31,7 @@ async fn concurrent_calls_share_one_connection_and_get_their_own_replies() {
                         key: &key,
                         quota: &q,
                         cost,
+                        shadow: false,
                     }],
                     None,
                 )
@@ -69,6 +70,7 @@ async fn the_store_reconnects_after_a_server_restart() {
         key: &key,
         quota: &q,
         cost: 1,
+        shadow: false,
     }];
     assert!(store.check(&checks, None).await.unwrap().admitted);
     drop(server);
@@ -132,6 +134,7 @@ async fn a_unix_socket_works_like_tcp() {
                 key: "fg:{k:unix}:p",
                 quota: &q,
                 cost: 1,
+                shadow: false,
             }],
             None,
         )

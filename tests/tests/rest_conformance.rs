@@ -108,6 +108,7 @@ async fn our_rest_client_passes_the_same_cases() {
         key: &key,
         quota: &q,
         cost: 1,
+        shadow: false,
     }];
     let admitted: Vec<bool> = {
         let mut v = vec![];
@@ -146,6 +147,7 @@ async fn rest_errors_say_whether_retrying_helps() {
         key: &key,
         quota: &q,
         cost: 1,
+        shadow: false,
     }];
     // Redis hangs: the endpoint cannot answer within our deadline
     let pid = redis.pid().to_string();
@@ -381,6 +383,7 @@ async fn concurrent_checks_are_pipelined_and_each_gets_its_own_decision() {
                             key: &key,
                             quota: &q,
                             cost,
+                            shadow: false,
                         }],
                         None,
                     )
@@ -409,6 +412,7 @@ async fn concurrent_checks_are_pipelined_and_each_gets_its_own_decision() {
                         key: &key,
                         quota: &q,
                         cost: 1,
+                        shadow: false,
                     }],
                     None,
                 )
@@ -425,6 +429,7 @@ async fn concurrent_checks_are_pipelined_and_each_gets_its_own_decision() {
                 key: &key,
                 quota: &q,
                 cost: 1,
+                shadow: false,
             }],
             None,
         ),

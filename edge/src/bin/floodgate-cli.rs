@@ -86,6 +86,7 @@ fn run(url: &str, args: &[String]) -> Result<(), String> {
                     key,
                     quota: &quota,
                     cost,
+                    shadow: false,
                 }],
                 None,
             )

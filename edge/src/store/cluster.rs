@@ -19,9 +19,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use floodgate_shared::Micros;
-use floodgate_shared::script::{
-    Check, IN_FLIGHT, LuaScript, TOKEN_BUCKET, Verdict, interpret_token_bucket, token_bucket_args,
-};
+use floodgate_shared::script::{Check, IN_FLIGHT, LuaScript, Verdict, interpret, script_call};
 use floodgate_shared::slot::{SLOTS, common_slot, key_slot};
 
 use super::resp::RespStore;
@@ -396,10 +394,10 @@ impl BucketStore for ClusterStore {
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
-        let args = token_bucket_args(checks, now)?;
+        let (script, args) = script_call(checks, now)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.eval_script(&TOKEN_BUCKET, &keys, &args).await?;
-        Ok(interpret_token_bucket(checks, &reply)?)
+        let reply = self.eval_script(script, &keys, &args).await?;
+        Ok(interpret(checks, &reply)?)
     }
 
     async fn acquire_slot(

@@ -21,9 +21,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use floodgate_shared::Micros;
-use floodgate_shared::script::{
-    Check, TOKEN_BUCKET, Verdict, interpret_token_bucket, token_bucket_args,
-};
+use floodgate_shared::script::{Check, LuaScript, Verdict, interpret, script_call};
 use serde_json::Value;
 
 use super::{BucketStore, StoreError, StoreErrorKind};
@@ -66,6 +64,7 @@ type ScriptResult = Result<Vec<i64>, StoreError>;
 
 /// A bucket check waiting for the next `/pipeline` request.
 struct Queued {
+    script: &'static LuaScript,
     /// `EVAL` with the source (after NOSCRIPT) rather than `EVALSHA`.
     by_source: bool,
     keys: Vec<String>,
@@ -298,9 +297,15 @@ impl RestStore {
 
 impl RestStore {
     /// The token-bucket script through the auto-pipelining queue.
-    async fn eval_batched(&self, keys: &[&str], args: Vec<String>) -> ScriptResult {
+    async fn eval_batched(
+        &self,
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: Vec<String>,
+    ) -> ScriptResult {
         let (reply, rx) = futures_channel::oneshot::channel();
         let queued = Queued {
+            script,
             by_source: false,
             keys: keys.iter().map(|k| k.to_string()).collect(),
             args,
@@ -412,7 +417,7 @@ fn into_chunks(mut batch: Vec<Queued>, size: usize) -> Vec<Vec<Queued>> {
 
 fn script_json(q: &Queued) -> String {
     let numkeys = q.keys.len().to_string();
-    json_array(&TOKEN_BUCKET.call_words(
+    json_array(&q.script.call_words(
         q.by_source,
         &numkeys,
         q.keys.iter().map(String::as_str),
@@ -480,10 +485,10 @@ impl BucketStore for RestStore {
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
-        let args = token_bucket_args(checks, now)?;
+        let (script, args) = script_call(checks, now)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.eval_batched(&keys, args).await?;
-        Ok(interpret_token_bucket(checks, &reply)?)
+        let reply = self.eval_batched(script, &keys, args).await?;
+        Ok(interpret(checks, &reply)?)
     }
 
     async fn acquire_slot(

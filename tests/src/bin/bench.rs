@@ -322,6 +322,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                                 key: &key,
                                 quota: &quota,
                                 cost: 1,
+                                shadow: false,
                             }],
                             None,
                         )
@@ -351,6 +352,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                             key: &key,
                             quota: &quota,
                             cost: 1,
+                            shadow: false,
                         }],
                         None,
                     )
@@ -520,6 +522,7 @@ async fn memory_ours(server: &RedisServer, count: usize) -> (f64, usize) {
                             key: &key,
                             quota: policy.quota(),
                             cost: 1,
+                            shadow: false,
                         }],
                         None,
                     )

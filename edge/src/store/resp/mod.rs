@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use floodgate_shared::Micros;
 use floodgate_shared::script::{
-    Check, IN_FLIGHT, LuaScript, TOKEN_BUCKET, Verdict, interpret_token_bucket, token_bucket_args,
+    Check, IN_FLIGHT, LuaScript, TOKEN_BUCKET, Verdict, interpret, script_call,
 };
 use redis::{ConnectionAddr, IntoConnectionInfo};
 
@@ -451,10 +451,10 @@ impl BucketStore for RespStore {
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
-        let args = token_bucket_args(checks, now)?;
+        let (script, args) = script_call(checks, now)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.eval_token_bucket(&keys, &args).await?;
-        Ok(interpret_token_bucket(checks, &reply)?)
+        let reply = self.eval_script(script, &keys, &args).await?;
+        Ok(interpret(checks, &reply)?)
     }
 
     async fn acquire_slot(

@@ -1,0 +1,252 @@
+//! Replays requests against a configuration with the pure twins of every
+//! algorithm, exactly as the scripts would decide them (all or nothing per request,
+//! shadow buckets never deny): the dashboard's backtest of a proposed change.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::bucket::{BucketState, decide};
+use crate::config::EdgeConfig;
+use crate::policy::{Algorithm, Quota};
+use crate::time::Micros;
+use crate::windows::{FixedWindow, SlidingCounter, SlidingLog, fixed_window, sliding_counter};
+
+#[derive(Debug, Clone)]
+enum State {
+    Bucket(Option<BucketState>),
+    Fixed(Option<FixedWindow>),
+    Log(SlidingLog),
+    Counter(Option<SlidingCounter>),
+}
+
+impl State {
+    fn new(q: &Quota) -> Self {
+        match q.algorithm() {
+            Algorithm::TokenBucket => State::Bucket(None),
+            Algorithm::FixedWindow => State::Fixed(None),
+            Algorithm::SlidingLog => State::Log(SlidingLog::default()),
+            Algorithm::SlidingCounter => State::Counter(None),
+        }
+    }
+
+    /// Whether `cost` fits at `now`, and the state after consuming it.
+    fn step(&self, q: &Quota, now: Micros, cost: u32) -> (bool, State) {
+        match self {
+            State::Bucket(s) => {
+                let t = decide(*s, q, now, cost);
+                (t.decision.allowed(), State::Bucket(t.write.or(*s)))
+            }
+            State::Fixed(s) => {
+                let count = FixedWindow::count_at(*s, q.period(), now);
+                let (d, w) = fixed_window(count, q.capacity(), q.period(), now, cost);
+                (d.allowed(), State::Fixed(w.or(*s)))
+            }
+            State::Log(log) => {
+                let mut next = log.clone();
+                let d = next.decide(q.capacity(), q.period(), now, cost);
+                (d.allowed(), State::Log(next))
+            }
+            State::Counter(s) => {
+                let (c, p) = SlidingCounter::aligned(*s, q.period(), now);
+                let (d, w) = sliding_counter(c, p, q.capacity(), q.period(), now, cost);
+                (d.allowed(), State::Counter(w.or(*s)))
+            }
+        }
+    }
+}
+
+/// In-memory buckets of any algorithm.
+#[derive(Debug, Default)]
+pub struct Simulator {
+    buckets: HashMap<String, State>,
+}
+
+/// One simulated decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Simulated {
+    pub admitted: bool,
+    /// Some shadow bucket would have denied.
+    pub shadow_denied: bool,
+}
+
+impl Simulator {
+    /// Checks `(bucket key, quota, cost, shadow)` at `now`: admitted when every
+    /// enforced bucket fits; then every bucket that fits is consumed.
+    pub fn check(&mut self, checks: &[(&str, &Quota, u32, bool)], now: Micros) -> Simulated {
+        let steps: Vec<(bool, State)> = checks
+            .iter()
+            .map(|(key, q, cost, _)| {
+                self.buckets
+                    .get(*key)
+                    .cloned()
+                    .unwrap_or_else(|| State::new(q))
+                    .step(q, now, *cost)
+            })
+            .collect();
+        let admitted = steps
+            .iter()
+            .zip(checks)
+            .all(|((fits, _), (_, _, _, shadow))| *fits || *shadow);
+        let shadow_denied = steps
+            .iter()
+            .zip(checks)
+            .any(|((fits, _), (_, _, _, shadow))| !*fits && *shadow);
+        if admitted {
+            for ((fits, next), (key, ..)) in steps.into_iter().zip(checks) {
+                if fits {
+                    self.buckets.insert((*key).to_string(), next);
+                }
+            }
+        }
+        Simulated {
+            admitted,
+            shadow_denied,
+        }
+    }
+}
+
+/// One request of the edge's decision sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampledRequest {
+    pub at_ms: i64,
+    pub key_id: String,
+    pub plan: String,
+    /// The matched route's name (`None`: no route).
+    pub route: Option<String>,
+}
+
+impl SampledRequest {
+    /// Parses `<ms>|<key id>|<plan>|<route or _>` (the edge's `fg:sample` entries);
+    /// anything else is `None`.
+    pub fn parse(entry: &str) -> Option<Self> {
+        let mut parts = entry.splitn(4, '|');
+        let at_ms = parts.next()?.parse().ok()?;
+        let key_id = parts.next()?.to_string();
+        let plan = parts.next()?.to_string();
+        let route = parts.next()?;
+        crate::keys::validate_key_id(&key_id).ok()?;
+        crate::policy::validate_name("plan", &plan).ok()?;
+        let route = (route != "_").then(|| route.to_string());
+        if let Some(r) = &route {
+            crate::policy::validate_name("route", r).ok()?;
+        }
+        Some(SampledRequest {
+            at_ms,
+            key_id,
+            plan,
+            route,
+        })
+    }
+}
+
+/// What a replay found for one endpoint (`_` = requests matching no route).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointReplay {
+    pub requests: u64,
+    /// Requests that would have been answered 429.
+    pub throttled: u64,
+    /// The keys that would have received at least one 429.
+    pub keys_throttled: BTreeSet<String>,
+    /// Requests a shadow policy would have throttled.
+    pub shadow_throttled: u64,
+}
+
+/// Replays `requests` (oldest first) against `config`, per endpoint. Requests whose
+/// plan is not configured count as throttled (the edge would answer 403).
+pub fn replay(
+    config: &EdgeConfig,
+    requests: &[SampledRequest],
+) -> BTreeMap<String, EndpointReplay> {
+    let mut sim = Simulator::default();
+    let mut out: BTreeMap<String, EndpointReplay> = BTreeMap::new();
+    for r in requests {
+        let route = r
+            .route
+            .as_deref()
+            .and_then(|name| config.routes().routes().iter().find(|x| x.name == name));
+        let entry = out
+            .entry(route.map_or("_".to_string(), |x| x.name.clone()))
+            .or_default();
+        entry.requests += 1;
+        let checks = match config.checks(&r.key_id, &r.plan, route, None) {
+            Some(Ok(c)) => c,
+            _ => {
+                entry.throttled += 1;
+                entry.keys_throttled.insert(r.key_id.clone());
+                continue;
+            }
+        };
+        if checks.is_empty() {
+            continue;
+        }
+        let calls: Vec<(&str, &Quota, u32, bool)> = checks
+            .iter()
+            .map(|(k, p)| (k.as_str(), p.quota(), p.cost(), p.shadow()))
+            .collect();
+        let s = sim.check(&calls, r.at_ms * 1000);
+        if !s.admitted {
+            entry.throttled += 1;
+            entry.keys_throttled.insert(r.key_id.clone());
+        }
+        entry.shadow_throttled += u64::from(s.admitted && s.shadow_denied);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = r#"{"policies":[
+        {"name":"default","dimensions":["api_key"],"quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed"},
+        {"name":"search","dimensions":["api_key","endpoint"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed","algorithm":"fixed_window"},
+        {"name":"watch","dimensions":["api_key","endpoint"],"quota":{"capacity":1,"period":"1m"},"failure_mode":"fail_open","shadow":true}],
+      "plans":{"free":["default"]},
+      "routes":[{"name":"search","pattern":"/v1/search","policies":["search","watch"]}]}"#;
+
+    fn sample(n: usize, key: &str, route: &str) -> Vec<SampledRequest> {
+        (0..n)
+            .map(|i| {
+                SampledRequest::parse(&format!(
+                    "{}|{key}|free|{route}",
+                    1_764_000_000_000 + i as i64
+                ))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_replay_counts_the_429s_per_endpoint_and_key_and_what_shadows_would_do() {
+        let config = EdgeConfig::from_json(CONFIG).unwrap();
+        let mut requests = sample(5, "Ab3dE5gH1j", "search");
+        requests.extend(sample(2, "Zz3dE5gH1j", "search"));
+        requests.extend(sample(4, "Ab3dE5gH1j", "_"));
+        requests.sort_by_key(|r| r.at_ms);
+        let r = replay(&config, &requests);
+        assert_eq!(r["search"].requests, 7);
+        assert_eq!(
+            r["search"].throttled, 2,
+            "5 from one key against 3 per minute"
+        );
+        assert_eq!(r["search"].keys_throttled.len(), 1);
+        // the shadow (1 per minute) would have throttled every admitted request after
+        // each key's first, but never did
+        assert_eq!(r["search"].shadow_throttled, 2 + 1);
+        assert_eq!(r["_"].throttled, 0);
+    }
+
+    #[test]
+    fn sample_entries_are_parsed_strictly() {
+        assert!(SampledRequest::parse("1|Ab3dE5gH1j|free|_").is_some());
+        for bad in [
+            "",
+            "x|Ab3dE5gH1j|free|_",
+            "1|bad id|free|_",
+            "1|Ab3dE5gH1j|Free|_",
+            "1|Ab3dE5gH1j|free|<b>",
+            "1|Ab3dE5gH1j|free",
+        ] {
+            assert!(SampledRequest::parse(bad).is_none(), "{bad}");
+        }
+    }
+}
