@@ -248,16 +248,16 @@ impl Verdict {
     }
 }
 
-/// Interprets [`LIMITER`]'s reply `{admitted, now, (v1, v2, v3) per bucket}` with
-/// the pure twins of each algorithm. The twins must agree on admission.
-pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, ProtocolError> {
+/// The common head of the scripts' replies: `{admitted, now, ...}` with `per_bucket`
+/// values for each of `buckets`.
+fn reply_head(
+    reply: &[i64],
+    per_bucket: usize,
+    buckets: usize,
+) -> Result<(bool, Micros), ProtocolError> {
     let err = |m: String| Err(ProtocolError(m));
-    if reply.len() != 3 * checks.len() + 2 {
-        return err(format!(
-            "{} values for {} buckets",
-            reply.len(),
-            checks.len()
-        ));
+    if reply.len() != per_bucket * buckets + 2 {
+        return err(format!("{} values for {buckets} buckets", reply.len()));
     }
     let admitted = match reply[0] {
         0 => false,
@@ -268,6 +268,14 @@ pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict,
     if !(0..=MAX_INSTANT).contains(&now) {
         return err(format!("instant {now}"));
     }
+    Ok((admitted, now))
+}
+
+/// Interprets [`LIMITER`]'s reply `{admitted, now, (v1, v2, v3) per bucket}` with
+/// the pure twins of each algorithm. The twins must agree on admission.
+pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, ProtocolError> {
+    let err = |m: String| Err(ProtocolError(m));
+    let (admitted, now) = reply_head(reply, 3, checks.len())?;
     let mut decisions = Vec::with_capacity(checks.len());
     let mut all_fit = true;
     for (i, c) in checks.iter().enumerate() {
@@ -337,22 +345,7 @@ pub fn interpret_token_bucket(
     reply: &[i64],
 ) -> Result<Verdict, ProtocolError> {
     let err = |m: String| Err(ProtocolError(m));
-    if reply.len() != checks.len() + 2 {
-        return err(format!(
-            "{} values for {} buckets",
-            reply.len(),
-            checks.len()
-        ));
-    }
-    let admitted = match reply[0] {
-        0 => false,
-        1 => true,
-        other => return err(format!("admitted flag {other}")),
-    };
-    let now = reply[1];
-    if !(0..=MAX_INSTANT).contains(&now) {
-        return err(format!("instant {now}"));
-    }
+    let (admitted, now) = reply_head(reply, 1, checks.len())?;
     let mut decisions = Vec::with_capacity(checks.len());
     let mut all_fit = true;
     for (c, &full_at) in checks.iter().zip(&reply[2..]) {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::bucket::{BucketState, decide};
+use crate::bucket::{BucketState, Decision, decide};
 use crate::config::EdgeConfig;
 use crate::policy::{Algorithm, Quota};
 use crate::time::Micros;
@@ -28,27 +28,27 @@ impl State {
         }
     }
 
-    /// Whether `cost` fits at `now`, and the state after consuming it.
-    fn step(&self, q: &Quota, now: Micros, cost: u32) -> (bool, State) {
+    /// The decision for `cost` at `now`, and the state after consuming it.
+    fn step(&self, q: &Quota, now: Micros, cost: u32) -> (Decision, State) {
         match self {
             State::Bucket(s) => {
                 let t = decide(*s, q, now, cost);
-                (t.decision.allowed(), State::Bucket(t.write.or(*s)))
+                (t.decision, State::Bucket(t.write.or(*s)))
             }
             State::Fixed(s) => {
                 let count = FixedWindow::count_at(*s, q.period(), now);
                 let (d, w) = fixed_window(count, q.capacity(), q.period(), now, cost);
-                (d.allowed(), State::Fixed(w.or(*s)))
+                (d, State::Fixed(if cost > 0 { w.or(*s) } else { *s }))
             }
             State::Log(log) => {
                 let mut next = log.clone();
                 let d = next.decide(q.capacity(), q.period(), now, cost);
-                (d.allowed(), State::Log(next))
+                (d, State::Log(next))
             }
             State::Counter(s) => {
                 let (c, p) = SlidingCounter::aligned(*s, q.period(), now);
                 let (d, w) = sliding_counter(c, p, q.capacity(), q.period(), now, cost);
-                (d.allowed(), State::Counter(w.or(*s)))
+                (d, State::Counter(if cost > 0 { w.or(*s) } else { *s }))
             }
         }
     }
@@ -61,45 +61,64 @@ pub struct Simulator {
 }
 
 /// One simulated decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Simulated {
     pub admitted: bool,
     /// Some shadow bucket would have denied.
     pub shadow_denied: bool,
+    /// Per check, what the scripts report: the decision when it was consumed or
+    /// denied; the untouched state (a cost-0 peek) when it fit but another denied.
+    pub decisions: Vec<Decision>,
 }
 
 impl Simulator {
     /// Checks `(bucket key, quota, cost, shadow)` at `now`: admitted when every
     /// enforced bucket fits; then every bucket that fits is consumed.
     pub fn check(&mut self, checks: &[(&str, &Quota, u32, bool)], now: Micros) -> Simulated {
-        let steps: Vec<(bool, State)> = checks
+        let state = |key: &str, q: &Quota| {
+            self.buckets
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| State::new(q))
+        };
+        let steps: Vec<(Decision, State)> = checks
             .iter()
-            .map(|(key, q, cost, _)| {
-                self.buckets
-                    .get(*key)
-                    .cloned()
-                    .unwrap_or_else(|| State::new(q))
-                    .step(q, now, *cost)
-            })
+            .map(|(key, q, cost, _)| state(key, q).step(q, now, *cost))
             .collect();
         let admitted = steps
             .iter()
             .zip(checks)
-            .all(|((fits, _), (_, _, _, shadow))| *fits || *shadow);
+            .all(|((d, _), (_, _, _, shadow))| d.allowed() || *shadow);
         let shadow_denied = steps
             .iter()
             .zip(checks)
-            .any(|((fits, _), (_, _, _, shadow))| !*fits && *shadow);
-        if admitted {
-            for ((fits, next), (key, ..)) in steps.into_iter().zip(checks) {
-                if fits {
+            .any(|((d, _), (_, _, _, shadow))| !d.allowed() && *shadow);
+        let decisions = if admitted {
+            let mut out = Vec::with_capacity(checks.len());
+            for ((d, next), (key, ..)) in steps.into_iter().zip(checks) {
+                if d.allowed() {
                     self.buckets.insert((*key).to_string(), next);
                 }
+                out.push(d);
             }
-        }
+            out
+        } else {
+            steps
+                .into_iter()
+                .zip(checks)
+                .map(|((d, _), (key, q, ..))| {
+                    if d.allowed() {
+                        state(key, q).step(q, now, 0).0
+                    } else {
+                        d
+                    }
+                })
+                .collect()
+        };
         Simulated {
             admitted,
             shadow_denied,
+            decisions,
         }
     }
 }

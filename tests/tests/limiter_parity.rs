@@ -7,64 +7,16 @@
 
 use floodgate_edge::store::BucketStore;
 use floodgate_edge::store::resp::RespStore;
-use floodgate_shared::bucket::{BucketState, Decision, decide};
 use floodgate_shared::policy::{Algorithm, Quota};
 use floodgate_shared::script::{Check, LIMITER, needs_limiter};
+use floodgate_shared::simulate::Simulator;
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
-use floodgate_shared::windows::{
-    FixedWindow, SlidingCounter, SlidingLog, fixed_window, sliding_counter,
-};
 use floodgate_tests::{RedisServer, unique_key};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rand::{Rng, SeedableRng};
 
 const T0: Micros = 1_764_000_000_000_000;
-
-/// The twin of one bucket: its algorithm's state.
-#[derive(Debug, Clone)]
-enum Twin {
-    Bucket(Option<BucketState>),
-    Fixed(Option<FixedWindow>),
-    Log(SlidingLog),
-    Counter(Option<SlidingCounter>),
-}
-
-impl Twin {
-    fn new(q: &Quota) -> Self {
-        match q.algorithm() {
-            Algorithm::TokenBucket => Twin::Bucket(None),
-            Algorithm::FixedWindow => Twin::Fixed(None),
-            Algorithm::SlidingLog => Twin::Log(SlidingLog::default()),
-            Algorithm::SlidingCounter => Twin::Counter(None),
-        }
-    }
-
-    /// The decision for `cost` at `now`, and a closure-free description of the write.
-    fn decide(&self, q: &Quota, now: Micros, cost: u32) -> (Decision, Twin) {
-        match self {
-            Twin::Bucket(s) => {
-                let t = decide(*s, q, now, cost);
-                (t.decision, Twin::Bucket(t.write.or(*s)))
-            }
-            Twin::Fixed(s) => {
-                let count = FixedWindow::count_at(*s, q.period(), now);
-                let (d, w) = fixed_window(count, q.capacity(), q.period(), now, cost);
-                (d, Twin::Fixed(if cost > 0 { w.or(*s) } else { *s }))
-            }
-            Twin::Log(log) => {
-                let mut next = log.clone();
-                let d = next.decide(q.capacity(), q.period(), now, cost);
-                (d, Twin::Log(next))
-            }
-            Twin::Counter(s) => {
-                let (c, p) = SlidingCounter::aligned(*s, q.period(), now);
-                let (d, w) = sliding_counter(c, p, q.capacity(), q.period(), now, cost);
-                (d, Twin::Counter(if cost > 0 { w.or(*s) } else { *s }))
-            }
-        }
-    }
-}
 
 fn quota() -> impl Strategy<Value = Quota> {
     (
@@ -128,7 +80,9 @@ fn the_limiter_script_and_its_twins_agree_step_by_step() {
             let keys: Vec<String> = (0..c.buckets.len())
                 .map(|i| format!("{}:{i}", unique_key("fg:{parity}")))
                 .collect();
-            let mut twins: Vec<Twin> = c.buckets.iter().map(|(q, _)| Twin::new(q)).collect();
+            // the twins of every bucket (shared::simulate runs exactly what the
+            // script decides, from the same pure transitions)
+            let mut twins = Simulator::default();
             let mut now = T0;
             for (step, costs) in &c.steps {
                 now += step;
@@ -148,28 +102,14 @@ fn the_limiter_script_and_its_twins_agree_step_by_step() {
                     .block_on(store.check(&checks, Some(now)))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 limiter_calls.set(limiter_calls.get() + u32::from(needs_limiter(&checks)));
-                let stepped: Vec<(Decision, Twin)> = twins
+                let calls: Vec<(&str, &Quota, u32, bool)> = checks
                     .iter()
-                    .zip(&checks)
-                    .map(|(t, ch)| t.decide(ch.quota, now, ch.cost))
+                    .map(|ch| (ch.key, ch.quota, ch.cost, ch.shadow))
                     .collect();
-                let admitted = stepped
-                    .iter()
-                    .zip(&checks)
-                    .all(|((d, _), ch)| ch.shadow || d.allowed());
-                prop_assert_eq!(verdict.admitted, admitted, "at {}", now - T0);
-                for (i, ((d, next), ch)) in stepped.into_iter().zip(&checks).enumerate() {
-                    if admitted && d.allowed() {
-                        prop_assert_eq!(verdict.decisions[i], d, "bucket {} at {}", i, now - T0);
-                        twins[i] = next;
-                    } else if !d.allowed() {
-                        prop_assert_eq!(verdict.decisions[i], d, "denied bucket {}", i);
-                    } else {
-                        // had room, but another bucket denied: untouched
-                        let (peek, _) = twins[i].decide(ch.quota, now, 0);
-                        prop_assert_eq!(verdict.decisions[i], peek);
-                    }
-                }
+                let twin = twins.check(&calls, now);
+                prop_assert_eq!(verdict.admitted, twin.admitted, "at {}", now - T0);
+                prop_assert_eq!(&verdict.decisions, &twin.decisions, "at {}", now - T0);
+                prop_assert_eq!(verdict.shadow_denied(), twin.shadow_denied);
             }
             Ok(())
         })
