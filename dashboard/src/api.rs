@@ -706,6 +706,50 @@ pub async fn save_ip_policies(
     .await
 }
 
+/// The response header options: the IETF fields on or off, and the Retry-After
+/// jitter (whole seconds, 0-60).
+#[server(endpoint = "save_headers")]
+pub async fn save_headers(
+    csrf: String,
+    version: String,
+    #[server(default)] ietf: String,
+    retry_jitter_secs: String,
+) -> Result<Saved, ServerFnError> {
+    let jitter = match crate::model::bounded("headers.retry_jitter_secs", &retry_jitter_secs) {
+        Ok("") => 0,
+        Ok(t) => match t.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                return Ok(Saved::Invalid {
+                    field: "headers.retry_jitter_secs".into(),
+                    message: "must be a whole number of seconds (0-60)".into(),
+                });
+            }
+        },
+        Err(e) => return Ok(Saved::invalid(e)),
+    };
+    let headers = floodgate_shared::config::HeaderSpec {
+        ietf: matches!(ietf.as_str(), "on" | "true" | "1"),
+        retry_jitter_secs: jitter,
+    };
+    ctx::change_config(
+        &csrf,
+        &version,
+        "set response headers",
+        "headers",
+        move |c| {
+            let before = Some(ctx::json(&c.headers));
+            c.headers = headers.clone();
+            Ok(ctx::Edit {
+                before,
+                after: Some(ctx::json(&headers)),
+                prefix: "(none)".into(),
+            })
+        },
+    )
+    .await
+}
+
 /// The policies a request by `key_id` to `path` is checked against.
 #[server(endpoint = "effective")]
 pub async fn effective_limits(

@@ -407,6 +407,7 @@ fn PoliciesPage() -> impl IntoView {
     let save_override = ServerAction::<SaveOverride>::new();
     let delete_override = ServerAction::<DeleteOverride>::new();
     let save_ip = ServerAction::<SaveIpPolicies>::new();
+    let save_headers = ServerAction::<SaveHeaders>::new();
     // a saved limit reloads the configuration; a backtest or a refused form does
     // not (the form keeps what was typed)
     let limits_saved = RwSignal::new(0u32);
@@ -422,6 +423,7 @@ fn PoliciesPage() -> impl IntoView {
                 save_override.version().get(),
                 delete_override.version().get(),
                 save_ip.version().get(),
+                save_headers.version().get(),
             )
         },
         |_| get_config(),
@@ -473,6 +475,7 @@ fn PoliciesPage() -> impl IntoView {
                     {plan_section(&spec, &csrf, &version, save_plan, delete_plan, editing_plan)}
                     {route_section(&spec, &csrf, &version, save_route, delete_route, editing_route)}
                     {override_section(&spec, &csrf, &version, save_override, delete_override, save_ip)}
+                    {headers_section(&spec, &csrf, &version, save_headers)}
                     <EffectiveLimitsTool/>
                 }
                 .into_any()
@@ -791,6 +794,26 @@ fn override_section(
             <label>"Limits (comma-separated, keyed by client_ip)" <input name="policies" value=ip/>{field_error(val(save_ip), same, "policies")}</label>
             <button type="submit">"Save"</button>
             {outcome(val(save_ip), same, &["policies"])}
+        </ActionForm>
+    }
+}
+
+fn headers_section(
+    spec: &ConfigSpec,
+    csrf: &str,
+    version: &str,
+    save: ServerAction<SaveHeaders>,
+) -> impl IntoView + use<> {
+    let h = spec.headers.clone();
+    let (csrf, version) = (csrf.to_string(), version.to_string());
+    view! {
+        <h2>"Response headers"</h2>
+        <ActionForm action=save attr:class="card" attr:id="headers-form">
+            {hidden(&csrf, &version)}
+            <label>"IETF RateLimit-Policy and RateLimit fields" <input type="checkbox" name="ietf" checked=h.ietf/></label>
+            <label>"Retry-After jitter (0-60 s)" <input name="retry_jitter_secs" inputmode="numeric" value=h.retry_jitter_secs.to_string()/>{field_error(val(save), same, "headers.retry_jitter_secs")}</label>
+            <button type="submit">"Save"</button>
+            {outcome(val(save), same, &["headers.retry_jitter_secs"])}
         </ActionForm>
     }
 }

@@ -526,4 +526,20 @@ async fn a_backtest_replays_recent_requests_against_the_proposal_without_saving_
     let v = op.json("save_policy", &form).await;
     assert!(v["Ok"].is_string(), "{v}");
     assert_ne!(op.version().await, version);
+    // and the response header options are switched from the dashboard too
+    let current = op.version().await;
+    let v = op
+        .json(
+            "save_headers",
+            &[
+                ("version", &current),
+                ("ietf", "on"),
+                ("retry_jitter_secs", "3"),
+            ],
+        )
+        .await;
+    assert!(v["Ok"].is_string(), "{v}");
+    let config = op.json("config", &[]).await;
+    assert_eq!(config["spec"]["headers"]["ietf"], true);
+    assert_eq!(config["spec"]["headers"]["retry_jitter_secs"], 3);
 }
