@@ -14,8 +14,36 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 pub struct Browser {
     http: reqwest::Client,
     base: String,
+    /// chromedriver's port and the session id, to end the session on drop.
+    port: u16,
+    session: String,
+    quit: bool,
     _driver: tokio::process::Child,
     artifacts: PathBuf,
+}
+
+impl Drop for Browser {
+    /// A test that panics never reaches `quit`: end the session here (with a
+    /// blocking request, bounded), so chromedriver closes Chromium before it is
+    /// killed and no browser outlives the test.
+    fn drop(&mut self) {
+        if self.quit {
+            return;
+        }
+        use std::io::{Read, Write};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            let req = format!(
+                "DELETE /session/{} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.session, self.port
+            );
+            if s.write_all(req.as_bytes()).is_ok() {
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink);
+            }
+        }
+    }
 }
 
 fn find_binary(names: &[&str]) -> Option<PathBuf> {
@@ -86,6 +114,9 @@ impl Browser {
         Browser {
             http,
             base: format!("{base}/session/{session}"),
+            port,
+            session,
+            quit: false,
             _driver: driver,
             artifacts: artifacts_dir,
         }
@@ -268,7 +299,8 @@ impl Browser {
     }
 
     /// Ends the session (Chromium exits); chromedriver is killed on drop.
-    pub async fn quit(self) {
+    pub async fn quit(mut self) {
         let _ = self.http.delete(&self.base).send().await;
+        self.quit = true;
     }
 }
