@@ -609,13 +609,9 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 shadow: p.shadow(),
             })
             .collect();
-        self.stats.sample(
-            self.clock.now(),
-            &record.id,
-            &record.plan,
-            route_name.as_deref(),
-        );
         let started = self.clock.now();
+        self.stats
+            .sample(started, &record.id, &record.plan, route_name.as_deref());
         let (permit, moved) = self.breaker.permit(started);
         self.logged(moved);
         let result = match permit {
