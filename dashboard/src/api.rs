@@ -124,14 +124,7 @@ mod ctx {
                     ),
                 });
             }
-            None => ConfigSpec {
-                policies: vec![],
-                plans: Default::default(),
-                routes: vec![],
-                ip_policies: vec![],
-                key_overrides: Default::default(),
-                headers: Default::default(),
-            },
+            None => ConfigSpec::default(),
         };
         let done = match edit(&mut spec) {
             Ok(d) => d,
@@ -139,21 +132,7 @@ mod ctx {
         };
         let config = match EdgeConfig::new(spec) {
             Ok(c) => c,
-            Err(mut e) => {
-                // `policies[3].quota.capacity` → `quota.capacity`, `plans.gold` → `name`,
-                // `plans.gold[0]` → `policies`: the fields of the form that was sent
-                if let Some(rest) = e.field.strip_prefix(&done.prefix) {
-                    let rest = rest.trim_start_matches('.');
-                    e.field = if rest.is_empty() {
-                        "name".to_string()
-                    } else if rest.starts_with('[') {
-                        "policies".to_string()
-                    } else {
-                        rest.to_string()
-                    };
-                }
-                return Ok(Saved::invalid(e));
-            }
+            Err(e) => return Ok(on_form(e, &done.prefix)),
         };
         if text.as_deref() == Some(config.to_json().as_str()) {
             return Ok(Saved::Ok("No change".into()));
@@ -166,6 +145,36 @@ mod ctx {
             Ok(_) => Ok(Saved::Ok(format!("Saved: {action} {target}"))),
             Err(_) => Ok(conflict()),
         }
+    }
+
+    /// An error of the whole configuration, on the field of the form that made
+    /// the edit at `prefix`: `policies[3].quota.capacity` → `quota.capacity`,
+    /// `plans.gold` → `name`, `plans.gold[0]` → `policies`.
+    pub fn on_form(mut e: PolicyError, prefix: &str) -> Saved {
+        if let Some(rest) = e.field.strip_prefix(prefix) {
+            let rest = rest.trim_start_matches('.');
+            e.field = if rest.is_empty() {
+                "name".to_string()
+            } else if rest.starts_with('[') {
+                "policies".to_string()
+            } else {
+                rest.to_string()
+            };
+        }
+        Saved::invalid(e)
+    }
+
+    /// The edit of a deletion: the item removed, or an error naming what is missing.
+    pub fn deleted<T: serde::Serialize>(
+        removed: Option<T>,
+        missing: String,
+    ) -> Result<Edit, PolicyError> {
+        let removed = removed.ok_or_else(|| PolicyError::new("(form)", missing))?;
+        Ok(Edit {
+            before: Some(json(&removed)),
+            after: None,
+            prefix: "(none)".into(),
+        })
     }
 
     pub fn conflict() -> Saved {
@@ -372,12 +381,7 @@ async fn backtest(
     };
     let proposal = match EdgeConfig::new(proposal) {
         Ok(c) => c,
-        Err(mut e) => {
-            if let Some(rest) = e.field.strip_prefix(&prefix) {
-                e.field = rest.trim_start_matches('.').to_string();
-            }
-            return Ok(Saved::invalid(e));
-        }
+        Err(e) => return Ok(ctx::on_form(e, &prefix)),
     };
     let mut sample: Vec<SampledRequest> = crate::server::sample(&core.store)
         .await
@@ -436,22 +440,11 @@ pub async fn delete_policy(
     name: String,
 ) -> Result<Saved, ServerFnError> {
     ctx::change_config(&csrf, &version, "delete policy", &name.clone(), move |c| {
-        let i = c
-            .policies
-            .iter()
-            .position(|p| p.name == name)
-            .ok_or_else(|| {
-                floodgate_shared::policy::PolicyError::new(
-                    "(form)",
-                    format!("no policy is named {name:?}"),
-                )
-            })?;
-        let removed = c.policies.remove(i);
-        Ok(ctx::Edit {
-            before: Some(ctx::json(&removed)),
-            after: None,
-            prefix: "(none)".into(),
-        })
+        let i = c.policies.iter().position(|p| p.name == name);
+        ctx::deleted(
+            i.map(|i| c.policies.remove(i)),
+            format!("no policy is named {name:?}"),
+        )
     })
     .await
 }
@@ -507,17 +500,7 @@ pub async fn delete_plan(
     name: String,
 ) -> Result<Saved, ServerFnError> {
     ctx::change_config(&csrf, &version, "delete plan", &name.clone(), move |c| {
-        let before = c.plans.remove(&name).ok_or_else(|| {
-            floodgate_shared::policy::PolicyError::new(
-                "(form)",
-                format!("no plan is named {name:?}"),
-            )
-        })?;
-        Ok(ctx::Edit {
-            before: Some(ctx::json(&before)),
-            after: None,
-            prefix: "(none)".into(),
-        })
+        ctx::deleted(c.plans.remove(&name), format!("no plan is named {name:?}"))
     })
     .await
 }
@@ -592,22 +575,11 @@ pub async fn delete_route(
     name: String,
 ) -> Result<Saved, ServerFnError> {
     ctx::change_config(&csrf, &version, "delete route", &name.clone(), move |c| {
-        let i = c
-            .routes
-            .iter()
-            .position(|r| r.name == name)
-            .ok_or_else(|| {
-                floodgate_shared::policy::PolicyError::new(
-                    "(form)",
-                    format!("no route is named {name:?}"),
-                )
-            })?;
-        let removed = c.routes.remove(i);
-        Ok(ctx::Edit {
-            before: Some(ctx::json(&removed)),
-            after: None,
-            prefix: "(none)".into(),
-        })
+        let i = c.routes.iter().position(|r| r.name == name);
+        ctx::deleted(
+            i.map(|i| c.routes.remove(i)),
+            format!("no route is named {name:?}"),
+        )
     })
     .await
 }
@@ -662,17 +634,8 @@ pub async fn delete_override(
         "delete key override",
         &key_id.clone(),
         move |c| {
-            let before = c.key_overrides.remove(&key_id).ok_or_else(|| {
-                floodgate_shared::policy::PolicyError::new(
-                    "(form)",
-                    format!("no override for key {key_id:?}"),
-                )
-            })?;
-            Ok(ctx::Edit {
-                before: Some(ctx::json(&before)),
-                after: None,
-                prefix: "(none)".into(),
-            })
+            let removed = c.key_overrides.remove(&key_id);
+            ctx::deleted(removed, format!("no override for key {key_id:?}"))
         },
     )
     .await
@@ -814,8 +777,9 @@ pub async fn list_keys() -> Result<Vec<KeyRow>, ServerFnError> {
         .await
         .map_err(|e| ServerFnError::new(e.to_string()))?;
     let minute = ctx::now_secs() / 60;
+    let last_hour: Vec<i64> = (0..60).map(|i| minute - i).collect();
     let usage = crate::server::key_usage(
-        &crate::server::stats_hashes(&core.store, minute, 60)
+        &crate::server::stats_hashes(&core.store, &last_hour)
             .await
             .map_err(ctx::fail)?,
     );

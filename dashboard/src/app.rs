@@ -460,14 +460,7 @@ fn PoliciesPage() -> impl IntoView {
                 };
                 let csrf = s.csrf.clone();
                 let version = c.version.clone();
-                let spec = c.spec.clone().unwrap_or(ConfigSpec {
-                    policies: vec![],
-                    plans: Default::default(),
-                    routes: vec![],
-                    ip_policies: vec![],
-                    key_overrides: Default::default(),
-                    headers: Default::default(),
-                });
+                let spec = c.spec.clone().unwrap_or_default();
                 view! {
                     <p>"Configuration version " <code id="config-version">{if version.is_empty() { "(none stored)".to_string() } else { version[..12.min(version.len())].to_string() }}</code>
                        ". The edge picks up a saved change within its cache TTL (5 s by default)."</p>

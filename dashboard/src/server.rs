@@ -406,21 +406,27 @@ pub async fn audit(store: &RespStore, entry: &AuditEntry) -> Result<(), DashErro
     Ok(())
 }
 
-pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
+/// The elements of a list in `start..=stop` (a missing key is an empty list).
+async fn lrange(
+    store: &RespStore,
+    key: &str,
+    start: i64,
+    stop: i64,
+) -> Result<Vec<Vec<u8>>, DashError> {
     match check_reply(
         store
             .command(&[
                 b"LRANGE",
-                AUDIT_KEY.as_bytes(),
-                b"0",
-                (count.max(1) - 1).to_string().as_bytes(),
+                key.as_bytes(),
+                start.to_string().as_bytes(),
+                stop.to_string().as_bytes(),
             ])
             .await?,
     )? {
         Reply::Array(Some(items)) => Ok(items
             .into_iter()
             .filter_map(|i| match i {
-                Reply::Bulk(Some(b)) => serde_json::from_slice(&b).ok(),
+                Reply::Bulk(Some(b)) => Some(b),
                 _ => None,
             })
             .collect()),
@@ -429,28 +435,21 @@ pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry
     }
 }
 
+pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
+    let items = lrange(store, AUDIT_KEY, 0, count.max(1) as i64 - 1).await?;
+    Ok(items
+        .iter()
+        .filter_map(|b| serde_json::from_slice(b).ok())
+        .collect())
+}
+
 /// The edge's sample of recent decisions (newest first).
 pub async fn sample(store: &RespStore) -> Result<Vec<String>, DashError> {
-    match check_reply(
-        store
-            .command(&[
-                b"LRANGE",
-                floodgate_edge::stats::SAMPLE_KEY.as_bytes(),
-                b"0",
-                b"-1",
-            ])
-            .await?,
-    )? {
-        Reply::Array(Some(items)) => Ok(items
-            .into_iter()
-            .filter_map(|i| match i {
-                Reply::Bulk(Some(b)) => String::from_utf8(b).ok(),
-                _ => None,
-            })
-            .collect()),
-        Reply::Array(None) => Ok(vec![]),
-        other => Err(unexpected(&other)),
-    }
+    let items = lrange(store, floodgate_edge::stats::SAMPLE_KEY, 0, -1).await?;
+    Ok(items
+        .into_iter()
+        .filter_map(|b| String::from_utf8(b).ok())
+        .collect())
 }
 
 // ----- traffic -----------------------------------------------------------------
@@ -463,20 +462,7 @@ pub async fn traffic(
     window: usize,
 ) -> Result<Traffic, DashError> {
     let minutes: Vec<i64> = (0..window as i64).rev().map(|i| now_minute - i).collect();
-    let commands: Vec<Vec<Vec<u8>>> = minutes
-        .iter()
-        .map(|m| {
-            vec![
-                b"HGETALL".to_vec(),
-                floodgate_edge::stats::stats_key(*m).into_bytes(),
-            ]
-        })
-        .collect();
-    let replies = store.batch(&commands).await?;
-    let mut hashes = Vec::with_capacity(window);
-    for r in replies {
-        hashes.push(fields(check_reply(r)?)?);
-    }
+    let hashes = stats_hashes(store, &minutes).await?;
     Ok(summarize(&minutes, &hashes))
 }
 
@@ -588,21 +574,22 @@ pub fn key_usage(hashes: &[Vec<(String, u64)>]) -> BTreeMap<String, (u64, u64, u
     out
 }
 
-/// The raw per-minute hashes of the window (for per-key usage).
+/// The edge's per-minute counter hashes of `minutes`, in that order (one batched
+/// round trip).
 pub async fn stats_hashes(
     store: &RespStore,
-    now_minute: i64,
-    window: usize,
+    minutes: &[i64],
 ) -> Result<Vec<Vec<(String, u64)>>, DashError> {
-    let commands: Vec<Vec<Vec<u8>>> = (0..window as i64)
-        .map(|i| {
+    let commands: Vec<Vec<Vec<u8>>> = minutes
+        .iter()
+        .map(|m| {
             vec![
                 b"HGETALL".to_vec(),
-                floodgate_edge::stats::stats_key(now_minute - i).into_bytes(),
+                floodgate_edge::stats::stats_key(*m).into_bytes(),
             ]
         })
         .collect();
-    let mut out = vec![];
+    let mut out = Vec::with_capacity(minutes.len());
     for r in store.batch(&commands).await? {
         out.push(fields(check_reply(r)?)?);
     }

@@ -45,7 +45,8 @@ pub struct RouteSpec {
     pub policies: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The operator-facing configuration (`Default`: empty, which does not validate).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigSpec {
     pub policies: Vec<PolicySpec>,

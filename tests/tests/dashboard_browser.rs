@@ -29,6 +29,17 @@ async fn statuses(edge: &str, secret: &str, n: usize) -> Vec<u16> {
     out
 }
 
+/// Waits for the page's hydration, so forms submit through the server-function
+/// client (the app marks `<body data-hydrated="1">`).
+async fn hydrated(b: &Browser) {
+    b.wait_until(
+        "hydrated",
+        "return document.body.dataset.hydrated === '1';",
+        WAIT,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     assert!(
@@ -46,12 +57,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.goto(&format!("{}/keys", dash.url)).await;
     assert!(b.url().await.ends_with("/login"), "{}", b.url().await);
     // wait for hydration, so the form submits through the server function client
-    b.wait_until(
-        "hydrated",
-        "return document.body.dataset.hydrated === '1';",
-        WAIT,
-    )
-    .await;
+    hydrated(&b).await;
     let user = b.wait_for("#login input[name=username]", WAIT).await;
     b.fill(&user, ADMIN).await;
     let pass = b.find("#login input[name=password]").await.unwrap();
@@ -68,12 +74,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
 
     // create a key: the secret is shown once
     b.goto(&format!("{}/keys", dash.url)).await;
-    b.wait_until(
-        "hydrated",
-        "return document.body.dataset.hydrated === '1';",
-        WAIT,
-    )
-    .await;
+    hydrated(&b).await;
     let label = b.wait_for("#create-key input[name=label]", WAIT).await;
     b.fill(&label, "<b>browser</b> test").await;
     b.click(&b.find("#create-key button[type=submit]").await.unwrap())
@@ -103,12 +104,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
 
     // lower /v1/search's limit to 5 per hour
     b.goto(&format!("{}/policies", dash.url)).await;
-    b.wait_until(
-        "hydrated",
-        "return document.body.dataset.hydrated === '1';",
-        WAIT,
-    )
-    .await;
+    hydrated(&b).await;
     let edit = b
         .wait_for("tr[data-policy='search'] button[type=button]", WAIT)
         .await;
@@ -196,12 +192,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
 
     // the traffic page shows the 429s on its own (auto-refresh, no reload)
     b.goto(&format!("{}/", dash.url)).await;
-    b.wait_until(
-        "hydrated",
-        "return document.body.dataset.hydrated === '1';",
-        WAIT,
-    )
-    .await;
+    hydrated(&b).await;
     b.wait_until(
         "the search chart shows the 429s",
         &format!(
@@ -247,12 +238,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
 
     // revoke the key: the edge answers 401 within its cache TTL
     b.goto(&format!("{}/keys", dash.url)).await;
-    b.wait_until(
-        "hydrated",
-        "return document.body.dataset.hydrated === '1';",
-        WAIT,
-    )
-    .await;
+    hydrated(&b).await;
     let revoke = b
         .wait_for(&format!("tr[data-key='{key_id}'] button.danger"), WAIT)
         .await;
@@ -277,12 +263,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
 
     // signing out ends the session: pages go back to the sign-in page
     b.goto(&format!("{}/keys", dash.url)).await;
-    b.wait_until(
-        "hydrated",
-        "return document.body.dataset.hydrated === '1';",
-        WAIT,
-    )
-    .await;
+    hydrated(&b).await;
     b.click(&b.wait_for("nav button[type=submit]", WAIT).await)
         .await;
     b.wait_until("signed out", "return location.pathname === '/login';", WAIT)
