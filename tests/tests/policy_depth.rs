@@ -61,6 +61,19 @@ async fn stack(keys: usize) -> Stack {
     }
 }
 
+/// The checkout policy is a fixed window of one hour: a test that must see one
+/// window whole starts at least 30 s before its end (it waits past the edge
+/// otherwise, at most 30 s), so the wall clock cannot split it.
+async fn clear_of_the_hour_edge() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let left = 3600 - now.as_secs() % 3600;
+    if left <= 30 {
+        tokio::time::sleep(Duration::from_secs(left + 1)).await;
+    }
+}
+
 async fn get(s: &Stack, secret: &str, path: &str) -> reqwest::Response {
     reqwest::Client::new()
         .get(format!("{}{path}", s.edge))
@@ -161,6 +174,7 @@ async fn a_costly_route_and_several_policies_are_checked_in_one_round_trip_all_o
 
 #[tokio::test]
 async fn the_ietf_fields_describe_every_matching_policy_and_retry_after_comes_from_the_denier() {
+    clear_of_the_hour_edge().await;
     let s = stack(1).await;
     let key = &s.secrets[0];
     let ok = get(&s, key, "/v1/checkout").await;
@@ -208,6 +222,7 @@ async fn the_ietf_fields_describe_every_matching_policy_and_retry_after_comes_fr
 
 #[tokio::test]
 async fn jitter_spreads_retry_after_without_ever_shortening_it() {
+    clear_of_the_hour_edge().await;
     let s = stack(12).await;
     let mut retries = vec![];
     for key in &s.secrets {
