@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod dash;
 pub mod scale;
+pub mod upstream;
 pub mod webdriver;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -449,6 +450,26 @@ pub struct EdgeInstance {
     _guards: Vec<Box<dyn std::any::Any + Send>>,
 }
 
+/// How a test edge is set up (both hosts take the same knobs).
+#[derive(Debug, Clone)]
+pub struct EdgeOptions {
+    pub cache_ttl_ms: i64,
+    /// The store deadline (`--deadline-ms` / `DEADLINE_MS`); the host's default when `None`.
+    pub deadline_ms: Option<u64>,
+    /// How long the upstream may take to answer (`UPSTREAM_TIMEOUT_MS` in the Worker).
+    pub upstream_timeout_ms: u64,
+}
+
+impl Default for EdgeOptions {
+    fn default() -> Self {
+        Self {
+            cache_ttl_ms: 5_000,
+            deadline_ms: None,
+            upstream_timeout_ms: 30_000,
+        }
+    }
+}
+
 /// Starts an edge of `kind` in front of `upstream`, reading config, keys and buckets
 /// from `redis`.
 pub async fn start_edge(
@@ -457,18 +478,33 @@ pub async fn start_edge(
     upstream: &str,
     cache_ttl_ms: i64,
 ) -> EdgeInstance {
+    let options = EdgeOptions {
+        cache_ttl_ms,
+        deadline_ms: Some(2_000).filter(|_| kind == EdgeKind::Native),
+        ..EdgeOptions::default()
+    };
+    start_edge_with(kind, redis, upstream, &options).await
+}
+
+/// Starts an edge of `kind` with `options`.
+pub async fn start_edge_with(
+    kind: EdgeKind,
+    redis: &RedisServer,
+    upstream: &str,
+    options: &EdgeOptions,
+) -> EdgeInstance {
     use floodgate_edge::native_host::{self, HostConfig, NativeStore};
     use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
     match kind {
         EdgeKind::Native => {
-            let store = floodgate_edge::store::resp::RespStore::connect(
-                &redis.url(),
-                std::time::Duration::from_secs(2),
-            )
-            .await
-            .expect("connect to redis");
+            let deadline = options
+                .deadline_ms
+                .map_or(floodgate_edge::store::resp::DEFAULT_DEADLINE, Duration::from_millis);
+            let store = floodgate_edge::store::resp::RespStore::connect(&redis.url(), deadline)
+                .await
+                .expect("connect to redis");
             let settings = PipelineConfig {
-                cache_ttl: cache_ttl_ms * 1000,
+                cache_ttl: options.cache_ttl_ms * 1000,
                 ..PipelineConfig::default()
             };
             let pipeline = Pipeline::new(
@@ -476,7 +512,9 @@ pub async fn start_edge(
                 floodgate_shared::time::SystemClock,
                 settings,
             );
-            let (url, stop) = serve(native_host::router(pipeline, HostConfig::new(upstream))).await;
+            let mut host = HostConfig::new(upstream);
+            host.upstream_timeout = Duration::from_millis(options.upstream_timeout_ms);
+            let (url, stop) = serve(native_host::router(pipeline, host)).await;
             EdgeInstance {
                 url,
                 _guards: vec![Box::new(stop)],
@@ -485,46 +523,73 @@ pub async fn start_edge(
         EdgeKind::Worker => {
             let token = "worker-test-token";
             let endpoint = Endpoint::start(redis, token).await;
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../edge/worker");
-            assert!(
-                dir.join("build/index.js").exists() && dir.join("node_modules/miniflare").exists(),
-                "the Worker is not built: run scripts/worker build (scripts/test does)"
-            );
-            let port = free_port();
-            // workerd logs every client disconnect as an error: keep its stderr in a file
-            let log = std::env::temp_dir().join(format!("floodgate-workerd-{port}.log"));
-            let log_file = std::fs::File::create(&log).expect("create the workerd log");
-            let mut child = tokio::process::Command::new(dir.join("node_modules/.bin/node"))
-                .arg("serve.mjs")
-                .current_dir(&dir)
-                .env("PORT", port.to_string())
-                .env("UPSTREAM_URL", upstream)
-                .env("UPSTASH_REDIS_REST_URL", &endpoint.url)
-                .env("UPSTASH_REDIS_REST_TOKEN", token)
-                .env("CACHE_TTL_MS", cache_ttl_ms.to_string())
-                .env("STOP_ON_STDIN_EOF", "1")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(log_file)
-                .kill_on_drop(true)
-                .spawn()
-                .expect("node runs serve.mjs");
-            let stdout = child.stdout.take().unwrap();
-            let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-            let ready = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
-                .await
-                .expect("workerd starts within 60 s")
-                .expect("read serve.mjs output");
-            assert!(
-                ready.as_deref().is_some_and(|l| l.starts_with("ready")),
-                "serve.mjs said {ready:?}; see {}",
-                log.display()
-            );
-            // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
+            let worker = start_worker(&endpoint.url, token, upstream, options).await;
             EdgeInstance {
-                url: format!("http://127.0.0.1:{port}"),
-                _guards: vec![Box::new(WorkerProcess(Some(child))), Box::new(endpoint)],
+                url: worker.url.clone(),
+                _guards: vec![Box::new(worker), Box::new(endpoint)],
             }
         }
+    }
+}
+
+/// The built Worker in workerd (serve.mjs), against the REST endpoint at `rest_url`;
+/// stops when dropped.
+pub struct WorkerInstance {
+    pub url: String,
+    _process: WorkerProcess,
+}
+
+/// Starts the built Worker in workerd in front of `upstream`.
+pub async fn start_worker(
+    rest_url: &str,
+    token: &str,
+    upstream: &str,
+    options: &EdgeOptions,
+) -> WorkerInstance {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../edge/worker");
+    assert!(
+        dir.join("build/index.js").exists() && dir.join("node_modules/miniflare").exists(),
+        "the Worker is not built: run scripts/worker build (scripts/test does)"
+    );
+    let port = free_port();
+    // workerd logs every client disconnect as an error: keep its stderr in a file
+    let log = std::env::temp_dir().join(format!("floodgate-workerd-{port}.log"));
+    let log_file = std::fs::File::create(&log).expect("create the workerd log");
+    let mut command = tokio::process::Command::new(dir.join("node_modules/.bin/node"));
+    command
+        .arg("serve.mjs")
+        .current_dir(&dir)
+        .env("PORT", port.to_string())
+        .env("UPSTREAM_URL", upstream)
+        .env("UPSTASH_REDIS_REST_URL", rest_url)
+        .env("UPSTASH_REDIS_REST_TOKEN", token)
+        .env("CACHE_TTL_MS", options.cache_ttl_ms.to_string())
+        .env("UPSTREAM_TIMEOUT_MS", options.upstream_timeout_ms.to_string())
+        .env("STOP_ON_STDIN_EOF", "1");
+    if let Some(ms) = options.deadline_ms {
+        command.env("DEADLINE_MS", ms.to_string());
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs serve.mjs");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("workerd starts within 60 s")
+        .expect("read serve.mjs output");
+    assert!(
+        ready.as_deref().is_some_and(|l| l.starts_with("ready")),
+        "serve.mjs said {ready:?}; see {}",
+        log.display()
+    );
+    // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
+    WorkerInstance {
+        url: format!("http://127.0.0.1:{port}"),
+        _process: WorkerProcess(Some(child)),
     }
 }

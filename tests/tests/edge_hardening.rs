@@ -1,0 +1,376 @@
+//! The edge tried from outside, as clients and attackers see it, on BOTH hosts (the
+//! native host and the Worker in workerd): answers without a body, an upstream that
+//! dies mid-body or never answers, headers a client must not smuggle upstream,
+//! floods of unknown API keys, the IETF fields on a 429, and requests refused while
+//! Redis stalled, which must cost no quota. Each case pins a defect found on the
+//! edge as it was (issue 13).
+
+use std::time::{Duration, Instant};
+
+use floodgate_edge::admin;
+use floodgate_edge::store::resp::RespStore;
+use floodgate_tests::upstream::{Echo, RawUpstream};
+use floodgate_tests::{EdgeInstance, EdgeKind, EdgeOptions, RedisServer, start_edge_with};
+use reqwest::StatusCode;
+
+/// Runs each listed case against the native host and against the Worker.
+macro_rules! on_both_hosts {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn native() {
+                super::$case(floodgate_tests::EdgeKind::Native).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn worker() {
+                super::$case(floodgate_tests::EdgeKind::Worker).await
+            }
+        }
+    )*};
+}
+
+on_both_hosts!(
+    bodyless_answers_pass_through_with_the_quota_headers,
+    a_body_cut_short_by_the_upstream_reaches_the_client_as_an_error,
+    a_hung_upstream_is_a_504_json_within_the_upstream_timeout,
+    headers_named_by_connection_and_identity_spellings_never_reach_the_upstream,
+    content_length_bodies_keep_their_framing,
+    unknown_keys_cost_redis_at_most_their_budget,
+    ietf_fields_on_a_429_never_promise_room_before_retry_after,
+    requests_refused_while_redis_stalled_cost_no_quota,
+);
+
+/// 100 per hour per key (no refill while a test runs), fail-closed.
+const CONFIG: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100, "refill": 1, "period": "1h"}, "failure_mode": "fail_closed"},
+    {"name": "tight", "dimensions": ["api_key", "endpoint"], "quota": {"capacity": 2, "period": "10s"}, "failure_mode": "fail_closed"}
+  ],
+  "plans": {"free": ["default"]},
+  "routes": [{"name": "tight", "pattern": "/tight", "policies": ["tight"]}],
+  "headers": {"ietf": true}
+}"#;
+
+struct Stack {
+    redis: RedisServer,
+    upstream: RawUpstream,
+    edge: String,
+    secret: String,
+    key_id: String,
+    _edge: EdgeInstance,
+}
+
+async fn stack_with(kind: EdgeKind, options: EdgeOptions) -> Stack {
+    let redis = RedisServer::start();
+    let admin_store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&admin_store, CONFIG).await.unwrap();
+    let (record, secret) = admin::create_key(&admin_store, "tests", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let upstream = RawUpstream::start().await;
+    let instance = start_edge_with(kind, &redis, &upstream.url, &options).await;
+    Stack {
+        redis,
+        upstream,
+        edge: instance.url.clone(),
+        secret,
+        key_id: record.id,
+        _edge: instance,
+    }
+}
+
+async fn stack(kind: EdgeKind) -> Stack {
+    stack_with(kind, EdgeOptions::default()).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+fn remaining(r: &reqwest::Response) -> u64 {
+    header(r, "x-ratelimit-remaining")
+        .expect("quota headers")
+        .parse()
+        .unwrap()
+}
+
+async fn bodyless_answers_pass_through_with_the_quota_headers(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    let head = c
+        .head(format!("{}/things/1", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), StatusCode::OK, "HEAD is answered, not a 500");
+    assert_eq!(remaining(&head), 99);
+    assert!(head.bytes().await.unwrap().is_empty());
+    for (code, left) in [(204u16, 98), (304, 97)] {
+        let r = c
+            .get(format!("{}/status/{code}", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), code);
+        assert_eq!(remaining(&r), left, "one token per request, quota headers on {code}");
+        assert!(r.bytes().await.unwrap().is_empty());
+    }
+    assert_eq!(s.upstream.total(), 3);
+}
+
+async fn a_body_cut_short_by_the_upstream_reaches_the_client_as_an_error(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let r = client()
+        .get(format!("{}/truncate", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "the head was already on its way");
+    let body = r.bytes().await;
+    assert!(
+        body.is_err(),
+        "a body the upstream cut at 1,000 of 100,000 bytes must not look complete: got {:?} bytes",
+        body.map(|b| b.len())
+    );
+}
+
+async fn a_hung_upstream_is_a_504_json_within_the_upstream_timeout(kind: EdgeKind) {
+    let options = EdgeOptions {
+        upstream_timeout_ms: 1_000,
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let started = Instant::now();
+    let r = client()
+        .get(format!("{}/hang", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .expect("the edge answers a hung upstream itself");
+    let took = started.elapsed();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "Upstream timed out");
+}
+
+async fn headers_named_by_connection_and_identity_spellings_never_reach_the_upstream(
+    kind: EdgeKind,
+) {
+    let s = stack(kind).await;
+    let r = client()
+        .get(format!("{}/echo", s.edge))
+        .bearer_auth(&s.secret)
+        .header("Connection", "keep-alive, X-Hop-Secret")
+        .header("X-Hop-Secret", "must not pass")
+        .header("X_Floodgate_Key_Id", "spoofed-underscore")
+        .header("X-Floodgate-Key-Id", "spoofed")
+        .header("X-Kept", "passes")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let echo = Echo(r.json().await.unwrap());
+    assert!(
+        echo.header("x-hop-secret").is_empty(),
+        "a header the client's Connection names is hop-by-hop: {:?}",
+        echo.names()
+    );
+    let identities: Vec<String> = echo
+        .names()
+        .into_iter()
+        .filter(|n| n.to_ascii_lowercase().replace('_', "-") == "x-floodgate-key-id")
+        .collect();
+    assert_eq!(
+        identities.len(),
+        1,
+        "exactly one identity header, in any spelling: {identities:?}"
+    );
+    assert_eq!(echo.header("x-floodgate-key-id"), vec![s.key_id.clone()]);
+    assert_eq!(echo.header("x-kept"), vec!["passes".to_string()]);
+    assert!(echo.header("authorization").is_empty());
+}
+
+async fn content_length_bodies_keep_their_framing(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let r = client()
+        .post(format!("{}/upload", s.edge))
+        .bearer_auth(&s.secret)
+        .body(vec![b'a'; 5000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let echo = Echo(r.json().await.unwrap());
+    assert_eq!(echo.framing(), "content-length", "{:?}", echo.0);
+    assert_eq!(echo.header("content-length"), vec!["5000".to_string()]);
+    assert_eq!(echo.0["body_bytes"], 5000);
+}
+
+/// `INFO commandstats` calls of one command.
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+async fn unknown_keys_cost_redis_at_most_their_budget(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    let ok = c
+        .get(format!("{}/before", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let gets_before = calls(&s.redis, "get");
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..300 {
+        // well-formed, random, unknown: the shape check cannot tell
+        let (_, fake) = floodgate_shared::apikeys::new_secret(&rand::random());
+        let r = c
+            .get(format!("{}/probe", s.edge))
+            .bearer_auth(&fake)
+            .header("CF-Connecting-IP", "203.0.113.9")
+            .send()
+            .await
+            .unwrap();
+        *statuses.entry(r.status().as_u16()).or_insert(0) += 1;
+    }
+    let gets = calls(&s.redis, "get") - gets_before;
+    assert!(
+        gets <= 40,
+        "300 unknown keys from one address cost {gets} Redis GETs (statuses {statuses:?})"
+    );
+    assert_eq!(statuses.get(&200), None);
+    let ok = c
+        .get(format!("{}/after", s.edge))
+        .bearer_auth(&s.secret)
+        .header("CF-Connecting-IP", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ok.status(),
+        StatusCode::OK,
+        "a known key keeps working through the flood"
+    );
+    assert_eq!(s.upstream.path("/probe"), 0);
+}
+
+/// The first item's integer parameter `name` of a structured-field list.
+fn sf_param(value: &str, name: &str) -> i64 {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse_list()
+        .expect("a structured list");
+    let sfv::ListEntry::Item(item) = &list[0] else {
+        panic!("an item: {value}")
+    };
+    item.params
+        .iter()
+        .find(|(k, _)| k.as_str() == name)
+        .and_then(|(_, v)| v.as_integer())
+        .map(i64::from)
+        .unwrap_or_else(|| panic!("{name} in {value}"))
+}
+
+async fn ietf_fields_on_a_429_never_promise_room_before_retry_after(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    for _ in 0..2 {
+        let r = c
+            .get(format!("{}/tight", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // the first denial comes from Redis, the second from the instance's deny cache
+    for which in ["redis", "deny cache"] {
+        let r = c
+            .get(format!("{}/tight", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{which}");
+        let retry: i64 = header(&r, "retry-after").unwrap().parse().unwrap();
+        let state = header(&r, "ratelimit")
+            .unwrap_or_else(|| panic!("a 429 from the {which} carries RateLimit"));
+        assert!(
+            header(&r, "ratelimit-policy").is_some(),
+            "a 429 from the {which} carries RateLimit-Policy"
+        );
+        assert_eq!(sf_param(&state, "r"), 0, "{which}: {state}");
+        let t = sf_param(&state, "t");
+        assert!(
+            (1..=retry).contains(&t),
+            "{which}: t={t} must be when the denied request fits again, not after Retry-After={retry}"
+        );
+        // 2 per 10 s: a token returns every 5 s
+        assert!(retry <= 5, "{which}: Retry-After {retry}");
+    }
+}
+
+async fn requests_refused_while_redis_stalled_cost_no_quota(kind: EdgeKind) {
+    let options = EdgeOptions {
+        deadline_ms: Some(100),
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let c = client();
+    let get = || {
+        c.get(format!("{}/thing", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+    };
+    let first = get().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(remaining(&first), 99);
+    s.redis.signal("STOP");
+    let mut refused = 0;
+    for _ in 0..6 {
+        let r = get().await.unwrap();
+        assert_ne!(r.status(), StatusCode::OK, "fail-closed while Redis is stopped");
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        refused += 1;
+    }
+    s.redis.signal("CONT");
+    // Redis now runs whatever was queued while it was stopped; then the breaker closes
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = get().await.unwrap();
+        if r.status() == StatusCode::OK {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the edge recovers");
+    };
+    assert_eq!(
+        remaining(&next),
+        98,
+        "{refused} requests refused with 503 must not have been charged"
+    );
+}
