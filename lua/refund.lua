@@ -13,7 +13,7 @@
 --                   l: period µs, cost, the count the call read (its entries were
 --                      named "<now>:<count + j>", j = 1..cost)
 --
--- Returns the number of buckets given something back.
+-- Returns {the number of buckets given something back}.
 --   t: full_at moves back by the cost (GCRA consumptions commute); a bucket full
 --      by then is deleted (an absent key is a full bucket).
 --   f, c: the window's count drops by the cost, if the window is still the one the
@@ -98,4 +98,4 @@ for i = 1, n do
     return redis.error_reply('ERR floodgate: unknown algorithm for KEYS[' .. i .. ']')
   end
 end
-return changed
+return {changed}

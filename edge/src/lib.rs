@@ -4,8 +4,11 @@
 pub mod breaker;
 pub mod fallback;
 pub mod pipeline;
+pub mod proxy;
 pub mod stats;
 pub mod store;
+pub mod sync;
+pub mod timer;
 
 #[cfg(feature = "native")]
 pub mod admin;

@@ -6,11 +6,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
-use floodgate_edge::store::{BucketStore, RecordStore, StoreError, StoreErrorKind};
+use floodgate_edge::store::{BucketStore, MaybeSend, RecordStore, StoreError, StoreErrorKind};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::script::{Check, Verdict, interpret_token_bucket};
+use floodgate_shared::script::{Check, Verdict, When, interpret_token_bucket};
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC, Micros};
 
 const T0: Micros = 1_764_000_000_000_000;
@@ -22,16 +22,23 @@ struct MemStore {
     buckets: Mutex<HashMap<String, BucketState>>,
     gets: AtomicUsize,
     checks: AtomicUsize,
+    refunds: AtomicUsize,
     down: AtomicBool,
     now: Mutex<Micros>,
     writes: Mutex<Vec<Vec<String>>>,
+}
+
+/// A store that lives as long as the test process (the pipeline's background
+/// tasks may outlive a test's scope).
+fn mem() -> &'static MemStore {
+    Box::leak(Box::default())
 }
 
 impl BucketStore for &MemStore {
     async fn check(
         &self,
         checks: &[Check<'_>],
-        _now: Option<Micros>,
+        _when: impl Into<When> + MaybeSend,
     ) -> Result<Verdict, StoreError> {
         self.checks.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
@@ -54,6 +61,19 @@ impl BucketStore for &MemStore {
         let mut reply = vec![i64::from(all), now];
         reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
         Ok(interpret_token_bucket(checks, &reply).unwrap())
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+        self.refunds.fetch_add(1, Ordering::SeqCst);
+        let mut buckets = self.buckets.lock().unwrap();
+        for (c, d) in checks.iter().zip(&verdict.decisions) {
+            if d.allowed()
+                && let Some(b) = buckets.get_mut(c.key)
+            {
+                b.full_at -= c.quota.cost_window(c.cost);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -120,10 +140,10 @@ fn status(g: &Gate) -> u16 {
 
 #[tokio::test]
 async fn a_warm_request_costs_one_store_round_trip() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free");
+    let store = mem();
+    let auth = setup(store, "free");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
     let statuses: Vec<u16> = futures_statuses(&p, &auth, 4).await;
     assert_eq!(statuses, [200, 200, 200, 429]);
     assert_eq!(
@@ -138,30 +158,34 @@ async fn a_warm_request_costs_one_store_round_trip() {
     );
 }
 
-async fn futures_statuses<C: Clock>(p: &Pipeline<&MemStore, C>, auth: &str, n: usize) -> Vec<u16> {
+async fn futures_statuses<C: Clock>(
+    p: &Pipeline<&'static MemStore, C>,
+    auth: &str,
+    n: usize,
+) -> Vec<u16> {
     let mut out = vec![];
     for _ in 0..n {
-        out.push(status(&p.gate(head(auth)).await));
+        out.push(status(&p.gate(head(auth)).await.gate));
     }
     out
 }
 
 #[tokio::test]
 async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free");
+    let store = mem();
+    let auth = setup(store, "free");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
-        &store,
+        store,
         &clock,
         PipelineConfig {
             cache_ttl: MICROS_PER_SEC,
             ..PipelineConfig::default()
         },
     );
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
-    advance(&clock, &store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
+    advance(&clock, store, 30 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
         4,
@@ -173,8 +197,8 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{broken".to_vec());
-    advance(&clock, &store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    advance(&clock, store, 30 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     // the key is revoked: refused once the cache entry expires
     let key = store
         .records
@@ -191,21 +215,21 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
         .lock()
         .unwrap()
         .insert(key, rec.to_json().into_bytes());
-    assert_eq!(status(&p.gate(head(&auth)).await), 200, "still cached");
-    advance(&clock, &store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await), 401);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200, "still cached");
+    advance(&clock, store, 30 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 401);
 }
 
 #[tokio::test]
 async fn a_store_outage_is_an_explicit_per_policy_decision() {
     for (plan, expected) in [("free", 503), ("lenient", 200)] {
-        let store = MemStore::default();
-        let auth = setup(&store, plan);
+        let store = mem();
+        let auth = setup(store, plan);
         let clock = FakeClock::at(T0);
-        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        let p = Pipeline::new(store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
         store.down.store(true, Ordering::SeqCst);
-        let g = p.gate(head(&auth)).await;
+        let g = p.gate(head(&auth)).await.gate;
         assert_eq!(status(&g), expected, "plan {plan}");
         match g {
             Gate::Respond { headers, body, .. } => {
@@ -225,21 +249,21 @@ async fn a_store_outage_is_an_explicit_per_policy_decision() {
 
 #[tokio::test]
 async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
-    let store = MemStore::default();
-    let auth = setup(&store, "gold");
+    let store = mem();
+    let auth = setup(store, "gold");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 403);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 403);
     store.records.lock().unwrap().remove(CONFIG_KEY);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
     store
         .records
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{not json".to_vec());
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
 }
 
 fn retry_after(g: &Gate) -> Option<i64> {
@@ -256,14 +280,14 @@ fn retry_after(g: &Gate) -> Option<i64> {
 /// over, then asks the store again.
 #[tokio::test]
 async fn the_deny_cache_answers_locally_until_retry_after() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free"); // 3 per minute: one token every 20 s
+    let store = mem();
+    let auth = setup(store, "free"); // 3 per minute: one token every 20 s
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(futures_statuses(&p, &auth, 4).await, [200, 200, 200, 429]);
     assert_eq!(store.checks.load(Ordering::SeqCst), 4);
-    advance(&clock, &store, MICROS_PER_SEC);
-    let g = p.gate(head(&auth)).await;
+    advance(&clock, store, MICROS_PER_SEC);
+    let g = p.gate(head(&auth)).await.gate;
     assert_eq!(status(&g), 429);
     assert_eq!(retry_after(&g), Some(19));
     assert_eq!(
@@ -271,12 +295,12 @@ async fn the_deny_cache_answers_locally_until_retry_after() {
         4,
         "answered without the store"
     );
-    advance(&clock, &store, 19 * MICROS_PER_SEC - 1);
-    assert_eq!(status(&p.gate(head(&auth)).await), 429);
+    advance(&clock, store, 19 * MICROS_PER_SEC - 1);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 429);
     assert_eq!(store.checks.load(Ordering::SeqCst), 4);
-    advance(&clock, &store, 1);
+    advance(&clock, store, 1);
     assert_eq!(
-        status(&p.gate(head(&auth)).await),
+        status(&p.gate(head(&auth)).await.gate),
         200,
         "admitted exactly at the retry-after"
     );
@@ -304,16 +328,16 @@ fn the_deny_cache_changes_no_decision() {
     let saved = std::cell::Cell::new(0usize);
     proptest::test_runner::TestRunner::default()
         .run(&steps, |steps| {
-            let (a, b) = (MemStore::default(), MemStore::default());
-            let auth = setup(&a, "free");
-            setup(&b, "free");
+            let (a, b) = (mem(), mem());
+            let auth = setup(a, "free");
+            setup(b, "free");
             // same key in both stores
             let records = a.records.lock().unwrap().clone();
             *b.records.lock().unwrap() = records;
             let (ca, cb) = (FakeClock::at(T0), FakeClock::at(T0));
-            let with = Pipeline::new(&a, &ca, PipelineConfig::default());
+            let with = Pipeline::new(a, &ca, PipelineConfig::default());
             let without = Pipeline::new(
-                &b,
+                b,
                 &cb,
                 PipelineConfig {
                     deny_cache: false,
@@ -321,12 +345,12 @@ fn the_deny_cache_changes_no_decision() {
                 },
             );
             for dt in steps {
-                advance(&ca, &a, dt);
-                advance(&cb, &b, dt);
+                advance(&ca, a, dt);
+                advance(&cb, b, dt);
                 let (x, y) = rt.block_on(async {
                     (
-                        with.gate(head(&auth)).await,
-                        without.gate(head(&auth)).await,
+                        with.gate(head(&auth)).await.gate,
+                        without.gate(head(&auth)).await.gate,
                     )
                 });
                 prop_assert_eq!(status(&x), status(&y));
@@ -354,16 +378,16 @@ fn the_deny_cache_changes_no_decision() {
 #[tokio::test]
 async fn the_circuit_breaker_opens_probes_and_closes() {
     use floodgate_edge::breaker::Phase;
-    let store = MemStore::default();
-    let auth = setup(&store, "lenient"); // fail_open
+    let store = mem();
+    let auth = setup(store, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
     let before = store.checks.load(Ordering::SeqCst);
     for _ in 0..20 {
         assert_eq!(
-            status(&p.gate(head(&auth)).await),
+            status(&p.gate(head(&auth)).await.gate),
             200,
             "fail-open while degraded"
         );
@@ -377,9 +401,9 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     assert_eq!((stats.opened, stats.skipped), (1, 15));
     assert_eq!(p.breaker_phase(), Phase::Open);
     // still down at the health check: open again, without a bucket check
-    advance(&clock, &store, 1_000_001);
+    advance(&clock, store, 1_000_001);
     let gets = store.gets.load(Ordering::SeqCst);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst) - gets,
         1,
@@ -387,7 +411,7 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     );
     assert_eq!(store.checks.load(Ordering::SeqCst) - before, 5);
     assert_eq!(p.breaker_phase(), Phase::Open);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst) - gets,
         1,
@@ -395,8 +419,8 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     );
     // back up: the next health check closes the breaker, then the bucket is checked
     store.down.store(false, Ordering::SeqCst);
-    advance(&clock, &store, 1_000_001);
-    let g = p.gate(head(&auth)).await;
+    advance(&clock, store, 1_000_001);
+    let g = p.gate(head(&auth)).await.gate;
     assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6);
     assert_eq!(status(&g), 200);
     assert!(
@@ -413,11 +437,11 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
 /// unreachable (a key never seen is still refused with 503).
 #[tokio::test]
 async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
-    let store = MemStore::default();
-    let auth = setup(&store, "lenient"); // fail_open
+    let store = mem();
+    let auth = setup(store, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
-        &store,
+        store,
         &clock,
         PipelineConfig {
             cache_ttl: MICROS_PER_SEC,
@@ -425,11 +449,11 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
             ..PipelineConfig::default()
         },
     );
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
-    advance(&clock, &store, 10 * MICROS_PER_SEC);
+    advance(&clock, store, 10 * MICROS_PER_SEC);
     let gets = store.gets.load(Ordering::SeqCst);
-    let g = p.gate(head(&auth)).await;
+    let g = p.gate(head(&auth)).await.gate;
     assert!(
         store.gets.load(Ordering::SeqCst) > gets,
         "the expired record was looked up again"
@@ -439,7 +463,7 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
         "{g:?}"
     );
     let stranger = format!("Bearer {}", new_secret(&[9u8; 42]).1);
-    assert_eq!(status(&p.gate(head(&stranger)).await), 503);
+    assert_eq!(status(&p.gate(head(&stranger)).await.gate), 503);
 }
 
 fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
@@ -457,15 +481,15 @@ fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
 #[tokio::test]
 async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
     for plan in ["fallback", "mixed"] {
-        let store = MemStore::default();
-        let auth = setup(&store, plan);
+        let store = mem();
+        let auth = setup(store, plan);
         let clock = FakeClock::at(T0);
-        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        let p = Pipeline::new(store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
         store.down.store(true, Ordering::SeqCst);
         let mut statuses = vec![];
         for _ in 0..4 {
-            let g = p.gate(head(&auth)).await;
+            let g = p.gate(head(&auth)).await.gate;
             assert_eq!(
                 header(&g, "X-RateLimit-Degraded"),
                 Some("local-fallback"),
@@ -478,15 +502,15 @@ async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
             }
         }
         assert_eq!(statuses, [200, 200, 429, 429], "{plan}");
-        advance(&clock, &store, 30 * MICROS_PER_SEC - 1);
-        assert_eq!(status(&p.gate(head(&auth)).await), 429);
-        advance(&clock, &store, 1);
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
-        assert_eq!(status(&p.gate(head(&auth)).await), 429);
+        advance(&clock, store, 30 * MICROS_PER_SEC - 1);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 429);
+        advance(&clock, store, 1);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 429);
         // back up: Redis decides again (its bucket saw only the first request)
         store.down.store(false, Ordering::SeqCst);
-        advance(&clock, &store, 2 * MICROS_PER_SEC);
-        let g = p.gate(head(&auth)).await;
+        advance(&clock, store, 2 * MICROS_PER_SEC);
+        let g = p.gate(head(&auth)).await.gate;
         assert_eq!(status(&g), 200);
         assert_eq!(header(&g, "X-RateLimit-Degraded"), None);
     }
@@ -494,17 +518,17 @@ async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
 
 #[tokio::test]
 async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free");
+    let store = mem();
+    let auth = setup(store, "free");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
     store.down.store(true, Ordering::SeqCst);
     // cold: the key cannot be verified at all
-    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
     store.down.store(false, Ordering::SeqCst);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
-    let g = p.gate(head(&auth)).await;
+    let g = p.gate(head(&auth)).await.gate;
     assert_eq!(status(&g), 503);
     assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-closed"));
     use floodgate_edge::pipeline::strictest;
@@ -524,16 +548,16 @@ async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
 /// and open time land in the per-minute hash, and the health view adds them up.
 #[tokio::test]
 async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
-    let store = MemStore::default();
-    let auth = setup(&store, "lenient"); // fail_open
+    let store = mem();
+    let auth = setup(store, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     p.flush_stats(0).await.unwrap();
     store.writes.lock().unwrap().clear();
     store.down.store(true, Ordering::SeqCst);
     for _ in 0..8 {
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     }
     let h = p.health();
     assert_eq!(h.breaker, floodgate_edge::breaker::Phase::Open);
@@ -543,14 +567,14 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(json["breaker"], "open");
     assert_eq!(json["degraded_requests"]["fail_open"], 8);
     // counters wait while the breaker is open, then go out once it closes
-    advance(&clock, &store, 2_500_000);
+    advance(&clock, store, 2_500_000);
     p.flush_stats(0).await.unwrap();
     assert!(
         store.writes.lock().unwrap().is_empty(),
         "nothing written while open"
     );
     store.down.store(false, Ordering::SeqCst);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     p.flush_stats(0).await.unwrap();
     let writes = store.writes.lock().unwrap().clone();
     let sum = |field: &str| -> u64 {

@@ -310,6 +310,20 @@ pub enum FailureMode {
 
 impl FailureMode {
     /// The name used in JSON and in the per-minute counters (`mode|<name>`).
+    /// The mode applied when several policies match: fail_closed over
+    /// local_fallback over fail_open (fail_open when none match).
+    pub fn strictest(modes: impl IntoIterator<Item = FailureMode>) -> FailureMode {
+        let rank = |m: &FailureMode| match m {
+            FailureMode::FailOpen => 0,
+            FailureMode::LocalFallback => 1,
+            FailureMode::FailClosed => 2,
+        };
+        modes
+            .into_iter()
+            .max_by_key(rank)
+            .unwrap_or(FailureMode::FailOpen)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             FailureMode::FailOpen => "fail_open",

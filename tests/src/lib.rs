@@ -414,6 +414,30 @@ pub async fn serve(
     (url, stop)
 }
 
+/// Serves a native edge host in-process on a free loopback port until the returned
+/// guard is dropped. Returns the base URL.
+pub async fn serve_native(
+    pipeline: floodgate_edge::pipeline::Pipeline<
+        floodgate_edge::native_host::NativeStore,
+        floodgate_shared::time::SystemClock,
+    >,
+    config: floodgate_edge::native_host::HostConfig,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let host = floodgate_edge::native_host::Host::new(pipeline, config).expect("a valid host");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = floodgate_edge::native_host::serve(listener, host, async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    (url, stop)
+}
+
 /// serve.mjs and its workerd: stopped by closing stdin, then waited for briefly.
 struct WorkerProcess(Option<tokio::process::Child>);
 
@@ -454,7 +478,9 @@ pub struct EdgeInstance {
 #[derive(Debug, Clone)]
 pub struct EdgeOptions {
     pub cache_ttl_ms: i64,
-    /// The store deadline (`--deadline-ms` / `DEADLINE_MS`); the host's default when `None`.
+    /// The store deadline (`--deadline-ms` / `DEADLINE_MS`); the host's default when
+    /// `None`. Tests that are not about deadlines use 2 s, so a busy machine never
+    /// turns a slow answer into a failure mode.
     pub deadline_ms: Option<u64>,
     /// How long the upstream may take to answer (`UPSTREAM_TIMEOUT_MS` in the Worker).
     pub upstream_timeout_ms: u64,
@@ -464,7 +490,7 @@ impl Default for EdgeOptions {
     fn default() -> Self {
         Self {
             cache_ttl_ms: 5_000,
-            deadline_ms: None,
+            deadline_ms: Some(2_000),
             upstream_timeout_ms: 30_000,
         }
     }
@@ -480,7 +506,6 @@ pub async fn start_edge(
 ) -> EdgeInstance {
     let options = EdgeOptions {
         cache_ttl_ms,
-        deadline_ms: Some(2_000).filter(|_| kind == EdgeKind::Native),
         ..EdgeOptions::default()
     };
     start_edge_with(kind, redis, upstream, &options).await
@@ -493,18 +518,23 @@ pub async fn start_edge_with(
     upstream: &str,
     options: &EdgeOptions,
 ) -> EdgeInstance {
-    use floodgate_edge::native_host::{self, HostConfig, NativeStore};
-    use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+    use floodgate_edge::native_host::{HostConfig, NativeStore};
+    use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
     match kind {
         EdgeKind::Native => {
-            let deadline = options
-                .deadline_ms
-                .map_or(floodgate_edge::store::resp::DEFAULT_DEADLINE, Duration::from_millis);
-            let store = floodgate_edge::store::resp::RespStore::connect(&redis.url(), deadline)
-                .await
-                .expect("connect to redis");
+            let deadline = options.deadline_ms.map_or(
+                Duration::from_micros(floodgate_edge::pipeline::DEFAULT_DEADLINE as u64),
+                Duration::from_millis,
+            );
+            let store = floodgate_edge::store::resp::RespStore::connect(
+                &redis.url(),
+                store_deadline(deadline),
+            )
+            .await
+            .expect("connect to redis");
             let settings = PipelineConfig {
                 cache_ttl: options.cache_ttl_ms * 1000,
+                deadline: deadline.as_micros() as i64,
                 ..PipelineConfig::default()
             };
             let pipeline = Pipeline::new(
@@ -513,8 +543,8 @@ pub async fn start_edge_with(
                 settings,
             );
             let mut host = HostConfig::new(upstream);
-            host.upstream_timeout = Duration::from_millis(options.upstream_timeout_ms);
-            let (url, stop) = serve(native_host::router(pipeline, host)).await;
+            host.rules.timeouts.upstream = Duration::from_millis(options.upstream_timeout_ms);
+            let (url, stop) = serve_native(pipeline, host).await;
             EdgeInstance {
                 url,
                 _guards: vec![Box::new(stop)],
@@ -564,7 +594,10 @@ pub async fn start_worker(
         .env("UPSTASH_REDIS_REST_URL", rest_url)
         .env("UPSTASH_REDIS_REST_TOKEN", token)
         .env("CACHE_TTL_MS", options.cache_ttl_ms.to_string())
-        .env("UPSTREAM_TIMEOUT_MS", options.upstream_timeout_ms.to_string())
+        .env(
+            "UPSTREAM_TIMEOUT_MS",
+            options.upstream_timeout_ms.to_string(),
+        )
         .env("STOP_ON_STDIN_EOF", "1");
     if let Some(ms) = options.deadline_ms {
         command.env("DEADLINE_MS", ms.to_string());
@@ -587,6 +620,17 @@ pub async fn start_worker(
         "serve.mjs said {ready:?}; see {}",
         log.display()
     );
+    // the Worker's console (breaker transitions) goes to stdout: keep reading it,
+    // or node dies of EPIPE at the first line
+    let console = log.with_extension("console.log");
+    tokio::spawn(async move {
+        let mut out = String::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            out.push_str(&line);
+            out.push('\n');
+            let _ = std::fs::write(&console, &out);
+        }
+    });
     // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
     WorkerInstance {
         url: format!("http://127.0.0.1:{port}"),

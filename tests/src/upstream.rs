@@ -49,8 +49,8 @@ impl RawUpstream {
                 };
                 let counts = counts.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(60), serve(socket, counts))
-                        .await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(60), serve(socket, counts)).await;
                 });
             }
         });
@@ -99,7 +99,8 @@ async fn serve(socket: TcpStream, seen: Arc<Mutex<HashMap<String, u64>>>) {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.clone())
     };
-    let chunked = get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let chunked =
+        get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
     let (framing, body_len) = if chunked {
         ("chunked", read_chunked(&mut reader).await)
     } else if let Some(n) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {

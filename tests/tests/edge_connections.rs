@@ -74,7 +74,12 @@ fn start_edge(redis: &RedisServer, upstream: &str, extra: &str) -> Edge {
     Edge { child, port }
 }
 
-async fn setup() -> (RedisServer, String, String, tokio::sync::oneshot::Sender<()>) {
+async fn setup() -> (
+    RedisServer,
+    String,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let redis = RedisServer::start();
     let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
         .await

@@ -240,7 +240,7 @@ async fn missing_unknown_and_revoked_keys_get_401_json(kind: EdgeKind) {
     for bad in [
         unknown,
         "Bearer nope".into(),
-        format!("Bearer {}", "x".repeat(64 * 1024)),
+        format!("Bearer {}", "x".repeat(4 * 1024)),
         "Basic Zm9vOmJhcg==".into(),
     ] {
         let r = get(Some(bad.clone())).await.unwrap();
@@ -253,6 +253,13 @@ async fn missing_unknown_and_revoked_keys_get_401_json(kind: EdgeKind) {
         let v: serde_json::Value = r.json().await.unwrap();
         assert_eq!(v["error"], "Invalid API key");
     }
+    // beyond the header limit (32 KiB by default) the head itself is refused
+    let r = get(Some(format!("Bearer {}", "x".repeat(64 * 1024))))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "Request headers too large");
     assert_eq!(
         get(Some(format!("Bearer {}", s.secret)))
             .await
@@ -396,45 +403,4 @@ async fn an_unreachable_upstream_is_a_502_json(kind: EdgeKind) {
     assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"], "Upstream unavailable");
-}
-
-/// An upstream that accepts and never answers: the native host gives up at its
-/// upstream timeout with a 504 JSON.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hanging_upstream_is_a_504_json_on_the_native_host() {
-    use floodgate_edge::native_host::{self, HostConfig, NativeStore};
-    use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
-    let s = stack(EdgeKind::Native, 5_000).await;
-    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hang_url = format!("http://{}", hang.local_addr().unwrap());
-    tokio::spawn(async move {
-        let mut held = vec![];
-        while let Ok((sock, _)) = hang.accept().await {
-            held.push(sock); // never read, never answer
-        }
-    });
-    let store = RespStore::connect(&s.redis.url(), Duration::from_secs(2))
-        .await
-        .unwrap();
-    let pipeline = Pipeline::new(
-        NativeStore::Resp(store),
-        floodgate_shared::time::SystemClock,
-        PipelineConfig::default(),
-    );
-    let mut host = HostConfig::new(hang_url);
-    host.upstream_timeout = Duration::from_millis(300);
-    let (edge, _stop) = serve(native_host::router(pipeline, host)).await;
-    let started = std::time::Instant::now();
-    let r = client()
-        .get(format!("{edge}/v1/items"))
-        .bearer_auth(&s.secret)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(
-        r.json::<serde_json::Value>().await.unwrap()["error"],
-        "Upstream timed out"
-    );
-    assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -19,12 +19,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use floodgate_shared::Micros;
-use floodgate_shared::script::{Check, IN_FLIGHT, LuaScript, Verdict, interpret, script_call};
+use floodgate_shared::script::{
+    Check, IN_FLIGHT, LuaScript, REFUND, Verdict, When, refund_call, script_call,
+};
 use floodgate_shared::slot::{SLOTS, common_slot, key_slot};
 
 use super::resp::RespStore;
 use super::resp::wire::Reply;
-use super::{BucketStore, RecordStore, StoreError, StoreErrorKind};
+use super::{BucketStore, MaybeSend, RecordStore, StoreError, StoreErrorKind};
 
 /// Tries per call: the first, plus redirections / waits (an `ASK` and the call to
 /// its target count as one). The waits for `TRYAGAIN` double from 2 ms: at most
@@ -392,12 +394,19 @@ impl BucketStore for ClusterStore {
     async fn check(
         &self,
         checks: &[Check<'_>],
-        now: Option<Micros>,
+        when: impl Into<When> + MaybeSend,
     ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
+        let (script, args) = script_call(checks, when)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
         let reply = self.eval_script(script, &keys, &args).await?;
-        Ok(interpret(checks, &reply)?)
+        super::verdict(checks, &reply)
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+        match refund_call(checks, verdict) {
+            Some((keys, args)) => self.eval_script(&REFUND, &keys, &args).await.map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     async fn acquire_slot(
@@ -406,8 +415,9 @@ impl BucketStore for ClusterStore {
         id: &str,
         limit: u32,
         ttl_ms: u64,
+        until: Option<Micros>,
     ) -> Result<bool, StoreError> {
-        let args = [id.to_string(), limit.to_string(), ttl_ms.to_string()];
+        let args = super::slot_args(id, limit, ttl_ms, until);
         super::slot_taken(&self.eval_script(&IN_FLIGHT, &[key], &args).await?)
     }
 

@@ -21,10 +21,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use floodgate_shared::Micros;
-use floodgate_shared::script::{Check, LuaScript, Verdict, interpret, script_call};
+use floodgate_shared::script::{
+    Check, IN_FLIGHT, LuaScript, REFUND, Verdict, When, refund_call, script_call,
+};
 use serde_json::Value;
 
-use super::{BucketStore, StoreError, StoreErrorKind};
+use super::{BucketStore, MaybeSend, StoreError, StoreErrorKind};
 
 /// A value in a REST reply, strings already decoded from base64.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -464,18 +466,18 @@ impl super::RecordStore for RestStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.command(&["GET", key]).await {
-            Ok(RestValue::Bytes(b)) => Ok(Some(b)),
-            Ok(RestValue::Null) => Ok(None),
-            Ok(other) => Err(err(
-                StoreErrorKind::Protocol,
-                format!("unexpected GET reply {other:?}"),
-            )),
-            Err(e) if e.kind == StoreErrorKind::Redis && e.message.starts_with("WRONGTYPE") => {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        get_value(self.command(&["GET", key]).await)
+    }
+
+    /// One `/pipeline` of `GET`s: one HTTP round trip for a cold cache.
+    async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let commands: Vec<[&str; 2]> = keys.iter().map(|k| ["GET", k]).collect();
+        let refs: Vec<&[&str]> = commands.iter().map(|c| c.as_slice()).collect();
+        self.pipeline(&refs)
+            .await?
+            .into_iter()
+            .map(|o| get_value(o.map_err(|e| err(StoreErrorKind::Redis, e))))
+            .collect()
     }
 }
 
@@ -483,12 +485,19 @@ impl BucketStore for RestStore {
     async fn check(
         &self,
         checks: &[Check<'_>],
-        now: Option<Micros>,
+        when: impl Into<When> + MaybeSend,
     ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
+        let (script, args) = script_call(checks, when)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
         let reply = self.eval_batched(script, &keys, args).await?;
-        Ok(interpret(checks, &reply)?)
+        super::verdict(checks, &reply)
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+        match refund_call(checks, verdict) {
+            Some((keys, args)) => self.eval_batched(&REFUND, &keys, args).await.map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     async fn acquire_slot(
@@ -497,32 +506,28 @@ impl BucketStore for RestStore {
         id: &str,
         limit: u32,
         ttl_ms: u64,
+        until: Option<Micros>,
     ) -> Result<bool, StoreError> {
-        let (limit, ttl) = (limit.to_string(), ttl_ms.to_string());
-        let script = floodgate_shared::script::IN_FLIGHT.source;
-        match self
-            .command(&["EVAL", script, "1", key, id, &limit, &ttl])
-            .await?
-        {
-            RestValue::Array(items) => {
-                let ints: Vec<i64> = items
-                    .iter()
-                    .filter_map(|v| match v {
-                        RestValue::Int(i) => Some(*i),
-                        _ => None,
-                    })
-                    .collect();
-                super::slot_taken(&ints)
-            }
-            other => Err(err(
-                StoreErrorKind::Protocol,
-                format!("unexpected in-flight reply {other:?}"),
-            )),
-        }
+        let args = super::slot_args(id, limit, ttl_ms, until);
+        super::slot_taken(&self.eval_batched(&IN_FLIGHT, &[key], args).await?)
     }
 
     async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
         self.command(&["ZREM", key, id]).await.map(|_| ())
+    }
+}
+
+/// A `GET` reply: the value, `None` when absent or not a string (`WRONGTYPE`).
+fn get_value(reply: Result<RestValue, StoreError>) -> Result<Option<Vec<u8>>, StoreError> {
+    match reply {
+        Ok(RestValue::Bytes(b)) => Ok(Some(b)),
+        Ok(RestValue::Null) => Ok(None),
+        Ok(other) => Err(err(
+            StoreErrorKind::Protocol,
+            format!("unexpected GET reply {other:?}"),
+        )),
+        Err(e) if e.kind == StoreErrorKind::Redis && e.message.starts_with("WRONGTYPE") => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

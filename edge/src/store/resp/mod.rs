@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use floodgate_shared::Micros;
 use floodgate_shared::script::{
-    Check, IN_FLIGHT, LuaScript, TOKEN_BUCKET, Verdict, interpret, script_call,
+    Check, IN_FLIGHT, LuaScript, REFUND, TOKEN_BUCKET, Verdict, When, refund_call, script_call,
 };
 use redis::{ConnectionAddr, IntoConnectionInfo};
 
 use self::pipe::Pipe;
 use self::wire::{Reply, encode};
-use super::{BucketStore, StoreError, StoreErrorKind};
+use super::{BucketStore, MaybeSend, StoreError, StoreErrorKind};
 
 /// The default per-call deadline, reconnection included: inside the 5 ms budget
 /// with room for the rest of the request. A healthy store on loopback answers the
@@ -449,12 +449,19 @@ impl BucketStore for RespStore {
     async fn check(
         &self,
         checks: &[Check<'_>],
-        now: Option<Micros>,
+        when: impl Into<When> + MaybeSend,
     ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
+        let (script, args) = script_call(checks, when)?;
         let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
         let reply = self.eval_script(script, &keys, &args).await?;
-        Ok(interpret(checks, &reply)?)
+        super::verdict(checks, &reply)
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+        match refund_call(checks, verdict) {
+            Some((keys, args)) => self.eval_script(&REFUND, &keys, &args).await.map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     async fn acquire_slot(
@@ -463,8 +470,9 @@ impl BucketStore for RespStore {
         id: &str,
         limit: u32,
         ttl_ms: u64,
+        until: Option<Micros>,
     ) -> Result<bool, StoreError> {
-        let args = [id.to_string(), limit.to_string(), ttl_ms.to_string()];
+        let args = super::slot_args(id, limit, ttl_ms, until);
         super::slot_taken(&self.eval_script(&IN_FLIGHT, &[key], &args).await?)
     }
 
