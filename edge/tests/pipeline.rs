@@ -24,6 +24,10 @@ struct MemStore {
     checks: AtomicUsize,
     refunds: AtomicUsize,
     down: AtomicBool,
+    /// How long a bucket check takes before it decides (a slow Redis).
+    slow: Mutex<Option<std::time::Duration>>,
+    /// In-flight slots held per set.
+    slots: Mutex<HashMap<String, u32>>,
     now: Mutex<Micros>,
     writes: Mutex<Vec<Vec<String>>>,
 }
@@ -44,6 +48,10 @@ impl BucketStore for &MemStore {
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::new(StoreErrorKind::Connect, "down"));
         }
+        let slow = *self.slow.lock().unwrap();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
         let now = *self.now.lock().unwrap();
         let mut buckets = self.buckets.lock().unwrap();
         let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
@@ -61,6 +69,30 @@ impl BucketStore for &MemStore {
         let mut reply = vec![i64::from(all), now];
         reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
         Ok(interpret_token_bucket(checks, &reply).unwrap())
+    }
+
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        _id: &str,
+        limit: u32,
+        _ttl_ms: u64,
+        _until: Option<Micros>,
+    ) -> Result<bool, StoreError> {
+        let mut slots = self.slots.lock().unwrap();
+        let held = slots.entry(key.to_string()).or_default();
+        if *held >= limit {
+            return Ok(false);
+        }
+        *held += 1;
+        Ok(true)
+    }
+
+    async fn release_slot(&self, key: &str, _id: &str) -> Result<(), StoreError> {
+        if let Some(held) = self.slots.lock().unwrap().get_mut(key) {
+            *held = held.saturating_sub(1);
+        }
+        Ok(())
     }
 
     async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
@@ -95,8 +127,9 @@ impl RecordStore for &MemStore {
 const CONFIG: &str = r#"{"policies":[
   {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
   {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"},
-  {"name":"local","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"local_fallback","local_share_percent":20}],
-  "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"]}}"#;
+  {"name":"local","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"local_fallback","local_share_percent":20},
+  {"name":"one_at_a_time","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed","max_in_flight":1}],
+  "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"],"single":["one_at_a_time"]}}"#;
 
 fn setup(store: &MemStore, plan: &str) -> String {
     let (id, secret) = new_secret(&[7u8; 42]);
@@ -591,4 +624,142 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     let open_ms = sum("breaker|open_ms");
     assert!((2_500..=2_600).contains(&open_ms), "open_ms {open_ms}");
     assert_eq!(sum("mode|fail_closed"), 0);
+}
+
+/// Runs what the pipeline left for after the answer (the hosts spawn it).
+async fn settle(d: floodgate_edge::pipeline::Decided) -> Gate {
+    for task in d.background {
+        task.await;
+    }
+    d.gate
+}
+
+/// A bucket check that misses its deadline is answered with the failure mode at
+/// once; when it admits in the store later anyway, the request it admitted was
+/// refused (503), so the tokens go back. A fail-open answer refunds nothing (the
+/// request was served; its late call is simply dropped).
+#[tokio::test]
+async fn a_late_admission_of_a_refused_request_is_refunded() {
+    for (plan, refused) in [("free", true), ("lenient", false)] {
+        let store = mem();
+        let auth = setup(store, plan);
+        let clock = FakeClock::at(T0);
+        let p = Pipeline::new(
+            store,
+            &clock,
+            PipelineConfig {
+                deadline: 5_000, // 5 ms
+                ..PipelineConfig::default()
+            },
+        );
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+        *store.slow.lock().unwrap() = Some(std::time::Duration::from_millis(60));
+        let d = p.gate(head(&auth)).await;
+        assert_eq!(d.background.is_empty(), !refused, "{plan}");
+        let g = settle(d).await;
+        assert_eq!(status(&g), if refused { 503 } else { 200 }, "{plan}");
+        assert_eq!(
+            store.refunds.load(Ordering::SeqCst),
+            usize::from(refused),
+            "{plan}"
+        );
+        *store.slow.lock().unwrap() = None;
+        // Redis decides again: the refunded request left no trace (3 per minute,
+        // one taken before, one now)
+        let g = settle(p.gate(head(&auth)).await).await;
+        if refused {
+            assert_eq!(header(&g, "X-RateLimit-Remaining"), Some("1"), "{plan}");
+        }
+        assert_eq!(p.health().late_calls, 1);
+        assert_eq!(p.health().refunds, u64::from(refused));
+    }
+}
+
+/// A request admitted by its rate limit but refused by its in-flight limit gets
+/// its tokens back.
+#[tokio::test]
+async fn a_request_refused_for_its_in_flight_limit_costs_no_tokens() {
+    let store = mem();
+    let auth = setup(store, "single"); // 3 per minute, one in flight at a time
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    let first = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(header(&first, "X-RateLimit-Remaining"), Some("2"));
+    let Gate::Forward { slots, .. } = &first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(slots.len(), 1);
+    for _ in 0..5 {
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 429);
+        assert!(matches!(&g, Gate::Respond { body, .. } if body.contains("in flight")));
+    }
+    assert_eq!(store.refunds.load(Ordering::SeqCst), 5);
+    p.release(slots).await;
+    let g = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(
+        header(&g, "X-RateLimit-Remaining"),
+        Some("1"),
+        "five refused requests took nothing"
+    );
+}
+
+/// Keys that do not exist cost one lookup each until their address's budget is
+/// spent; then they are refused without a lookup, while known keys keep working.
+/// A key found unknown is remembered as such.
+#[tokio::test]
+async fn unknown_keys_spend_their_address_budget_then_cost_no_lookups() {
+    let store = mem();
+    let auth = setup(store, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        store,
+        &clock,
+        PipelineConfig {
+            unknown_keys_per_ip_per_min: 5,
+            ..PipelineConfig::default()
+        },
+    );
+    fn from<'a>(auth: &'a str, ip: &str) -> RequestHead<'a> {
+        RequestHead {
+            path: "/v1/x",
+            credentials: Some(auth.as_bytes()),
+            client_ip: Some(ip.parse().unwrap()),
+        }
+    }
+    let owned: Vec<String> = (0..20u8)
+        .map(|i| format!("Bearer {}", new_secret(&[i + 100; 42]).1))
+        .collect();
+    assert_eq!(
+        status(&settle(p.gate(from(&auth, "203.0.113.1")).await).await),
+        200
+    );
+    let gets = store.gets.load(Ordering::SeqCst);
+    let mut statuses = vec![];
+    for a in &owned {
+        statuses.push(status(&settle(p.gate(from(a, "203.0.113.1")).await).await));
+    }
+    assert_eq!(&statuses[..5], [401; 5]);
+    assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        5,
+        "five lookups, then none"
+    );
+    // a known unknown key is answered from memory; another address has its own budget
+    assert_eq!(
+        status(&settle(p.gate(from(&owned[0], "203.0.113.1")).await).await),
+        401
+    );
+    assert_eq!(
+        status(&settle(p.gate(from(&owned[10], "203.0.113.2")).await).await),
+        401
+    );
+    assert_eq!(store.gets.load(Ordering::SeqCst) - gets, 6);
+    assert_eq!(
+        status(&settle(p.gate(from(&auth, "203.0.113.1")).await).await),
+        200
+    );
+    let h = p.health();
+    assert_eq!((h.unknown_key_lookups, h.unknown_key_refused), (6, 15));
 }

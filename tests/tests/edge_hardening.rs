@@ -392,3 +392,172 @@ async fn requests_refused_while_redis_stalled_cost_no_quota(kind: EdgeKind) {
         "{refused} requests refused with 503 must not have been charged"
     );
 }
+
+on_both_hosts!(
+    a_stalled_redis_costs_a_request_at_most_the_store_deadline,
+    an_unverifiable_key_gets_the_failure_mode_of_every_policy_it_could_match,
+);
+
+/// GET /__floodgate/health as JSON.
+async fn health(c: &reqwest::Client, edge: &str) -> serde_json::Value {
+    c.get(format!("{edge}{}", floodgate_edge::proxy::HEALTH_PATH))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn a_stalled_redis_costs_a_request_at_most_the_store_deadline(kind: EdgeKind) {
+    // the hosts' own default deadlines (3 ms natively, 50 ms in the Worker)
+    let options = EdgeOptions {
+        deadline_ms: None,
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let c = client();
+    let get = || {
+        c.get(format!("{}/thing", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+    };
+    // warm: key and configuration cached (a busy machine may need a retry)
+    let mut warm = false;
+    for _ in 0..20 {
+        if get().await.unwrap().status() == StatusCode::OK {
+            warm = true;
+            break;
+        }
+    }
+    assert!(warm, "the edge answers while Redis is up");
+    s.redis.signal("STOP");
+    let mut slowest = Duration::ZERO;
+    let mut statuses = vec![];
+    for _ in 0..20 {
+        let started = Instant::now();
+        let r = get().await.unwrap();
+        slowest = slowest.max(started.elapsed());
+        statuses.push(r.status().as_u16());
+        assert_eq!(
+            header(&r, "x-ratelimit-degraded").as_deref(),
+            Some("fail-closed")
+        );
+    }
+    let h = health(&c, &s.edge).await;
+    s.redis.signal("CONT");
+    assert!(statuses.iter().all(|s| *s == 503), "{statuses:?}");
+    assert!(
+        slowest < Duration::from_millis(400),
+        "a request waited {slowest:?} for a stopped Redis"
+    );
+    assert_eq!(h["breaker"], "open", "{h}");
+    assert_eq!(h["degraded_requests"]["fail_closed"], 20, "{h}");
+}
+
+/// All-fail-open policies (per key and per route).
+const OPEN_CONFIG: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100, "refill": 1, "period": "1h"}, "failure_mode": "fail_open"}
+  ],
+  "plans": {"free": ["default"]}
+}"#;
+
+async fn an_unverifiable_key_gets_the_failure_mode_of_every_policy_it_could_match(kind: EdgeKind) {
+    let options = EdgeOptions {
+        deadline_ms: Some(100),
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let admin_store = RespStore::connect(&s.redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&admin_store, OPEN_CONFIG).await.unwrap();
+    let (_, second) = admin::create_key(&admin_store, "tests", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let c = client();
+    // the configuration and the first key are cached; the second key never was
+    let r = c
+        .get(format!("{}/warm", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    s.redis.signal("STOP");
+    let r = c
+        .get(format!("{}/echo", s.edge))
+        .bearer_auth(&second)
+        .header("X-Floodgate-Key-Id", "spoofed")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let degraded = header(&r, "x-ratelimit-degraded");
+    let echo = Echo(r.json().await.unwrap());
+    let h = health(&c, &s.edge).await;
+    s.redis.signal("CONT");
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "every policy it could match fails open"
+    );
+    assert_eq!(degraded.as_deref(), Some("fail-open"));
+    assert!(
+        echo.header("x-floodgate-key-id").is_empty(),
+        "an unverified caller reaches the upstream with no identity: {:?}",
+        echo.names()
+    );
+    assert_eq!(h["degraded_requests"]["fail_open"], 1, "{h}");
+}
+
+/// A Worker isolate that starts while Redis is stopped answers every request
+/// with its failure mode at once, marked, and its health says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_worker_during_an_outage_marks_and_counts_what_it_answers() {
+    let redis = RedisServer::start();
+    let admin_store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&admin_store, CONFIG).await.unwrap();
+    let (_, secret) = admin::create_key(&admin_store, "tests", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let upstream = RawUpstream::start().await;
+    let endpoint = floodgate_tests::Endpoint::start(&redis, "t0ken").await;
+    redis.signal("STOP");
+    let worker = floodgate_tests::start_worker(
+        &endpoint.url,
+        "t0ken",
+        &upstream.url,
+        &EdgeOptions {
+            deadline_ms: None,
+            ..EdgeOptions::default()
+        },
+    )
+    .await;
+    let c = client();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = Instant::now();
+        let r = c
+            .get(format!("{}/thing", worker.url))
+            .bearer_auth(&secret)
+            .send()
+            .await
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            header(&r, "x-ratelimit-degraded").as_deref(),
+            Some("fail-closed")
+        );
+    }
+    let h = health(&c, &worker.url).await;
+    redis.signal("CONT");
+    assert!(slowest < Duration::from_millis(400), "waited {slowest:?}");
+    assert_eq!(h["breaker"], "open", "{h}");
+    assert_eq!(h["degraded_requests"]["fail_closed"], 10, "{h}");
+    assert_eq!(upstream.total(), 0);
+}
