@@ -6,6 +6,7 @@
 //! - `/status/<code>`: that status with no body (`204`, `304`, ...).
 //! - `/truncate`: `Content-Length: 100000`, 1,000 bytes, then a reset.
 //! - `/hang`: reads the request and never answers (the socket is held for 60 s).
+//! - `/slow`: `Content-Length: 10`, 5 bytes at once, the other 5 a second later.
 //! - anything else: 200 with a JSON echo of the request: method, target, every
 //!   header line as `[name, value]` in arrival order, the body's framing
 //!   (`content-length`, `chunked` or `none`) and its length. A HEAD gets the
@@ -125,6 +126,16 @@ async fn serve(socket: TcpStream, seen: Arc<Mutex<HashMap<String, u64>>>) {
         #[allow(deprecated)]
         let _ = socket.set_linger(Some(Duration::ZERO));
         drop(socket);
+        return;
+    }
+    if path == "/slow" {
+        let _ = socket
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nfirst")
+            .await;
+        let _ = socket.flush().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = socket.write_all(b"later").await;
+        let _ = socket.shutdown().await;
         return;
     }
     if let Some(code) = path.strip_prefix("/status/") {

@@ -561,3 +561,153 @@ async fn a_fresh_worker_during_an_outage_marks_and_counts_what_it_answers() {
     assert_eq!(h["degraded_requests"]["fail_closed"], 10, "{h}");
     assert_eq!(upstream.total(), 0);
 }
+
+on_both_hosts!(every_limit_is_a_clear_json_refusal_that_reaches_no_upstream);
+
+async fn every_limit_is_a_clear_json_refusal_that_reaches_no_upstream(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    let expect = |status: u16, error: &'static str| {
+        move |r: reqwest::Response| async move {
+            assert_eq!(r.status().as_u16(), status, "{error}");
+            assert_eq!(
+                header(&r, "content-type").as_deref(),
+                Some("application/json")
+            );
+            let v: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(v["error"], error);
+        }
+    };
+    let long = "a".repeat(floodgate_shared::routes::MAX_PATH_LEN + 1);
+    let r = c
+        .get(format!("{}/{long}", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    expect(414, "Request URI too long")(r).await;
+    let r = c
+        .get(format!("{}/q?{long}", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    expect(414, "Request URI too long")(r).await;
+    let mut many = reqwest::header::HeaderMap::new();
+    for i in 0..120 {
+        many.insert(
+            reqwest::header::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(),
+            "v".parse().unwrap(),
+        );
+    }
+    let r = c
+        .get(format!("{}/many", s.edge))
+        .bearer_auth(&s.secret)
+        .headers(many)
+        .send()
+        .await
+        .unwrap();
+    expect(431, "Request headers too large")(r).await;
+    let r = c
+        .post(format!("{}/big", s.edge))
+        .bearer_auth(&s.secret)
+        .body(vec![b'x'; 10 * 1024 * 1024 + 1])
+        .send()
+        .await
+        .unwrap();
+    expect(413, "Request body too large")(r).await;
+    assert_eq!(
+        s.upstream.total(),
+        0,
+        "no refused request reached the upstream"
+    );
+    // none of them cost quota
+    let r = c
+        .get(format!("{}/ok", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(remaining(&r), 99);
+}
+
+/// A streamed (chunked) body that grows past the limit is refused with 413 once
+/// it does, on the native host (the Worker's platform bounds bodies itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_past_the_limit_is_a_413() {
+    let s = stack(EdgeKind::Native).await;
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..11).map(|_| Ok(vec![b'x'; 1024 * 1024])).collect();
+    let r = client()
+        .post(format!("{}/stream", s.edge))
+        .bearer_auth(&s.secret)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "Request body too large");
+}
+
+on_both_hosts!(an_in_flight_slot_is_held_until_the_response_body_is_out);
+
+/// One request in flight per key.
+const ONE_IN_FLIGHT: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100, "refill": 1, "period": "1h"}, "failure_mode": "fail_closed", "max_in_flight": 1}
+  ],
+  "plans": {"free": ["default"]}
+}"#;
+
+async fn an_in_flight_slot_is_held_until_the_response_body_is_out(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let admin_store = RespStore::connect(&s.redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&admin_store, ONE_IN_FLIGHT)
+        .await
+        .unwrap();
+    let c = client();
+    // the head arrives at once, the body a second later
+    let first = c
+        .get(format!("{}/slow", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = c
+        .get(format!("{}/other", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        second.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the first response's body is still streaming: its slot is held"
+    );
+    assert_eq!(first.bytes().await.unwrap().as_ref(), b"firstlater");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = c
+            .get(format!("{}/third", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::OK {
+            // two admitted (of 100), the refused one refunded
+            assert_eq!(remaining(&r), 98);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot comes back once the body is out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
