@@ -19,6 +19,11 @@ use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_shared::time::SystemClock;
 
+/// mimalloc: the proxy allocates per request (hyper's buffers, headers, the
+/// pipeline's keys); glibc's malloc was ~10 % of the host's CPU at saturation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Floodgate's edge, natively: authenticates API keys, enforces the rate limits
 /// stored in Redis, and proxies admitted requests to one upstream.
 #[derive(Parser, Debug)]
@@ -111,6 +116,10 @@ struct Args {
     /// Most header lines in one request (then 431).
     #[arg(long, env = "FLOODGATE_MAX_HEADERS", default_value_t = 100)]
     max_headers: usize,
+    /// Worker threads (default: the CPUs this process may run on; 1 runs everything
+    /// on one thread).
+    #[arg(long, env = "FLOODGATE_THREADS", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
     /// Proxy without limiting and without a store (a baseline for benchmarks).
     #[arg(long, env = "FLOODGATE_NO_LIMIT")]
     no_limit: bool,
@@ -175,10 +184,22 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
 
 fn run(a: Args) -> Result<(), String> {
     let host = host_config(&a)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    // one thread: no cross-thread wake-ups (measured: +15-25 % requests/s on one
+    // core against the multi-threaded scheduler with one worker)
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
+    let rt = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads as usize)
+            .enable_all()
+            .build()
+    }
+    .map_err(|e| e.to_string())?;
     rt.block_on(async {
         // a REST endpoint is an HTTP hop, usually remote: a wider default
         let deadline = Duration::from_millis(u64::from(
