@@ -458,6 +458,49 @@ impl Drop for WorkerProcess {
     }
 }
 
+/// Runs each listed case (an `async fn(EdgeKind)`) against the native host and
+/// against the Worker, as `<case>::native` and `<case>::worker`.
+#[macro_export]
+macro_rules! on_both_hosts {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn native() {
+                super::$case($crate::EdgeKind::Native).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn worker() {
+                super::$case($crate::EdgeKind::Worker).await
+            }
+        }
+    )*};
+}
+
+/// A configuration and one API key of plan `free`, stored in `redis`.
+pub struct Seeded {
+    pub secret: String,
+    pub key_id: String,
+}
+
+/// Stores `config` in `redis` and creates one key of plan `free`.
+pub async fn seed(redis: &RedisServer, config: &str) -> Seeded {
+    let store =
+        floodgate_edge::store::resp::RespStore::connect(&redis.url(), Duration::from_secs(2))
+            .await
+            .expect("connect to the test redis");
+    floodgate_edge::admin::set_config(&store, config)
+        .await
+        .expect("a valid configuration");
+    let (record, secret) =
+        floodgate_edge::admin::create_key(&store, "tests", "free", 1_764_000_000)
+            .await
+            .expect("a key is created");
+    Seeded {
+        secret,
+        key_id: record.id,
+    }
+}
+
 /// Which host of the edge pipeline a test drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EdgeKind {

@@ -10,9 +10,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floodgate_edge::admin;
 use floodgate_edge::demo_upstream::{self, Seen};
-use floodgate_edge::store::resp::RespStore;
 use floodgate_tests::{RedisServer, free_port, serve};
 
 const CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
@@ -81,13 +79,7 @@ async fn setup() -> (
     tokio::sync::oneshot::Sender<()>,
 ) {
     let redis = RedisServer::start();
-    let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
-        .await
-        .unwrap();
-    admin::set_config(&store, CONFIG).await.unwrap();
-    let (_, secret) = admin::create_key(&store, "tests", "free", 1_764_000_000)
-        .await
-        .unwrap();
+    let secret = floodgate_tests::seed(&redis, CONFIG).await.secret;
     let (upstream, stop) = serve(demo_upstream::router(Seen::default())).await;
     (redis, secret, upstream, stop)
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 use floodgate_edge::admin;
 use floodgate_edge::demo_upstream::{self, Seen};
 use floodgate_edge::store::resp::RespStore;
-use floodgate_tests::{DEMO_CONFIG, EdgeInstance, EdgeKind, RedisServer, serve, start_edge};
+use floodgate_tests::{
+    DEMO_CONFIG, EdgeInstance, EdgeKind, RedisServer, on_both_hosts, serve, start_edge,
+};
 use reqwest::StatusCode;
 
 struct Stack {
@@ -19,22 +21,6 @@ struct Stack {
     key_id: String,
     _edge: EdgeInstance,
     _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-/// Runs each listed case against the native host and against the Worker.
-macro_rules! on_both_hosts {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn native() {
-                super::$case(floodgate_tests::EdgeKind::Native).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn worker() {
-                super::$case(floodgate_tests::EdgeKind::Worker).await
-            }
-        }
-    )*};
 }
 
 on_both_hosts!(

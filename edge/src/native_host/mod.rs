@@ -290,11 +290,11 @@ fn add_headers(headers: &mut HeaderMap, extra: &[(&'static str, String)]) {
     }
 }
 
-fn head_size(req: &Request<Incoming>) -> HeadSize {
-    let headers = req.headers();
+fn head_size(req: &hyper::http::request::Parts) -> HeadSize {
+    let headers = &req.headers;
     HeadSize {
-        path: req.uri().path().len(),
-        query: req.uri().query().map_or(0, str::len),
+        path: req.uri.path().len(),
+        query: req.uri.query().map_or(0, str::len),
         header_count: headers.len(),
         header_bytes: headers
             .iter()
@@ -305,6 +305,77 @@ fn head_size(req: &Request<Incoming>) -> HeadSize {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok()),
     }
+}
+
+/// What the host decides before the upstream sees anything: its own answer
+/// (health, a limit, the pipeline's refusal), or the caller to forward with the
+/// quota headers and in-flight slots.
+async fn decide(
+    host: &Host,
+    peer: SocketAddr,
+    parts: &hyper::http::request::Parts,
+) -> Result<(Option<String>, Vec<(&'static str, String)>, Vec<Slot>), Gate> {
+    if parts.uri.path() == HEALTH_PATH {
+        return Err(Gate::Respond {
+            status: 200,
+            headers: vec![("Content-Type", "application/json".into())],
+            body: host.pipeline.health().to_json(),
+        });
+    }
+    host.config
+        .rules
+        .check_head(&head_size(parts))
+        .map_err(Refusal::answer)?;
+    if !host.config.limiter {
+        return Ok((None, vec![], vec![]));
+    }
+    let head = RequestHead {
+        path: parts.uri.path(),
+        credentials: parts
+            .headers
+            .get(&host.key_header)
+            .map(HeaderValue::as_bytes),
+        client_ip: Some(peer.ip()),
+    };
+    let decided = host.pipeline.gate(head).await;
+    spawn_all(decided.background);
+    match decided.gate {
+        g @ Gate::Respond { .. } => Err(g),
+        Gate::Forward {
+            key_id,
+            headers,
+            slots,
+            ..
+        } => Ok((key_id, headers, slots)),
+    }
+}
+
+/// Most bytes of an unread request body read out (and dropped) after an early
+/// answer; a client sending more gets its connection closed.
+const LINGER_MAX: u64 = 64 * 1024 * 1024;
+
+/// Reads out a request body nobody will use, in the background, bounded in bytes
+/// and by `pause` between its parts (nginx's lingering close): closing a
+/// connection with unread data resets it, and the client may lose the answer.
+fn linger(body: Incoming, pause: Duration) {
+    if hyper::body::Body::is_end_stream(&body) {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut body = body;
+        let mut read = 0u64;
+        while read <= LINGER_MAX {
+            match tokio::time::timeout(
+                pause.min(Duration::from_secs(5)),
+                http_body_util::BodyExt::frame(&mut body),
+            )
+            .await
+            {
+                Ok(Some(Ok(f))) => read += f.data_ref().map_or(0, |d| d.len() as u64),
+                _ => return,
+            }
+        }
+    });
 }
 
 /// The upstream request's headers: the client's, filtered by the rules, with the
@@ -350,44 +421,20 @@ async fn handle(
         in_flight: Some(conn.in_flight()),
         slots: None,
     };
-    if req.uri().path() == HEALTH_PATH {
-        let mut r = answer(
-            Gate::Respond {
-                status: 200,
-                headers: vec![("Content-Type", "application/json".into())],
-                body: host.pipeline.health().to_json(),
-            },
-            held,
-        );
-        r.headers_mut()
-            .insert("cache-control", HeaderValue::from_static("no-store"));
-        return r;
-    }
-    if let Err(r) = host.config.rules.check_head(&head_size(&req)) {
-        return refusal(r, held);
-    }
-    let (key_id, quota_headers, slots) = if host.config.limiter {
-        let head = RequestHead {
-            path: req.uri().path(),
-            credentials: req
-                .headers()
-                .get(&host.key_header)
-                .map(HeaderValue::as_bytes),
-            client_ip: Some(peer.ip()),
-        };
-        let decided = host.pipeline.gate(head).await;
-        spawn_all(decided.background);
-        match decided.gate {
-            g @ Gate::Respond { .. } => return answer(g, held),
-            Gate::Forward {
-                key_id,
-                headers,
-                slots,
-                ..
-            } => (key_id, headers, slots),
+    let (parts, body) = req.into_parts();
+    let (key_id, quota_headers, slots) = match decide(&host, peer, &parts).await {
+        Ok(f) => f,
+        Err(gate) => {
+            // answered without reading the body: read it out behind the answer, so
+            // the client sees the answer rather than a reset
+            linger(body, host.config.rules.timeouts.body);
+            let mut r = answer(gate, held);
+            if parts.uri.path() == HEALTH_PATH {
+                r.headers_mut()
+                    .insert("cache-control", HeaderValue::from_static("no-store"));
+            }
+            return r;
         }
-    } else {
-        (None, vec![], vec![])
     };
     let held = Held {
         slots: Some(SlotGuard {
@@ -396,7 +443,6 @@ async fn handle(
         }),
         ..held
     };
-    let (parts, body) = req.into_parts();
     let rules = &host.config.rules;
     let target = rules.target(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = target.parse::<hyper::Uri>() else {
