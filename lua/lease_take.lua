@@ -16,13 +16,14 @@
 -- ARGV[4]  cost of this request in tokens (0: only lease)
 -- ARGV[5]  tokens wanted for the lease;  ARGV[6]  bound on tokens outstanding
 -- ARGV[7]  lease lifetime in microseconds;  ARGV[8]  lease id
--- ARGV[9]  the member of the caller's previous lease, now spent to the last
---          token ("" for none): it is no longer outstanding
+-- ARGV[9]  the members of the caller's previous leases now spent to the last
+--          token, separated by spaces ("" for none): no longer outstanding
 --
--- Returns {admitted, leased, now, full_at, expires_at}: admitted 1/0 for the
--- request (a denial writes nothing and leases nothing), the tokens leased (0 when
--- none fit), Redis' instant, the bucket's full_at after the call and the lease's
--- expiry (Redis clock).
+-- Returns {admitted, leased, now, full_at, expires_at, outstanding}: admitted 1/0
+-- for the request (a denial writes nothing and leases nothing), the tokens leased
+-- (0 when none fit), Redis' instant, the bucket's full_at after the call, the
+-- lease's expiry (Redis clock) and the tokens outstanding on live leases after the
+-- call (0 on a denial).
 
 local MAX_WINDOW = 34560000000000
 local MAX_INSTANT = 4503599627370496
@@ -57,13 +58,13 @@ local base = full_at
 if base < now then base = now end
 local room = math.floor((burst - (base - now)) / t)
 if room < cost then
-  return {0, 0, now, full_at, 0}
+  return {0, 0, now, full_at, 0, 0}
 end
 
 -- Live leases only: an expired lease's holder has stopped spending it, and a
 -- spent one has nothing left to spend.
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if ARGV[9] ~= '' then redis.call('ZREM', KEYS[2], ARGV[9]) end
+for member in string.gmatch(ARGV[9], '%S+') do redis.call('ZREM', KEYS[2], member) end
 local outstanding = 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local _, _, n = string.find(m, '^[^:]*:(%d+):')
@@ -88,4 +89,4 @@ if extra > 0 then
     ARGV[8] .. ':' .. extra .. ':' .. string.format('%d', full_at - extra * t))
   redis.call('PEXPIRE', KEYS[2], math.ceil(life / 1000) + 1000)
 end
-return {1, extra, now, full_at, expires_at}
+return {1, extra, now, full_at, expires_at, outstanding + extra}

@@ -14,6 +14,8 @@ const SCRIPTS: &[(&str, &str)] = &[
 const LEASE_SCRIPTS: &[(&str, &str)] = &[
     ("LEASE_TAKE", "lease_take.lua"),
     ("LEASE_RETURN", "lease_return.lua"),
+    ("POOL_TAKE", "pool_take.lua"),
+    ("POOL_ADD", "pool_add.lua"),
 ];
 
 fn main() {

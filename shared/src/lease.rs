@@ -35,6 +35,164 @@ pub const LEASE_RETURN: LuaScript = LuaScript {
     sha1: sha::LEASE_RETURN_SHA1,
 };
 
+/// `lua/pool_take.lua` (a regional store).
+pub const POOL_TAKE: LuaScript = LuaScript {
+    source: include_str!("../../lua/pool_take.lua"),
+    sha1: sha::POOL_TAKE_SHA1,
+};
+
+/// `lua/pool_add.lua` (a regional store).
+pub const POOL_ADD: LuaScript = LuaScript {
+    source: include_str!("../../lua/pool_add.lua"),
+    sha1: sha::POOL_ADD_SHA1,
+};
+
+/// A bucket's pool in a regional store, its refill lock and its spent list (same
+/// hash tag as the bucket: one slot in a regional cluster too).
+pub fn pool_keys(bucket_key: &str) -> [String; 3] {
+    [
+        format!("{bucket_key}:pool"),
+        format!("{bucket_key}:pool:lock"),
+        format!("{bucket_key}:pool:spent"),
+    ]
+}
+
+/// The reply of [`POOL_TAKE`] for `n` buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolTaken {
+    pub admitted: bool,
+    /// The regional store's clock.
+    pub now: Micros,
+    /// Per bucket: tokens left in the pool after this call.
+    pub left: Vec<u64>,
+    /// Per bucket: this caller took the refill lock and refills the pool.
+    pub refill: Vec<bool>,
+}
+
+impl PoolTaken {
+    /// `None`: the call came too late (`{2, now}`, nothing spent).
+    pub fn from_reply(reply: &[i64], n: usize) -> Result<Option<Self>, String> {
+        match reply {
+            [2, _] => Ok(None),
+            [a @ (0 | 1), now, rest @ ..] if rest.len() == 2 * n && *now >= 0 => {
+                let mut left = Vec::with_capacity(n);
+                let mut refill = Vec::with_capacity(n);
+                for pair in rest.chunks(2) {
+                    if pair[0] < 0 || !(0..=1).contains(&pair[1]) {
+                        return Err(format!("unexpected pool reply {reply:?}"));
+                    }
+                    left.push(pair[0] as u64);
+                    refill.push(pair[1] == 1);
+                }
+                Ok(Some(Self {
+                    admitted: *a == 1,
+                    now: *now,
+                    left,
+                    refill,
+                }))
+            }
+            other => Err(format!("unexpected pool reply {other:?}")),
+        }
+    }
+}
+
+/// `ARGV` of [`POOL_TAKE`]: the clock (`""`, `"<T"` or an instant), then cost and
+/// low-water mark per bucket, then the refill lock's lifetime (ms).
+pub fn pool_take_args(clock: String, buckets: &[(u64, u64)], lock_ms: u64) -> Vec<String> {
+    let mut args = Vec::with_capacity(2 + 2 * buckets.len());
+    args.push(clock);
+    for (cost, low) in buckets {
+        args.push(cost.to_string());
+        args.push(low.to_string());
+    }
+    args.push(lock_ms.max(1).to_string());
+    args
+}
+
+/// The spent members [`POOL_ADD`] hands back, as the global leases set names them.
+pub fn spent_members(reply: &[i64]) -> Result<Vec<String>, String> {
+    if !reply.len().is_multiple_of(3) || reply.iter().any(|v| *v < 0) {
+        return Err(format!("unexpected pool add reply {reply:?}"));
+    }
+    Ok(reply
+        .chunks(3)
+        .map(|m| format!("{}:{}:{}", m[0], m[1], m[2]))
+        .collect())
+}
+
+/// A pure twin of one bucket's regional pool ([`POOL_TAKE`], [`POOL_ADD`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pool {
+    /// (member, tokens, spendable until: the regional clock)
+    pub chunks: Vec<(String, u64, Micros)>,
+    pub spent: Vec<String>,
+    pub locked_until: Micros,
+}
+
+impl Pool {
+    fn live(&self, now: Micros) -> u64 {
+        self.chunks
+            .iter()
+            .filter(|c| c.2 > now)
+            .map(|c| c.1)
+            .sum()
+    }
+
+    /// [`POOL_TAKE`] over several pools at once: all or nothing.
+    pub fn take(
+        pools: &mut [&mut Pool],
+        buckets: &[(u64, u64)],
+        now: Micros,
+        lock: Micros,
+    ) -> PoolTaken {
+        let admitted = pools
+            .iter()
+            .zip(buckets)
+            .all(|(p, (cost, _))| p.live(now) >= *cost);
+        let mut left = vec![];
+        let mut refill = vec![];
+        for (p, (cost, low)) in pools.iter_mut().zip(buckets) {
+            p.chunks.retain(|c| c.2 > now && c.1 > 0);
+            p.chunks.sort_by_key(|c| c.2);
+            if admitted {
+                let mut due = *cost;
+                for c in p.chunks.iter_mut() {
+                    let spend = due.min(c.1);
+                    c.1 -= spend;
+                    due -= spend;
+                    if c.1 == 0 {
+                        p.spent.push(c.0.clone());
+                    }
+                }
+                p.chunks.retain(|c| c.1 > 0);
+            }
+            let l = p.live(now);
+            let take_lock = l < *low && p.locked_until <= now;
+            if take_lock {
+                p.locked_until = now + lock;
+            }
+            left.push(l);
+            refill.push(take_lock);
+        }
+        PoolTaken {
+            admitted,
+            now,
+            left,
+            refill,
+        }
+    }
+
+    /// [`POOL_ADD`]: a chunk spendable for `life` from `now`; returns the spent
+    /// members (and forgets them) and releases the lock.
+    pub fn add(&mut self, member: &str, tokens: u64, life: Micros, now: Micros) -> Vec<String> {
+        if !member.is_empty() && tokens > 0 && life > 0 {
+            self.chunks.push((member.to_string(), tokens, now + life));
+        }
+        self.locked_until = 0;
+        std::mem::take(&mut self.spent)
+    }
+}
+
 /// The sorted set of live leases next to a bucket (same hash tag, same slot).
 pub fn leases_key(bucket_key: &str) -> String {
     format!("{bucket_key}:leases")
@@ -111,17 +269,21 @@ pub struct Taken {
     pub now: Micros,
     pub full_at: Micros,
     pub expires_at: Micros,
+    /// Tokens out on live leases after this take, all holders together (at most
+    /// the bound): the overshoot budget in use.
+    pub outstanding: u64,
 }
 
 impl Taken {
     pub fn from_reply(reply: &[i64]) -> Result<Self, String> {
         match reply {
-            [a, l, n, f, e] if (*a == 0 || *a == 1) && *l >= 0 => Ok(Self {
+            [a, l, n, f, e, o] if (*a == 0 || *a == 1) && *l >= 0 && *o >= 0 => Ok(Self {
                 admitted: *a == 1,
                 leased: *l as u64,
                 now: *n,
                 full_at: *f,
                 expires_at: *e,
+                outstanding: *o as u64,
             }),
             other => Err(format!("unexpected lease reply {other:?}")),
         }
@@ -246,7 +408,7 @@ pub struct Central {
 }
 
 impl Central {
-    /// [`LEASE_TAKE`] at `now`.
+    /// [`LEASE_TAKE`] at `now` (`spent`: members separated by spaces).
     #[allow(clippy::too_many_arguments)]
     pub fn take(
         &mut self,
@@ -268,10 +430,12 @@ impl Central {
                 now,
                 full_at: self.full_at,
                 expires_at: 0,
+                outstanding: 0,
             };
         }
+        let spent: Vec<&str> = spent.map_or(vec![], |s| s.split_whitespace().collect());
         self.leases
-            .retain(|l| l.1 > now && Some(l.0.as_str()) != spent);
+            .retain(|l| l.1 > now && !spent.contains(&l.0.as_str()));
         let outstanding: u64 = self.leases.iter().map(|l| l.2).sum();
         let extra = (want as i64)
             .min(room - cost as i64)
@@ -298,6 +462,7 @@ impl Central {
             now,
             full_at: self.full_at,
             expires_at,
+            outstanding: outstanding + extra,
         }
     }
 
@@ -430,6 +595,229 @@ mod tests {
             let excess = worst_excess(&admitted, capacity);
             prop_assert!(excess <= bound as i64, "excess {excess} > bound {bound}");
         }
+    }
+
+    /// What can happen to the system around one bucket.
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        /// A request at regionless instance `i` (instance leases) or in region `r`
+        /// (the region's pool).
+        AtInstance(usize),
+        InRegion(usize),
+        /// An instance dies: its lease is lost.
+        Crash(usize),
+        /// A regional store loses its pool.
+        Wipe(usize),
+        /// The global store stops / starts answering.
+        Global(bool),
+    }
+
+    fn event() -> impl Strategy<Value = (Event, Micros)> {
+        let e = prop_oneof![
+            6 => (0usize..4).prop_map(Event::AtInstance),
+            8 => (0usize..3).prop_map(Event::InRegion),
+            1 => (0usize..4).prop_map(Event::Crash),
+            1 => (0usize..3).prop_map(Event::Wipe),
+            1 => proptest::bool::ANY.prop_map(Event::Global),
+        ];
+        (e, 0i64..20_000)
+    }
+
+    /// A refill on its way: the global take lands at `take_at`, the pool add at
+    /// `add_at` (`region: None`: an instance lease).
+    struct Refill {
+        take_at: Micros,
+        add_at: Micros,
+        sent: Micros,
+        region: Option<usize>,
+        instance: usize,
+        id: String,
+        taken: Option<Taken>,
+    }
+
+    /// The bounded-consistency design around one bucket: instances spend their own
+    /// leases, regions their pools; a miss is decided exactly by the global bucket;
+    /// refills travel in the background (`delay` each way) and a pool chunk or an
+    /// instance lease is spendable only until its global lease expires. Returns the
+    /// instants of every admission.
+    fn simulate_system(
+        cfg: &LeaseConfig,
+        capacity: u64,
+        delay: Micros,
+        events: &[(Event, Micros)],
+    ) -> (Vec<Micros>, usize) {
+        let burst = capacity as i64 * T;
+        let mut global = Central::default();
+        let mut global_up = true;
+        let mut exact_calls = 0;
+        let mut pools: Vec<Pool> = vec![Pool::default(); 3];
+        let mut retire: Vec<Vec<String>> = vec![vec![]; 3];
+        let mut leases: Vec<Option<LocalLease>> = vec![None; 4];
+        let mut refilling = [false; 4];
+        let mut pending: Vec<Refill> = vec![];
+        let mut admitted = vec![];
+        let mut now = 1_000_000;
+        let want = cfg.max_lease;
+        for (n, &(event, step)) in events.iter().enumerate() {
+            now += step;
+            // refills whose messages have arrived
+            for r in pending.iter_mut() {
+                if r.taken.is_none() && r.take_at <= now {
+                    let spent = match r.region {
+                        Some(g) => std::mem::take(&mut retire[g]).join(" "),
+                        None => String::new(),
+                    };
+                    r.taken = Some(if global_up {
+                        global.take(cfg, r.take_at, burst, T, 0, want, &r.id, Some(&spent))
+                    } else {
+                        Taken {
+                            admitted: false,
+                            leased: 0,
+                            now: r.take_at,
+                            full_at: 0,
+                            expires_at: 0,
+                            outstanding: 0,
+                        }
+                    });
+                }
+            }
+            let (landed, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|r| r.add_at <= now);
+            pending = rest;
+            for r in landed {
+                let got = r.taken.expect("the take lands before the add");
+                let member = if got.leased > 0 { got.member(&r.id, T) } else { String::new() };
+                // spendable until the global lease expires, on the sender's reckoning
+                let life = cfg.lifetime - (r.add_at - r.sent);
+                match r.region {
+                    Some(g) => {
+                        let spent = pools[g].add(&member, got.leased, life, r.add_at);
+                        retire[g].extend(spent);
+                    }
+                    None => {
+                        refilling[r.instance] = false;
+                        if got.leased > 0 {
+                            leases[r.instance] = Some(LocalLease {
+                                member,
+                                tokens: got.leased,
+                                until: r.sent + cfg.lifetime,
+                            });
+                        }
+                    }
+                }
+            }
+            let mut exact = |global: &mut Central, up: bool| {
+                exact_calls += 1;
+                up && global.take(cfg, now, burst, T, 1, 0, "x", None).admitted
+            };
+            match event {
+                Event::Global(up) => global_up = up,
+                Event::Crash(i) => leases[i] = None,
+                Event::Wipe(g) => pools[g] = Pool::default(),
+                Event::AtInstance(i) => {
+                    let local = leases[i].as_mut().is_some_and(|l| l.spend(1, now));
+                    if local || exact(&mut global, global_up) {
+                        admitted.push(now);
+                    }
+                    let low = leases[i].as_ref().is_none_or(|l| l.tokens * 2 < want || !l.live(now + delay));
+                    if low && !refilling[i] {
+                        refilling[i] = true;
+                        pending.push(Refill {
+                            take_at: now + delay,
+                            add_at: now + 2 * delay,
+                            sent: now,
+                            region: None,
+                            instance: i,
+                            id: format!("{}", n * 10 + i),
+                            taken: None,
+                        });
+                    }
+                }
+                Event::InRegion(g) => {
+                    let got = Pool::take(&mut [&mut pools[g]], &[(1, want / 2 + 1)], now, 4 * delay);
+                    if got.admitted || exact(&mut global, global_up) {
+                        admitted.push(now);
+                    }
+                    if got.refill[0] {
+                        pending.push(Refill {
+                            take_at: now + delay,
+                            add_at: now + 2 * delay,
+                            sent: now,
+                            region: Some(g),
+                            instance: 0,
+                            id: format!("{}", n * 10 + 7),
+                            taken: None,
+                        });
+                    }
+                }
+            }
+        }
+        (admitted, exact_calls)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Instances and regions, random timing, refills in flight, crashes, wiped
+        /// pools and a global store that drops out: admissions in every window stay
+        /// within capacity + refill × window + max_overshoot.
+        #[test]
+        fn regions_and_instances_never_overshoot_the_bound(
+            capacity in 1u64..40,
+            bound in 1u64..30,
+            max_lease in 1u64..20,
+            delay in 0i64..40_000,
+            events in proptest::collection::vec(event(), 1..200),
+        ) {
+            let cfg = config(bound, max_lease);
+            let (admitted, _) = simulate_system(&cfg, capacity, delay, &events);
+            let excess = worst_excess(&admitted, capacity);
+            prop_assert!(excess <= bound as i64, "excess {excess} > bound {bound}");
+        }
+    }
+
+    #[test]
+    fn pools_serve_a_steady_region_without_the_global_bucket() {
+        // one region, a request every 20 ms (50/s against a bucket refilling 100/s),
+        // refills taking 5 ms each way: nearly every request is served by the pool
+        let cfg = LeaseConfig {
+            lifetime: 1_000_000,
+            ..config(20, 10)
+        };
+        let events: Vec<_> = (0..2_000).map(|_| (Event::InRegion(0), 20_000)).collect();
+        let (admitted, exact_calls) = simulate_system(&cfg, 100, 5_000, &events);
+        assert_eq!(admitted.len(), 2_000, "a steady key below its rate is never refused");
+        assert!(exact_calls <= 10, "{exact_calls} requests paid a global round trip");
+        let mut pool = Pool::default();
+        assert!(!Pool::take(&mut [&mut pool], &[(1, 1)], 0, 10).admitted);
+    }
+
+    #[test]
+    fn a_pool_spends_all_or_nothing_soonest_expiry_first_and_never_a_dead_chunk() {
+        let (mut a, mut b) = (Pool::default(), Pool::default());
+        assert!(a.add("1:5:0", 5, 1_000, 0).is_empty());
+        a.add("2:5:0", 5, 500, 0);
+        b.add("3:1:0", 1, 1_000, 0);
+        // b holds 1 < 2: nothing is spent anywhere
+        let got = Pool::take(&mut [&mut a, &mut b], &[(3, 0), (2, 0)], 10, 100);
+        assert!(!got.admitted);
+        assert_eq!(got.left, [10, 1]);
+        let got = Pool::take(&mut [&mut a, &mut b], &[(6, 5), (1, 0)], 10, 100);
+        assert!(got.admitted);
+        assert_eq!(got.left, [4, 0]);
+        // the chunk expiring first was spent out and awaits retirement
+        assert_eq!(got.refill, [true, false], "4 < 5: the caller refills, alone");
+        assert!(!Pool::take(&mut [&mut a], &[(1, 5)], 20, 100).refill[0], "locked");
+        assert_eq!(a.add("", 0, 0, 30), ["2:5:0".to_string()]);
+        // at its expiry a chunk is gone, whatever it still held
+        assert!(!Pool::take(&mut [&mut a], &[(1, 0)], 1_000, 100).admitted);
+        assert!(a.chunks.is_empty());
+        assert_eq!(
+            PoolTaken::from_reply(&[1, 7, 4, 1, 0, 0], 2).unwrap().unwrap().refill,
+            [true, false]
+        );
+        assert_eq!(PoolTaken::from_reply(&[2, 7], 2).unwrap(), None);
+        assert!(PoolTaken::from_reply(&[1, 7, 4], 2).is_err());
+        assert_eq!(spent_members(&[12, 3, 900]).unwrap(), ["12:3:900"]);
+        assert!(spent_members(&[12, 3]).is_err());
     }
 
     #[test]

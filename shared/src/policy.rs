@@ -309,7 +309,6 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    /// The name used in JSON and in the per-minute counters (`mode|<name>`).
     /// The mode applied when several policies match: fail_closed over
     /// local_fallback over fail_open (fail_open when none match).
     pub fn strictest(modes: impl IntoIterator<Item = FailureMode>) -> FailureMode {
@@ -324,12 +323,43 @@ impl FailureMode {
             .unwrap_or(FailureMode::FailOpen)
     }
 
+    /// The name used in JSON and in the per-minute counters (`mode|<name>`).
     pub fn name(self) -> &'static str {
         match self {
             FailureMode::FailOpen => "fail_open",
             FailureMode::FailClosed => "fail_closed",
             FailureMode::LocalFallback => "local_fallback",
         }
+    }
+}
+
+/// How closely a policy is enforced across edge instances and regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Consistency {
+    /// Every decision is one round trip to the global Redis: never above quota.
+    #[default]
+    Exact,
+    /// Decided from tokens leased ahead (per instance, or per region with a
+    /// regional store): no global round trip for a warm key; admissions of any
+    /// window exceed the exact quota by at most `max_overshoot` tokens, a bound the
+    /// global Redis enforces over every lease outstanding.
+    Bounded,
+    /// Exact until a key turns hot on an instance, bounded while it stays hot.
+    Auto,
+}
+
+impl Consistency {
+    pub fn name(self) -> &'static str {
+        match self {
+            Consistency::Exact => "exact",
+            Consistency::Bounded => "bounded",
+            Consistency::Auto => "auto",
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == Consistency::Exact
     }
 }
 
@@ -348,9 +378,20 @@ pub struct Policy {
     local_quota: Option<Quota>,
     max_in_flight: Option<u32>,
     shadow: bool,
+    consistency: Consistency,
+    max_overshoot: Option<u64>,
 }
 
 impl Policy {
+    /// How closely the policy is enforced across instances ([`Consistency`]).
+    pub fn consistency(&self) -> Consistency {
+        self.consistency
+    }
+    /// With bounded or auto consistency: the most tokens admitted above the exact
+    /// quota in any window, all instances and regions together.
+    pub fn max_overshoot(&self) -> Option<u64> {
+        self.max_overshoot
+    }
     /// Shadow (dry-run) mode: computed and counted, never enforced.
     pub fn shadow(&self) -> bool {
         self.shadow
@@ -461,6 +502,13 @@ pub struct PolicySpec {
     /// enforced; defaults to false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shadow: bool,
+    /// `exact` (default), `bounded` or `auto` (see [`Consistency`]).
+    #[serde(default, skip_serializing_if = "Consistency::is_default")]
+    pub consistency: Consistency,
+    /// With `bounded` or `auto` (and only then): the overshoot bound in tokens,
+    /// 1 to `quota.capacity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_overshoot: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -560,6 +608,7 @@ impl PolicySpec {
                 format!("must be between 1 and {MAX_IN_FLIGHT}, got {n}"),
             ));
         }
+        let max_overshoot = self.validate_consistency(&quota)?;
         Ok(Policy {
             name: self.name.clone(),
             dimensions,
@@ -570,7 +619,57 @@ impl PolicySpec {
             local_quota,
             max_in_flight: self.max_in_flight,
             shadow: self.shadow,
+            consistency: self.consistency,
+            max_overshoot,
         })
+    }
+
+    /// `consistency` and `max_overshoot` together: the bound where one is needed.
+    fn validate_consistency(&self, quota: &Quota) -> Result<Option<u64>, PolicyError> {
+        match (self.consistency, self.max_overshoot) {
+            (Consistency::Exact, None) => Ok(None),
+            (Consistency::Exact, Some(_)) => Err(PolicyError::new(
+                "max_overshoot",
+                "only applies to consistency \"bounded\" or \"auto\"",
+            )),
+            (c, None) => Err(PolicyError::new(
+                "max_overshoot",
+                format!(
+                    "is required with consistency {:?}: the most tokens (1 to quota.capacity) \
+                     admitted above the quota in any window, all edges together",
+                    c.name()
+                ),
+            )),
+            (c, Some(n)) => {
+                if quota.algorithm() != Algorithm::TokenBucket {
+                    return Err(PolicyError::new(
+                        "consistency",
+                        format!(
+                            "{:?} leases tokens from a token bucket; algorithm {:?} cannot lease \
+                             (use \"exact\")",
+                            c.name(),
+                            quota.algorithm().name()
+                        ),
+                    ));
+                }
+                if self.shadow {
+                    return Err(PolicyError::new(
+                        "consistency",
+                        "a shadow policy is always decided exactly",
+                    ));
+                }
+                if !(1..=quota.capacity()).contains(&n) {
+                    return Err(PolicyError::new(
+                        "max_overshoot",
+                        format!(
+                            "must be between 1 and quota.capacity ({}), got {n}",
+                            quota.capacity()
+                        ),
+                    ));
+                }
+                Ok(Some(n))
+            }
+        }
     }
 }
 
@@ -620,6 +719,8 @@ impl From<&Policy> for PolicySpec {
             max_in_flight: p.max_in_flight,
             algorithm: q.algorithm(),
             shadow: p.shadow,
+            consistency: p.consistency,
+            max_overshoot: p.max_overshoot,
         }
     }
 }
@@ -647,6 +748,50 @@ mod tests {
             None => v[outer] = hole,
         }
         v.to_string().replace("\"__hole__\"", value)
+    }
+
+    #[test]
+    fn bounded_consistency_needs_a_bound_within_the_capacity_on_a_token_bucket() {
+        let json = |extra: &str| {
+            format!(
+                r#"{{"name":"p","dimensions":["api_key"],"quota":{{"capacity":100,"period":"1m"}},
+                "failure_mode":"fail_closed"{extra}}}"#
+            )
+        };
+        let p = Policy::from_json(&json(r#","consistency":"bounded","max_overshoot":10"#)).unwrap();
+        assert_eq!((p.consistency(), p.max_overshoot()), (Consistency::Bounded, Some(10)));
+        let auto = Policy::from_json(&json(r#","consistency":"auto","max_overshoot":100"#)).unwrap();
+        assert_eq!(auto.consistency(), Consistency::Auto);
+        // the default is exact, and an exact policy serializes as before
+        let exact = Policy::from_json(&json("")).unwrap();
+        assert_eq!((exact.consistency(), exact.max_overshoot()), (Consistency::Exact, None));
+        assert!(!exact.to_json().contains("consistency"));
+        assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
+        for (extra, field, says) in [
+            (r#","consistency":"bounded""#, "max_overshoot", "is required"),
+            (r#","consistency":"auto""#, "max_overshoot", "is required"),
+            (r#","consistency":"bounded","max_overshoot":0"#, "max_overshoot", "between 1 and"),
+            (r#","consistency":"bounded","max_overshoot":101"#, "max_overshoot", "got 101"),
+            (r#","consistency":"bounded","max_overshoot":-1"#, "max_overshoot", "invalid value"),
+            (r#","consistency":"bounded","max_overshoot":2.5"#, "max_overshoot", "invalid type"),
+            (r#","consistency":"bounded","max_overshoot":"5""#, "max_overshoot", "invalid type"),
+            (r#","max_overshoot":5"#, "max_overshoot", "only applies"),
+            (r#","consistency":"eventual","max_overshoot":5"#, "consistency", "unknown variant"),
+            (
+                r#","consistency":"bounded","max_overshoot":5,"algorithm":"fixed_window""#,
+                "consistency",
+                "cannot lease",
+            ),
+            (
+                r#","consistency":"bounded","max_overshoot":5,"shadow":true"#,
+                "consistency",
+                "shadow",
+            ),
+        ] {
+            let e = Policy::from_json(&json(extra)).expect_err(extra);
+            assert_eq!(e.field, field, "{extra}: {e}");
+            assert!(e.message.contains(says), "{extra}: {e}");
+        }
     }
 
     #[test]
