@@ -17,13 +17,16 @@
 --                is asked to refill (0: never)
 -- ARGV[2n+2]     the refill lock's lifetime in ms (1 ..)
 --
--- Returns {admitted, now, then per bucket: tokens left, refill}: admitted = 1 when
--- every pool held the cost in live chunks (all were then spent, from the chunks
--- expiring first), 0 when one did not (nothing was spent anywhere); refill = 1 when
--- this caller took bucket i's refill lock and must refill it (one refill at a time
--- per region). Chunks spent to the last token are removed and their members kept in
--- "<pool>:spent" for the next refill to retire at the global Redis. Corrupt chunks
--- count as empty and are dropped.
+-- Returns {admitted, now, then per bucket: tokens left, refill, k, k x 3 integers}:
+-- admitted = 1 when every pool held the cost in live chunks (all were then spent,
+-- from the chunks expiring first), 0 when one did not (nothing was spent
+-- anywhere); refill = 1 when this caller took bucket i's refill lock and must
+-- refill it (one refill at a time per region). Chunks spent to the last token are
+-- removed and their members ("<id>:<tokens>:<base>", all numbers) kept in
+-- "<pool>:spent"; the caller that takes the refill lock also takes that list (k
+-- members as {id, tokens, base}) to retire at the global Redis with its take, so
+-- the global bound counts only tokens still unspent. Corrupt chunks count as empty
+-- and are dropped.
 
 local MAX_INSTANT = 4503599627370496
 local n = #KEYS / 2
@@ -111,5 +114,22 @@ for i = 1, n do
   end
   reply[#reply + 1] = left
   reply[#reply + 1] = refill
+  local spent = {}
+  if refill == 1 then
+    local raw = redis.pcall('LRANGE', KEYS[i] .. ':spent', 0, -1)
+    if type(raw) == 'table' and not raw.err then
+      for _, m in ipairs(raw) do
+        local id, tokens, base = string.match(m, '^(%d+):(%d+):(%d+)$')
+        if id and #id <= 15 and #tokens <= 15 and #base <= 16 then
+          spent[#spent + 1] = tonumber(id)
+          spent[#spent + 1] = tonumber(tokens)
+          spent[#spent + 1] = tonumber(base)
+        end
+      end
+    end
+    redis.call('DEL', KEYS[i] .. ':spent')
+  end
+  reply[#reply + 1] = #spent / 3
+  for _, v in ipairs(spent) do reply[#reply + 1] = v end
 end
 return reply

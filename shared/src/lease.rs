@@ -47,13 +47,13 @@ pub const POOL_ADD: LuaScript = LuaScript {
     sha1: sha::POOL_ADD_SHA1,
 };
 
-/// A bucket's pool in a regional store, its refill lock and its spent list (same
-/// hash tag as the bucket: one slot in a regional cluster too).
-pub fn pool_keys(bucket_key: &str) -> [String; 3] {
+/// A bucket's pool in a regional store and its refill lock (same hash tag as the
+/// bucket: one slot in a regional cluster too); the pool's spent list is
+/// `<pool>:spent`.
+pub fn pool_keys(bucket_key: &str) -> [String; 2] {
     [
         format!("{bucket_key}:pool"),
         format!("{bucket_key}:pool:lock"),
-        format!("{bucket_key}:pool:spent"),
     ]
 }
 
@@ -65,34 +65,45 @@ pub struct PoolTaken {
     pub now: Micros,
     /// Per bucket: tokens left in the pool after this call.
     pub left: Vec<u64>,
-    /// Per bucket: this caller took the refill lock and refills the pool.
+    /// Per bucket: this caller took the refill lock and refills the pool...
     pub refill: Vec<bool>,
+    /// ...retiring these members (chunks spent out) at the global store.
+    pub retire: Vec<Vec<String>>,
 }
 
 impl PoolTaken {
     /// `None`: the call came too late (`{2, now}`, nothing spent).
     pub fn from_reply(reply: &[i64], n: usize) -> Result<Option<Self>, String> {
-        match reply {
-            [2, _] => Ok(None),
-            [a @ (0 | 1), now, rest @ ..] if rest.len() == 2 * n && *now >= 0 => {
-                let mut left = Vec::with_capacity(n);
-                let mut refill = Vec::with_capacity(n);
-                for pair in rest.chunks(2) {
-                    if pair[0] < 0 || !(0..=1).contains(&pair[1]) {
-                        return Err(format!("unexpected pool reply {reply:?}"));
-                    }
-                    left.push(pair[0] as u64);
-                    refill.push(pair[1] == 1);
-                }
-                Ok(Some(Self {
-                    admitted: *a == 1,
-                    now: *now,
-                    left,
-                    refill,
-                }))
+        let bad = || format!("unexpected pool reply {reply:?}");
+        let (admitted, now, mut rest) = match reply {
+            [2, _] => return Ok(None),
+            [a @ (0 | 1), now, rest @ ..] if *now >= 0 => (*a == 1, *now, rest),
+            _ => return Err(bad()),
+        };
+        let mut taken = Self {
+            admitted,
+            now,
+            left: Vec::with_capacity(n),
+            refill: Vec::with_capacity(n),
+            retire: Vec::with_capacity(n),
+        };
+        for _ in 0..n {
+            let [left, refill, k, tail @ ..] = rest else {
+                return Err(bad());
+            };
+            let k = usize::try_from(*k).map_err(|_| bad())?;
+            if *left < 0 || !(0..=1).contains(refill) || tail.len() < 3 * k {
+                return Err(bad());
             }
-            other => Err(format!("unexpected pool reply {other:?}")),
+            taken.left.push(*left as u64);
+            taken.refill.push(*refill == 1);
+            taken.retire.push(spent_members(&tail[..3 * k])?);
+            rest = &tail[3 * k..];
         }
+        if !rest.is_empty() {
+            return Err(bad());
+        }
+        Ok(Some(taken))
     }
 }
 
@@ -109,12 +120,13 @@ pub fn pool_take_args(clock: String, buckets: &[(u64, u64)], lock_ms: u64) -> Ve
     args
 }
 
-/// The spent members [`POOL_ADD`] hands back, as the global leases set names them.
-pub fn spent_members(reply: &[i64]) -> Result<Vec<String>, String> {
-    if !reply.len().is_multiple_of(3) || reply.iter().any(|v| *v < 0) {
-        return Err(format!("unexpected pool add reply {reply:?}"));
+/// Spent members as the pool scripts send them, three integers each, named as
+/// the global leases set names them.
+pub fn spent_members(ints: &[i64]) -> Result<Vec<String>, String> {
+    if !ints.len().is_multiple_of(3) || ints.iter().any(|v| *v < 0) {
+        return Err(format!("unexpected spent members {ints:?}"));
     }
-    Ok(reply
+    Ok(ints
         .chunks(3)
         .map(|m| format!("{}:{}:{}", m[0], m[1], m[2]))
         .collect())
@@ -151,6 +163,7 @@ impl Pool {
             .all(|(p, (cost, _))| p.live(now) >= *cost);
         let mut left = vec![];
         let mut refill = vec![];
+        let mut retire = vec![];
         for (p, (cost, low)) in pools.iter_mut().zip(buckets) {
             p.chunks.retain(|c| c.2 > now && c.1 > 0);
             p.chunks.sort_by_key(|c| c.2);
@@ -173,23 +186,29 @@ impl Pool {
             }
             left.push(l);
             refill.push(take_lock);
+            retire.push(if take_lock {
+                std::mem::take(&mut p.spent)
+            } else {
+                vec![]
+            });
         }
         PoolTaken {
             admitted,
             now,
             left,
             refill,
+            retire,
         }
     }
 
-    /// [`POOL_ADD`]: a chunk spendable for `life` from `now`; returns the spent
-    /// members (and forgets them) and releases the lock.
-    pub fn add(&mut self, member: &str, tokens: u64, life: Micros, now: Micros) -> Vec<String> {
+    /// [`POOL_ADD`]: a chunk spendable for `life` from `now`; releases the lock and
+    /// returns the tokens the pool holds.
+    pub fn add(&mut self, member: &str, tokens: u64, life: Micros, now: Micros) -> u64 {
         if !member.is_empty() && tokens > 0 && life > 0 {
             self.chunks.push((member.to_string(), tokens, now + life));
         }
         self.locked_until = 0;
-        std::mem::take(&mut self.spent)
+        self.live(now)
     }
 }
 
@@ -632,6 +651,7 @@ mod tests {
         region: Option<usize>,
         instance: usize,
         id: String,
+        retire: String,
         taken: Option<Taken>,
     }
 
@@ -651,7 +671,6 @@ mod tests {
         let mut global_up = true;
         let mut exact_calls = 0;
         let mut pools: Vec<Pool> = vec![Pool::default(); 3];
-        let mut retire: Vec<Vec<String>> = vec![vec![]; 3];
         let mut leases: Vec<Option<LocalLease>> = vec![None; 4];
         let mut refilling = [false; 4];
         let mut pending: Vec<Refill> = vec![];
@@ -663,12 +682,8 @@ mod tests {
             // refills whose messages have arrived
             for r in pending.iter_mut() {
                 if r.taken.is_none() && r.take_at <= now {
-                    let spent = match r.region {
-                        Some(g) => std::mem::take(&mut retire[g]).join(" "),
-                        None => String::new(),
-                    };
                     r.taken = Some(if global_up {
-                        global.take(cfg, r.take_at, burst, T, 0, want, &r.id, Some(&spent))
+                        global.take(cfg, r.take_at, burst, T, 0, want, &r.id, Some(&r.retire))
                     } else {
                         Taken {
                             admitted: false,
@@ -690,8 +705,7 @@ mod tests {
                 let life = cfg.lifetime - (r.add_at - r.sent);
                 match r.region {
                     Some(g) => {
-                        let spent = pools[g].add(&member, got.leased, life, r.add_at);
-                        retire[g].extend(spent);
+                        pools[g].add(&member, got.leased, life, r.add_at);
                     }
                     None => {
                         refilling[r.instance] = false;
@@ -728,6 +742,7 @@ mod tests {
                             region: None,
                             instance: i,
                             id: format!("{}", n * 10 + i),
+                            retire: String::new(),
                             taken: None,
                         });
                     }
@@ -745,6 +760,7 @@ mod tests {
                             region: Some(g),
                             instance: 0,
                             id: format!("{}", n * 10 + 7),
+                            retire: got.retire[0].join(" "),
                             taken: None,
                         });
                     }
@@ -793,8 +809,8 @@ mod tests {
     #[test]
     fn a_pool_spends_all_or_nothing_soonest_expiry_first_and_never_a_dead_chunk() {
         let (mut a, mut b) = (Pool::default(), Pool::default());
-        assert!(a.add("1:5:0", 5, 1_000, 0).is_empty());
-        a.add("2:5:0", 5, 500, 0);
+        assert_eq!(a.add("1:5:0", 5, 1_000, 0), 5);
+        assert_eq!(a.add("2:5:0", 5, 500, 0), 10);
         b.add("3:1:0", 1, 1_000, 0);
         // b holds 1 < 2: nothing is spent anywhere
         let got = Pool::take(&mut [&mut a, &mut b], &[(3, 0), (2, 0)], 10, 100);
@@ -803,19 +819,23 @@ mod tests {
         let got = Pool::take(&mut [&mut a, &mut b], &[(6, 5), (1, 0)], 10, 100);
         assert!(got.admitted);
         assert_eq!(got.left, [4, 0]);
-        // the chunk expiring first was spent out and awaits retirement
+        // the chunk expiring first was spent out: the refiller retires it
         assert_eq!(got.refill, [true, false], "4 < 5: the caller refills, alone");
+        assert_eq!(got.retire[0], ["2:5:0".to_string()]);
         assert!(!Pool::take(&mut [&mut a], &[(1, 5)], 20, 100).refill[0], "locked");
-        assert_eq!(a.add("", 0, 0, 30), ["2:5:0".to_string()]);
+        assert_eq!(a.add("", 0, 0, 30), 3);
         // at its expiry a chunk is gone, whatever it still held
         assert!(!Pool::take(&mut [&mut a], &[(1, 0)], 1_000, 100).admitted);
         assert!(a.chunks.is_empty());
-        assert_eq!(
-            PoolTaken::from_reply(&[1, 7, 4, 1, 0, 0], 2).unwrap().unwrap().refill,
-            [true, false]
-        );
+        let reply = PoolTaken::from_reply(&[1, 7, 4, 1, 1, 12, 3, 900, 0, 0, 0], 2)
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply.refill, [true, false]);
+        assert_eq!(reply.retire, [vec!["12:3:900".to_string()], vec![]]);
         assert_eq!(PoolTaken::from_reply(&[2, 7], 2).unwrap(), None);
-        assert!(PoolTaken::from_reply(&[1, 7, 4], 2).is_err());
+        for bad in [&[1, 7, 4][..], &[1, 7, 4, 1, 1, 12, 3, 0, 0, 0], &[1, 7, 4, 1, 0, 0, 0, 0, 9]] {
+            assert!(PoolTaken::from_reply(bad, 2).is_err(), "{bad:?}");
+        }
         assert_eq!(spent_members(&[12, 3, 900]).unwrap(), ["12:3:900"]);
         assert!(spent_members(&[12, 3]).is_err());
     }
