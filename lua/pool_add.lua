@@ -8,20 +8,26 @@
 -- ARGV[3]  how long the chunk may be spent, in µs from this Redis' TIME: the
 --          global lease's lifetime less the time since its take was sent, so the
 --          chunk dies before the global lease does
+-- ARGV[4]  optional: the instant to use instead of TIME (µs; tests, replays)
 --
 -- Returns {tokens now in the pool's live chunks}; a chunk whose lifetime is already
 -- over is not added.
 
-if #KEYS ~= 2 or #ARGV ~= 3 then
-  return redis.error_reply('ERR floodgate: pool add expects 2 keys and 3 arguments')
+if #KEYS ~= 2 or (#ARGV ~= 3 and #ARGV ~= 4) then
+  return redis.error_reply('ERR floodgate: pool add expects 2 keys and 3 or 4 arguments')
 end
 local tokens, life = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not (tokens and life and tokens >= 0 and tokens % 1 == 0 and life % 1 == 0)
     or string.find(ARGV[1], '%s') then
   return redis.error_reply('ERR floodgate: bad pool chunk')
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+local now = tonumber(ARGV[4])
+if ARGV[4] == nil then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+elseif not (now and now >= 0 and now % 1 == 0) then
+  return redis.error_reply('ERR floodgate: bad instant')
+end
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then redis.call('DEL', KEYS[1]) end
 if ARGV[1] ~= '' and tokens > 0 and life > 0 then
   redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d', tokens, now + life))

@@ -143,11 +143,7 @@ pub struct Pool {
 
 impl Pool {
     fn live(&self, now: Micros) -> u64 {
-        self.chunks
-            .iter()
-            .filter(|c| c.2 > now)
-            .map(|c| c.1)
-            .sum()
+        self.chunks.iter().filter(|c| c.2 > now).map(|c| c.1).sum()
     }
 
     /// [`POOL_TAKE`] over several pools at once: all or nothing.
@@ -696,11 +692,16 @@ mod tests {
                     });
                 }
             }
-            let (landed, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|r| r.add_at <= now);
+            let (landed, rest): (Vec<_>, Vec<_>) =
+                pending.into_iter().partition(|r| r.add_at <= now);
             pending = rest;
             for r in landed {
                 let got = r.taken.expect("the take lands before the add");
-                let member = if got.leased > 0 { got.member(&r.id, T) } else { String::new() };
+                let member = if got.leased > 0 {
+                    got.member(&r.id, T)
+                } else {
+                    String::new()
+                };
                 // spendable until the global lease expires, on the sender's reckoning
                 let life = cfg.lifetime - (r.add_at - r.sent);
                 match r.region {
@@ -732,7 +733,9 @@ mod tests {
                     if local || exact(&mut global, global_up) {
                         admitted.push(now);
                     }
-                    let low = leases[i].as_ref().is_none_or(|l| l.tokens * 2 < want || !l.live(now + delay));
+                    let low = leases[i]
+                        .as_ref()
+                        .is_none_or(|l| l.tokens * 2 < want || !l.live(now + delay));
                     if low && !refilling[i] {
                         refilling[i] = true;
                         pending.push(Refill {
@@ -748,7 +751,8 @@ mod tests {
                     }
                 }
                 Event::InRegion(g) => {
-                    let got = Pool::take(&mut [&mut pools[g]], &[(1, want / 2 + 1)], now, 4 * delay);
+                    let got =
+                        Pool::take(&mut [&mut pools[g]], &[(1, want / 2 + 1)], now, 4 * delay);
                     if got.admitted || exact(&mut global, global_up) {
                         admitted.push(now);
                     }
@@ -800,8 +804,15 @@ mod tests {
         };
         let events: Vec<_> = (0..2_000).map(|_| (Event::InRegion(0), 20_000)).collect();
         let (admitted, exact_calls) = simulate_system(&cfg, 100, 5_000, &events);
-        assert_eq!(admitted.len(), 2_000, "a steady key below its rate is never refused");
-        assert!(exact_calls <= 10, "{exact_calls} requests paid a global round trip");
+        assert_eq!(
+            admitted.len(),
+            2_000,
+            "a steady key below its rate is never refused"
+        );
+        assert!(
+            exact_calls <= 10,
+            "{exact_calls} requests paid a global round trip"
+        );
         let mut pool = Pool::default();
         assert!(!Pool::take(&mut [&mut pool], &[(1, 1)], 0, 10).admitted);
     }
@@ -820,9 +831,16 @@ mod tests {
         assert!(got.admitted);
         assert_eq!(got.left, [4, 0]);
         // the chunk expiring first was spent out: the refiller retires it
-        assert_eq!(got.refill, [true, false], "4 < 5: the caller refills, alone");
+        assert_eq!(
+            got.refill,
+            [true, false],
+            "4 < 5: the caller refills, alone"
+        );
         assert_eq!(got.retire[0], ["2:5:0".to_string()]);
-        assert!(!Pool::take(&mut [&mut a], &[(1, 5)], 20, 100).refill[0], "locked");
+        assert!(
+            !Pool::take(&mut [&mut a], &[(1, 5)], 20, 100).refill[0],
+            "locked"
+        );
         assert_eq!(a.add("", 0, 0, 30), 3);
         // at its expiry a chunk is gone, whatever it still held
         assert!(!Pool::take(&mut [&mut a], &[(1, 0)], 1_000, 100).admitted);
@@ -833,7 +851,11 @@ mod tests {
         assert_eq!(reply.refill, [true, false]);
         assert_eq!(reply.retire, [vec!["12:3:900".to_string()], vec![]]);
         assert_eq!(PoolTaken::from_reply(&[2, 7], 2).unwrap(), None);
-        for bad in [&[1, 7, 4][..], &[1, 7, 4, 1, 1, 12, 3, 0, 0, 0], &[1, 7, 4, 1, 0, 0, 0, 0, 9]] {
+        for bad in [
+            &[1, 7, 4][..],
+            &[1, 7, 4, 1, 1, 12, 3, 0, 0, 0],
+            &[1, 7, 4, 1, 0, 0, 0, 0, 9],
+        ] {
             assert!(PoolTaken::from_reply(bad, 2).is_err(), "{bad:?}");
         }
         assert_eq!(spent_members(&[12, 3, 900]).unwrap(), ["12:3:900"]);

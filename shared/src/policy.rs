@@ -759,24 +759,59 @@ mod tests {
             )
         };
         let p = Policy::from_json(&json(r#","consistency":"bounded","max_overshoot":10"#)).unwrap();
-        assert_eq!((p.consistency(), p.max_overshoot()), (Consistency::Bounded, Some(10)));
-        let auto = Policy::from_json(&json(r#","consistency":"auto","max_overshoot":100"#)).unwrap();
+        assert_eq!(
+            (p.consistency(), p.max_overshoot()),
+            (Consistency::Bounded, Some(10))
+        );
+        let auto =
+            Policy::from_json(&json(r#","consistency":"auto","max_overshoot":100"#)).unwrap();
         assert_eq!(auto.consistency(), Consistency::Auto);
         // the default is exact, and an exact policy serializes as before
         let exact = Policy::from_json(&json("")).unwrap();
-        assert_eq!((exact.consistency(), exact.max_overshoot()), (Consistency::Exact, None));
+        assert_eq!(
+            (exact.consistency(), exact.max_overshoot()),
+            (Consistency::Exact, None)
+        );
         assert!(!exact.to_json().contains("consistency"));
         assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
         for (extra, field, says) in [
-            (r#","consistency":"bounded""#, "max_overshoot", "is required"),
+            (
+                r#","consistency":"bounded""#,
+                "max_overshoot",
+                "is required",
+            ),
             (r#","consistency":"auto""#, "max_overshoot", "is required"),
-            (r#","consistency":"bounded","max_overshoot":0"#, "max_overshoot", "between 1 and"),
-            (r#","consistency":"bounded","max_overshoot":101"#, "max_overshoot", "got 101"),
-            (r#","consistency":"bounded","max_overshoot":-1"#, "max_overshoot", "invalid value"),
-            (r#","consistency":"bounded","max_overshoot":2.5"#, "max_overshoot", "invalid type"),
-            (r#","consistency":"bounded","max_overshoot":"5""#, "max_overshoot", "invalid type"),
+            (
+                r#","consistency":"bounded","max_overshoot":0"#,
+                "max_overshoot",
+                "between 1 and",
+            ),
+            (
+                r#","consistency":"bounded","max_overshoot":101"#,
+                "max_overshoot",
+                "got 101",
+            ),
+            (
+                r#","consistency":"bounded","max_overshoot":-1"#,
+                "max_overshoot",
+                "invalid value",
+            ),
+            (
+                r#","consistency":"bounded","max_overshoot":2.5"#,
+                "max_overshoot",
+                "invalid type",
+            ),
+            (
+                r#","consistency":"bounded","max_overshoot":"5""#,
+                "max_overshoot",
+                "invalid type",
+            ),
             (r#","max_overshoot":5"#, "max_overshoot", "only applies"),
-            (r#","consistency":"eventual","max_overshoot":5"#, "consistency", "unknown variant"),
+            (
+                r#","consistency":"eventual","max_overshoot":5"#,
+                "consistency",
+                "unknown variant",
+            ),
             (
                 r#","consistency":"bounded","max_overshoot":5,"algorithm":"fixed_window""#,
                 "consistency",

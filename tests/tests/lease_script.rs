@@ -110,3 +110,114 @@ fn lease_scripts_match_their_pure_twin() {
         );
     }
 }
+
+/// `lua/pool_take.lua` and `lua/pool_add.lua` in real Redis agree step by step
+/// with their pure twin (`floodgate_shared::lease::Pool`) over random sequences of
+/// chunk additions and takes of one or two buckets (all-or-nothing), expiries,
+/// refill locks and spent members handed to the refiller.
+#[test]
+fn pool_scripts_match_their_pure_twin() {
+    use floodgate_shared::lease::{
+        POOL_ADD, POOL_TAKE, Pool, PoolTaken, pool_keys, pool_take_args,
+    };
+    let server = RedisServer::start();
+    let mut c = server.connection();
+    // the lock lives (in real time) longer than the test: only an add releases it
+    let lock_ms = 600_000u64;
+    for seed in 0..4u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(100 + seed);
+        let buckets = [
+            format!("fg:{{k:pool-{seed}}}:a"),
+            format!("fg:{{k:pool-{seed}}}:b"),
+        ];
+        let keys: Vec<[String; 2]> = buckets.iter().map(|b| pool_keys(b)).collect();
+        let mut twins = [Pool::default(), Pool::default()];
+        let mut now = 1_700_000_000_000_000i64;
+        let (mut admitted, mut refills, mut id) = (0, 0, 0u64);
+        for step in 0..300 {
+            now += rng.random_range(0..400_000);
+            if rng.random_bool(0.3) {
+                let b = rng.random_range(0..2);
+                id += 1;
+                let tokens = rng.random_range(0..8u64);
+                let life = rng.random_range(0..2_000_000i64);
+                let member = format!("{id}:{tokens}:{}", now / 1000);
+                let args = [
+                    member.clone(),
+                    tokens.to_string(),
+                    life.to_string(),
+                    now.to_string(),
+                ];
+                let got = eval(&mut c, POOL_ADD.source, &[&keys[b][0], &keys[b][1]], &args);
+                let want = twins[b].add(&member, tokens, life, now);
+                assert_eq!(got, [want as i64], "seed {seed} step {step}: add");
+                continue;
+            }
+            let both = rng.random_bool(0.5);
+            let first = rng.random_range(0..2);
+            let which: Vec<usize> = if both { vec![0, 1] } else { vec![first] };
+            let asks: Vec<(u64, u64)> = which
+                .iter()
+                .map(|_| (rng.random_range(1..4), rng.random_range(0..6)))
+                .collect();
+            let mut k: Vec<&str> = which.iter().map(|b| keys[*b][0].as_str()).collect();
+            k.extend(which.iter().map(|b| keys[*b][1].as_str()));
+            let args = pool_take_args(now.to_string(), &asks, lock_ms);
+            let reply = eval(&mut c, POOL_TAKE.source, &k, &args);
+            let got = PoolTaken::from_reply(&reply, which.len())
+                .expect("a well-formed reply")
+                .expect("not stale");
+            let want = {
+                let [a, b] = &mut twins;
+                let mut pools: Vec<&mut Pool> = match which.as_slice() {
+                    [0, 1] => vec![a, b],
+                    [0] => vec![a],
+                    _ => vec![b],
+                };
+                Pool::take(&mut pools, &asks, now, lock_ms as i64 * 1000)
+            };
+            assert_eq!(
+                got, want,
+                "seed {seed} step {step}: take {asks:?} of {which:?}"
+            );
+            admitted += usize::from(got.admitted);
+            refills += got.refill.iter().filter(|r| **r).count();
+        }
+        assert!(
+            admitted > 20 && refills > 5,
+            "seed {seed}: {admitted} admitted, {refills} refills"
+        );
+    }
+    // a stale call spends nothing; malformed arguments get a clear error
+    let keys = pool_keys("fg:{k:stale}:p");
+    let got = eval(
+        &mut c,
+        floodgate_shared::lease::POOL_ADD.source,
+        &[&keys[0], &keys[1]],
+        &["7:5:0".into(), "5".into(), "60000000".into()],
+    );
+    assert_eq!(got, [5]);
+    let args = pool_take_args("<1".into(), &[(1, 0)], 1000);
+    assert_eq!(
+        eval(
+            &mut c,
+            floodgate_shared::lease::POOL_TAKE.source,
+            &[&keys[0], &keys[1]],
+            &args
+        )[0],
+        2
+    );
+    let mut bad = redis::cmd("EVAL");
+    bad.arg(floodgate_shared::lease::POOL_TAKE.source)
+        .arg(2)
+        .arg(&keys[0])
+        .arg(&keys[1])
+        .arg("")
+        .arg("0")
+        .arg("0")
+        .arg("1000");
+    let e = bad
+        .query::<Vec<i64>>(&mut c)
+        .expect_err("cost 0 is refused");
+    assert!(e.to_string().contains("floodgate:"), "{e}");
+}
