@@ -35,6 +35,28 @@ pub async fn sleep(d: Duration) {
     }
 }
 
+/// Elapsed time, also in wasm32 (where `std::time::Instant` panics).
+pub struct Stopwatch(
+    #[cfg(not(target_arch = "wasm32"))] std::time::Instant,
+    #[cfg(target_arch = "wasm32")] f64,
+);
+
+impl Stopwatch {
+    pub fn start() -> Self {
+        #[cfg(not(target_arch = "wasm32"))]
+        return Stopwatch(std::time::Instant::now());
+        #[cfg(target_arch = "wasm32")]
+        return Stopwatch(js_sys::Date::now());
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.0.elapsed();
+        #[cfg(target_arch = "wasm32")]
+        return Duration::from_secs_f64(((js_sys::Date::now() - self.0) / 1000.0).max(0.0));
+    }
+}
+
 /// The outcome of [`race`].
 pub enum Raced<T, F> {
     /// The future finished in time.

@@ -1,128 +1,15 @@
 //! The pipeline against an in-memory store and a fake clock: caching, failure
 //! modes, and one store round trip per admitted request.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+mod common;
 
+use std::sync::atomic::Ordering;
+
+use common::{MemStore, T0, advance, head, header, mem, retry_after, seed, settle, status};
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
-use floodgate_edge::store::{BucketStore, MaybeSend, RecordStore, StoreError, StoreErrorKind};
-use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
-use floodgate_shared::bucket::{BucketState, decide};
+use floodgate_shared::apikeys::{KeyRecord, KeyStatus, new_secret};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::script::{Check, Verdict, When, interpret_token_bucket};
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC, Micros};
-
-const T0: Micros = 1_764_000_000_000_000;
-
-/// Buckets and records in memory, running the same transition as the script.
-#[derive(Default)]
-struct MemStore {
-    records: Mutex<HashMap<String, Vec<u8>>>,
-    buckets: Mutex<HashMap<String, BucketState>>,
-    gets: AtomicUsize,
-    checks: AtomicUsize,
-    refunds: AtomicUsize,
-    down: AtomicBool,
-    /// How long a bucket check takes before it decides (a slow Redis).
-    slow: Mutex<Option<std::time::Duration>>,
-    /// In-flight slots held per set.
-    slots: Mutex<HashMap<String, u32>>,
-    now: Mutex<Micros>,
-    writes: Mutex<Vec<Vec<String>>>,
-}
-
-/// A store that lives as long as the test process (the pipeline's background
-/// tasks may outlive a test's scope).
-fn mem() -> &'static MemStore {
-    Box::leak(Box::default())
-}
-
-impl BucketStore for &MemStore {
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        _when: impl Into<When> + MaybeSend,
-    ) -> Result<Verdict, StoreError> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
-        }
-        let slow = *self.slow.lock().unwrap();
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
-        let now = *self.now.lock().unwrap();
-        let mut buckets = self.buckets.lock().unwrap();
-        let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
-        let all = checks
-            .iter()
-            .zip(&prev)
-            .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
-        if all {
-            for (c, p) in checks.iter().zip(&prev) {
-                if let Some(w) = decide(*p, c.quota, now, c.cost).write {
-                    buckets.insert(c.key.to_string(), w);
-                }
-            }
-        }
-        let mut reply = vec![i64::from(all), now];
-        reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
-        Ok(interpret_token_bucket(checks, &reply).unwrap())
-    }
-
-    async fn acquire_slot(
-        &self,
-        key: &str,
-        _id: &str,
-        limit: u32,
-        _ttl_ms: u64,
-        _until: Option<Micros>,
-    ) -> Result<bool, StoreError> {
-        let mut slots = self.slots.lock().unwrap();
-        let held = slots.entry(key.to_string()).or_default();
-        if *held >= limit {
-            return Ok(false);
-        }
-        *held += 1;
-        Ok(true)
-    }
-
-    async fn release_slot(&self, key: &str, _id: &str) -> Result<(), StoreError> {
-        if let Some(held) = self.slots.lock().unwrap().get_mut(key) {
-            *held = held.saturating_sub(1);
-        }
-        Ok(())
-    }
-
-    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
-        self.refunds.fetch_add(1, Ordering::SeqCst);
-        let mut buckets = self.buckets.lock().unwrap();
-        for (c, d) in checks.iter().zip(&verdict.decisions) {
-            if d.allowed()
-                && let Some(b) = buckets.get_mut(c.key)
-            {
-                b.full_at -= c.quota.cost_window(c.cost);
-            }
-        }
-        Ok(())
-    }
-}
-
-impl RecordStore for &MemStore {
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
-        self.writes.lock().unwrap().extend(commands);
-        Ok(())
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
-        }
-        Ok(self.records.lock().unwrap().get(key).cloned())
-    }
-}
 
 const CONFIG: &str = r#"{"policies":[
   {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
@@ -131,50 +18,10 @@ const CONFIG: &str = r#"{"policies":[
   {"name":"one_at_a_time","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed","max_in_flight":1}],
   "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"],"single":["one_at_a_time"]}}"#;
 
-fn setup(store: &MemStore, plan: &str) -> String {
-    let (id, secret) = new_secret(&[7u8; 42]);
-    let record = KeyRecord {
-        id,
-        owner: String::new(),
-        plan: plan.into(),
-        status: KeyStatus::Active,
-        created: 0,
-    };
-    let mut r = store.records.lock().unwrap();
-    r.insert(CONFIG_KEY.into(), CONFIG.as_bytes().to_vec());
-    r.insert(
-        record_key(&hash_secret(&secret)),
-        record.to_json().into_bytes(),
-    );
-    *store.now.lock().unwrap() = T0;
-    format!("Bearer {secret}")
-}
-
-/// Moves the pipeline's clock and the store's together (refilling buckets too).
-fn advance(clock: &FakeClock, store: &MemStore, by: Micros) {
-    clock.advance(by);
-    *store.now.lock().unwrap() += by;
-}
-
-fn head(auth: &str) -> RequestHead<'_> {
-    RequestHead {
-        path: "/v1/x",
-        credentials: Some(auth.as_bytes()),
-        client_ip: None,
-    }
-}
-
-fn status(g: &Gate) -> u16 {
-    match g {
-        Gate::Respond { status, .. } => *status,
-        Gate::Forward { .. } => 200,
-    }
-}
-
 #[tokio::test]
 async fn a_warm_request_costs_one_store_round_trip() {
     let store = mem();
-    let auth = setup(store, "free");
+    let auth = seed(store, CONFIG, "free");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     let statuses: Vec<u16> = futures_statuses(&p, &auth, 4).await;
@@ -206,7 +53,7 @@ async fn futures_statuses<C: Clock>(
 #[tokio::test]
 async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
     let store = mem();
-    let auth = setup(store, "free");
+    let auth = seed(store, CONFIG, "free");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
         store,
@@ -257,7 +104,7 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
 async fn a_store_outage_is_an_explicit_per_policy_decision() {
     for (plan, expected) in [("free", 503), ("lenient", 200)] {
         let store = mem();
-        let auth = setup(store, plan);
+        let auth = seed(store, CONFIG, plan);
         let clock = FakeClock::at(T0);
         let p = Pipeline::new(store, &clock, PipelineConfig::default());
         assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
@@ -283,7 +130,7 @@ async fn a_store_outage_is_an_explicit_per_policy_decision() {
 #[tokio::test]
 async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
     let store = mem();
-    let auth = setup(store, "gold");
+    let auth = seed(store, CONFIG, "gold");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 403);
@@ -299,22 +146,12 @@ async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
 }
 
-fn retry_after(g: &Gate) -> Option<i64> {
-    match g {
-        Gate::Respond { headers, .. } => headers
-            .iter()
-            .find(|(k, _)| *k == "Retry-After")
-            .map(|(_, v)| v.parse().unwrap()),
-        Gate::Forward { .. } => None,
-    }
-}
-
 /// After a denial the instance answers that bucket itself until the exact wait is
 /// over, then asks the store again.
 #[tokio::test]
 async fn the_deny_cache_answers_locally_until_retry_after() {
     let store = mem();
-    let auth = setup(store, "free"); // 3 per minute: one token every 20 s
+    let auth = seed(store, CONFIG, "free"); // 3 per minute: one token every 20 s
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(futures_statuses(&p, &auth, 4).await, [200, 200, 200, 429]);
@@ -362,8 +199,8 @@ fn the_deny_cache_changes_no_decision() {
     proptest::test_runner::TestRunner::default()
         .run(&steps, |steps| {
             let (a, b) = (mem(), mem());
-            let auth = setup(a, "free");
-            setup(b, "free");
+            let auth = seed(a, CONFIG, "free");
+            seed(b, CONFIG, "free");
             // same key in both stores
             let records = a.records.lock().unwrap().clone();
             *b.records.lock().unwrap() = records;
@@ -412,7 +249,7 @@ fn the_deny_cache_changes_no_decision() {
 async fn the_circuit_breaker_opens_probes_and_closes() {
     use floodgate_edge::breaker::Phase;
     let store = mem();
-    let auth = setup(store, "lenient"); // fail_open
+    let auth = seed(store, CONFIG, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
@@ -471,7 +308,7 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
 #[tokio::test]
 async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     let store = mem();
-    let auth = setup(store, "lenient"); // fail_open
+    let auth = seed(store, CONFIG, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
         store,
@@ -499,23 +336,13 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     assert_eq!(status(&p.gate(head(&stranger)).await.gate), 503);
 }
 
-fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
-    let headers = match g {
-        Gate::Respond { headers, .. } | Gate::Forward { headers, .. } => headers,
-    };
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-}
-
 /// local_fallback: while the store is down, each instance enforces its share of
 /// the quota (20% of 10/min = 2 tokens, one more every 30 s) with the pure bucket.
 #[tokio::test]
 async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
     for plan in ["fallback", "mixed"] {
         let store = mem();
-        let auth = setup(store, plan);
+        let auth = seed(store, CONFIG, plan);
         let clock = FakeClock::at(T0);
         let p = Pipeline::new(store, &clock, PipelineConfig::default());
         assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
@@ -552,7 +379,7 @@ async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
 #[tokio::test]
 async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
     let store = mem();
-    let auth = setup(store, "free");
+    let auth = seed(store, CONFIG, "free");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     store.down.store(true, Ordering::SeqCst);
@@ -582,7 +409,7 @@ async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
 #[tokio::test]
 async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     let store = mem();
-    let auth = setup(store, "lenient"); // fail_open
+    let auth = seed(store, CONFIG, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
@@ -626,14 +453,6 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(sum("mode|fail_closed"), 0);
 }
 
-/// Runs what the pipeline left for after the answer (the hosts spawn it).
-async fn settle(d: floodgate_edge::pipeline::Decided) -> Gate {
-    for task in d.background {
-        task.await;
-    }
-    d.gate
-}
-
 /// A bucket check that misses its deadline is answered with the failure mode at
 /// once; when it admits in the store later anyway, the request it admitted was
 /// refused (503), so the tokens go back. A fail-open answer refunds nothing (the
@@ -642,7 +461,7 @@ async fn settle(d: floodgate_edge::pipeline::Decided) -> Gate {
 async fn a_late_admission_of_a_refused_request_is_refunded() {
     for (plan, refused) in [("free", true), ("lenient", false)] {
         let store = mem();
-        let auth = setup(store, plan);
+        let auth = seed(store, CONFIG, plan);
         let clock = FakeClock::at(T0);
         let p = Pipeline::new(
             store,
@@ -680,7 +499,7 @@ async fn a_late_admission_of_a_refused_request_is_refunded() {
 #[tokio::test]
 async fn a_request_refused_for_its_in_flight_limit_costs_no_tokens() {
     let store = mem();
-    let auth = setup(store, "single"); // 3 per minute, one in flight at a time
+    let auth = seed(store, CONFIG, "single"); // 3 per minute, one in flight at a time
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     let first = settle(p.gate(head(&auth)).await).await;
@@ -710,7 +529,7 @@ async fn a_request_refused_for_its_in_flight_limit_costs_no_tokens() {
 #[tokio::test]
 async fn unknown_keys_spend_their_address_budget_then_cost_no_lookups() {
     let store = mem();
-    let auth = setup(store, "free");
+    let auth = seed(store, CONFIG, "free");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
         store,

@@ -658,6 +658,13 @@ impl PolicySpec {
                         "a shadow policy is always decided exactly",
                     ));
                 }
+                if self.max_in_flight.is_some() {
+                    return Err(PolicyError::new(
+                        "consistency",
+                        "max_in_flight takes a slot in the global store on every request: \
+                         use consistency \"exact\"",
+                    ));
+                }
                 if !(1..=quota.capacity()).contains(&n) {
                     return Err(PolicyError::new(
                         "max_overshoot",
@@ -821,6 +828,11 @@ mod tests {
                 r#","consistency":"bounded","max_overshoot":5,"shadow":true"#,
                 "consistency",
                 "shadow",
+            ),
+            (
+                r#","consistency":"auto","max_overshoot":5,"max_in_flight":3"#,
+                "consistency",
+                "max_in_flight",
             ),
         ] {
             let e = Policy::from_json(&json(extra)).expect_err(extra);

@@ -43,6 +43,19 @@ pub enum NativeStore {
 }
 
 impl BucketStore for NativeStore {
+    async fn run(
+        &self,
+        script: &'static floodgate_shared::script::LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        match self {
+            NativeStore::Resp(s) => s.run(script, keys, args).await,
+            NativeStore::Rest(s) => s.run(script, keys, args).await,
+            NativeStore::Cluster(s) => s.run(script, keys, args).await,
+        }
+    }
+
     async fn check(
         &self,
         checks: &[Check<'_>],

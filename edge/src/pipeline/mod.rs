@@ -22,6 +22,7 @@
 //! check). A revoked key stops working within that TTL.
 
 mod answer;
+pub mod bounded;
 mod deny;
 pub mod offset;
 mod records;
@@ -37,12 +38,17 @@ use floodgate_shared::apikeys::{
 };
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
-use floodgate_shared::policy::{FailureMode, Policy, Quota};
+use floodgate_shared::lease::{
+    LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, PoolTaken, Taken, leases_key, pool_keys,
+    pool_take_args,
+};
+use floodgate_shared::policy::{Consistency, FailureMode, Policy, Quota};
 use floodgate_shared::routes::Route;
 use floodgate_shared::script::{Check, Verdict, When};
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
 
 pub use self::answer::{DEGRADED_HEADER, Gate, Slot};
+use self::bounded::{LeaseSettings, Leases, Refill};
 use self::deny::{Denied, DenyCache};
 use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
@@ -51,7 +57,11 @@ use crate::fallback::LocalBuckets;
 use crate::stats::{Outcome, Stats};
 use crate::store::{BucketStore, MaybeSend, MaybeSync, RecordStore, StoreError, StoreErrorKind};
 use crate::sync::lock;
-use crate::timer::{Raced, race};
+use crate::timer::{Raced, Stopwatch, race};
+
+/// A pool chunk dies this long before its global lease, for clocks that read in
+/// whole milliseconds (the Worker) and the hop to the regional store.
+const POOL_MARGIN: Micros = 50_000;
 
 /// What the pipeline needs to know about a request.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +126,8 @@ pub struct PipelineConfig {
     pub unknown_keys_per_ip_per_min: u32,
     /// The same budget for the whole instance (0: no limit).
     pub unknown_keys_per_min: u32,
+    /// Lease lifetime and the `auto` switch's rates (bounded consistency).
+    pub leases: LeaseSettings,
     /// Where breaker transitions are logged (one line each): stderr natively, the
     /// console in the Worker.
     pub log: fn(&str),
@@ -148,6 +160,7 @@ impl Default for PipelineConfig {
             in_flight_ttl: 60 * MICROS_PER_SEC,
             unknown_keys_per_ip_per_min: 20,
             unknown_keys_per_min: 600,
+            leases: LeaseSettings::default(),
             log: log_to_stderr,
         }
     }
@@ -171,6 +184,10 @@ struct Totals {
     unknown_key_refused: AtomicU64,
     late_calls: AtomicU64,
     refunds: AtomicU64,
+    /// Requests decided from leased tokens while the global store was down.
+    leased_while_down: AtomicU64,
+    /// Leased requests whose tokens were not at hand (decided exactly instead).
+    lease_misses: AtomicU64,
     /// µs of breaker time already written to `breaker|open_ms`.
     open_us_counted: std::sync::Mutex<Micros>,
 }
@@ -195,6 +212,12 @@ pub struct Health {
     /// back because their request had been refused.
     pub late_calls: u64,
     pub refunds: u64,
+    /// Requests decided from leased tokens (bounded consistency), those decided so
+    /// while the global store was down (degraded but bounded), and leased requests
+    /// whose tokens were not at hand (decided exactly).
+    pub leased: u64,
+    pub leased_while_down: u64,
+    pub lease_misses: u64,
     /// The answer deadline of one store call (µs).
     pub deadline_us: Micros,
 }
@@ -219,6 +242,11 @@ impl Health {
             },
             "late_calls": self.late_calls,
             "refunds": self.refunds,
+            "leased": {
+                "decisions": self.leased,
+                "while_global_down": self.leased_while_down,
+                "misses": self.lease_misses,
+            },
             "deadline_ms": self.deadline_us as f64 / 1e3,
         })
         .to_string()
@@ -300,6 +328,15 @@ pub struct Pipeline<S, C> {
     totals: Arc<Totals>,
     offset: OffsetBound,
     slot_ids: SlotIds,
+    leases: Arc<Leases>,
+    regional: Option<Regional<S>>,
+}
+
+/// A regional store holding the region's pools of leased tokens, behind its own
+/// breaker (a regional outage sends bounded requests to the exact path).
+struct Regional<S> {
+    store: S,
+    breaker: Breaker,
 }
 
 /// Unique slot ids: a per-instance random prefix and a counter.
@@ -371,6 +408,7 @@ where
 {
     pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
         let slot_ids = SlotIds::new(clock.now());
+        let leases = Arc::new(Leases::new(settings.leases, clock.now()));
         Self {
             store,
             clock,
@@ -389,9 +427,24 @@ where
             totals: Arc::default(),
             offset: OffsetBound::default(),
             slot_ids,
+            leases,
+            regional: None,
             breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
             settings,
         }
+    }
+
+    /// Decides bounded policies against the pools of a regional store (one regional
+    /// round trip per request) instead of this instance's own leases.
+    pub fn with_regional(mut self, store: S) -> Self {
+        self.regional = Some(Regional {
+            store,
+            breaker: Breaker::new(
+                self.settings.breaker_threshold,
+                self.settings.breaker_cool_down,
+            ),
+        });
+        self
     }
 
     pub fn store(&self) -> &S {
@@ -422,6 +475,9 @@ where
             unknown_key_refused: load(&t.unknown_key_refused),
             late_calls: load(&t.late_calls),
             refunds: load(&t.refunds),
+            leased: self.leases.local.load(Ordering::Relaxed),
+            leased_while_down: load(&t.leased_while_down),
+            lease_misses: load(&t.lease_misses),
             deadline_us: self.settings.deadline,
         }
     }
@@ -447,17 +503,28 @@ where
             .map_or(When::Redis, When::RedisUntil)
     }
 
-    /// Runs one store call under the circuit breaker and the answer deadline. Open
-    /// breaker: not called at all. Half-open: this request health-checks the
-    /// store first. A call that misses the deadline counts as a failure and is
-    /// handed back still running.
+    /// Runs one call to the global store under its circuit breaker and the answer
+    /// deadline. Open breaker: not called at all. Half-open: this request
+    /// health-checks the store first. A call that misses the deadline counts as a
+    /// failure and is handed back still running.
     async fn call<T: 'static>(&self, fut: BoxFuture<'static, Result<T, StoreError>>) -> Called<T> {
-        let (permit, moved) = self.breaker.permit(self.clock.now());
+        self.call_to(&self.breaker, &self.store, fut).await
+    }
+
+    /// [`Pipeline::call`] to `store` behind `breaker` (the global store, or the
+    /// regional one).
+    async fn call_to<T: 'static>(
+        &self,
+        breaker: &Breaker,
+        store: &S,
+        fut: BoxFuture<'static, Result<T, StoreError>>,
+    ) -> Called<T> {
+        let (permit, moved) = breaker.permit(self.clock.now());
         self.logged(moved);
         match permit {
             Permit::Skip => return Called::Failed(skipped(), None),
             Permit::Probe => {
-                let store = self.store.clone();
+                let store = store.clone();
                 let ping = race(boxed(async move { store.ping().await }), self.deadline()).await;
                 let failed = match ping {
                     Raced::Done(Ok(())) => None,
@@ -467,28 +534,28 @@ where
                 let now = self.clock.now();
                 if let Some(e) = failed {
                     // any failed health check reopens, whatever the error
-                    self.logged(self.breaker.probe_failed(now, &e));
+                    self.logged(breaker.probe_failed(now, &e));
                     return Called::Failed(e, None);
                 }
-                self.logged(self.breaker.probe_succeeded(now));
+                self.logged(breaker.probe_succeeded(now));
             }
             Permit::Call => {}
         }
         match race(fut, self.deadline()).await {
             Raced::Done(Ok(v)) => {
-                self.logged(self.breaker.success(self.clock.now()));
+                self.logged(breaker.success(self.clock.now()));
                 Called::Done(v)
             }
             Raced::Done(Err(e)) => {
                 if e.is_retryable() {
-                    self.logged(self.breaker.failure(self.clock.now(), &e));
+                    self.logged(breaker.failure(self.clock.now(), &e));
                 }
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
                 let e = self.late_error();
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
-                self.logged(self.breaker.failure(self.clock.now(), &e));
+                self.logged(breaker.failure(self.clock.now(), &e));
                 Called::Failed(e, Some(still))
             }
         }
@@ -625,6 +692,9 @@ where
             &ctx.record.plan,
             ctx.route_name(),
         );
+        if let Some(gate) = self.leased(&ctx, later).await {
+            return Ok(gate);
+        }
         self.deny_cached(&ctx)?;
         let owned: Arc<Vec<OwnedCheck>> = Arc::new(
             ctx.policies
@@ -915,6 +985,191 @@ where
         );
     }
 
+    /// Phase 4: a request whose policies are all leased (`bounded`, or `auto` and hot
+    /// here) is decided from tokens at hand — this instance's leases, or its
+    /// region's pool in ONE regional call — and admitted without a global round
+    /// trip. `None`: the exact path decides (tokens not at hand, an exact, shadow or
+    /// in-flight-limited policy, the regional store unreachable). Leases are
+    /// refilled ahead in the background.
+    async fn leased(&self, ctx: &Ctx<'_>, later: &mut Vec<Task>) -> Option<Gate> {
+        let now = ctx.started;
+        if ctx.policies.iter().any(|(_, p)| {
+            p.shadow() || p.max_in_flight().is_some() || p.consistency() == Consistency::Exact
+        }) {
+            return None;
+        }
+        // every policy is asked: `auto` ones record the request for their rate
+        let leased = ctx
+            .policies
+            .iter()
+            .filter(|(k, p)| self.leases.leased(k, p, now))
+            .count();
+        if leased < ctx.policies.len() {
+            return None;
+        }
+        let buckets: Vec<(&str, &Policy)> =
+            ctx.policies.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+        let decisions = match &self.regional {
+            None => {
+                for r in self.leases.refills_due(&buckets, now) {
+                    if let Some((_, p)) = buckets.iter().find(|(k, _)| *k == r.key) {
+                        later.push(self.lease_refill(r, p));
+                    }
+                }
+                self.leases.spend(&buckets, now)
+            }
+            Some(region) => self.pool_take(region, &buckets, later).await,
+        };
+        let Some(decisions) = decisions else {
+            self.totals.lease_misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        if self.breaker.phase() != Phase::Closed || self.leases.global_failing() {
+            self.totals
+                .leased_while_down
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let verdict = Verdict {
+            admitted: true,
+            now,
+            shadow: vec![false; decisions.len()],
+            decisions,
+        };
+        let headers = self.admitted(ctx, &verdict).ok()?;
+        self.count(ctx, Outcome::Allowed, None);
+        Some(Gate::forward(
+            &ctx.record.id,
+            ctx.route_name(),
+            headers,
+            vec![],
+        ))
+    }
+
+    /// Spends every bucket's cost from the region's pools in one call: the
+    /// decisions, or `None` (a pool lacked tokens, or the regional store did not
+    /// answer in time). Pools that ran low are refilled by this caller when it got
+    /// their lock.
+    async fn pool_take(
+        &self,
+        region: &Regional<S>,
+        buckets: &[(&str, &Policy)],
+        later: &mut Vec<Task>,
+    ) -> Option<Vec<floodgate_shared::bucket::Decision>> {
+        let now = self.clock.now();
+        let (mut keys, mut locks) = (vec![], vec![]);
+        for (k, _) in buckets {
+            let [pool, lock] = pool_keys(k);
+            keys.push(pool);
+            locks.push(lock);
+        }
+        keys.extend(locks);
+        let asks: Vec<(u64, u64)> = buckets
+            .iter()
+            .map(|(_, p)| (u64::from(p.cost()), LeaseSettings::pool_target(p) / 2 + 1))
+            .collect();
+        let lock_ms = (self.settings.leases.lifetime / 2_000).max(1) as u64;
+        // the regional store's own clock: a pool take it runs late spends tokens of
+        // a request the exact path then decided (a shortfall, never an overshoot)
+        let args = pool_take_args(String::new(), &asks, lock_ms);
+        let store = region.store.clone();
+        let n = buckets.len();
+        let fut = boxed(async move {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            store.run(&POOL_TAKE, &refs, &args).await
+        });
+        let reply = match self.call_to(&region.breaker, &region.store, fut).await {
+            Called::Done(r) => r,
+            Called::Failed(..) => return None,
+        };
+        let taken = PoolTaken::from_reply(&reply, n).ok().flatten()?;
+        for (i, (k, p)) in buckets.iter().enumerate() {
+            if taken.refill[i] {
+                later.push(self.pool_refill(region, k, p, &taken.retire[i]));
+            }
+        }
+        taken
+            .admitted
+            .then(|| self.leases.pool_decisions(buckets, &taken.left, now))
+    }
+
+    /// Takes a lease for this instance from the global bucket (cost 0), retiring
+    /// the spent ones, in the background.
+    fn lease_refill(&self, r: Refill, policy: &Policy) -> Task {
+        let store = self.store.clone();
+        let leases = self.leases.clone();
+        let cfg = self.settings.leases.for_policy(policy);
+        let q = *policy.quota();
+        let sent = self.clock.now();
+        boxed(async move {
+            let args = cfg.take_args(
+                None,
+                q.burst_window(),
+                q.emission_interval(),
+                0,
+                r.want,
+                &r.id,
+                Some(&r.retire),
+            );
+            let held = leases_key(&r.key);
+            let got = store
+                .run(&LEASE_TAKE, &[&r.key, &held], &args)
+                .await
+                .ok()
+                .and_then(|reply| Taken::from_reply(&reply).ok());
+            let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
+            leases.refilled(&r, got.as_ref(), sent, full_at, true);
+        })
+    }
+
+    /// Refills a regional pool from the global bucket, in the background: a global
+    /// lease (cost 0, retiring the pool's spent chunks), then the chunk added to the
+    /// pool, spendable until the global lease expires as reckoned from the send.
+    fn pool_refill(
+        &self,
+        region: &Regional<S>,
+        key: &str,
+        policy: &Policy,
+        retire: &[String],
+    ) -> Task {
+        let r = self.leases.pool_refill(key, policy, retire);
+        let (global, regional) = (self.store.clone(), region.store.clone());
+        let leases = self.leases.clone();
+        let cfg = LeaseConfig {
+            max_lease: r.want,
+            ..self.settings.leases.for_policy(policy)
+        };
+        let q = *policy.quota();
+        let sent = self.clock.now();
+        boxed(async move {
+            let watch = Stopwatch::start();
+            let args = cfg.take_args(
+                None,
+                q.burst_window(),
+                q.emission_interval(),
+                0,
+                r.want,
+                &r.id,
+                Some(&r.retire),
+            );
+            let held = leases_key(&r.key);
+            let got = global
+                .run(&LEASE_TAKE, &[&r.key, &held], &args)
+                .await
+                .ok()
+                .and_then(|reply| Taken::from_reply(&reply).ok());
+            let life = cfg.lifetime - watch.elapsed().as_micros() as i64 - POOL_MARGIN;
+            let (member, tokens) = match &got {
+                Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
+                _ => (String::new(), 0),
+            };
+            let [pool, lock] = pool_keys(&r.key);
+            let args = [member, tokens.to_string(), life.max(0).to_string()];
+            let _ = regional.run(&POOL_ADD, &[&pool, &lock], &args).await;
+            let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
+            leases.refilled(&r, got.as_ref(), sent, full_at, false);
+        })
+    }
+
     /// Phase 4: a bucket the store denied a moment ago is answered here, with the
     /// quota headers (and IETF fields) of the denying policies, until it can
     /// admit the request again.
@@ -997,7 +1252,13 @@ where
         let latency = u64::try_from(finished - sent).ok();
         match called {
             Called::Done(verdict) => {
+                self.leases.global_answered(true);
                 self.offset.observe(verdict.now, finished);
+                for ((k, p), d) in ctx.policies.iter().zip(&verdict.decisions) {
+                    if p.consistency() != Consistency::Exact {
+                        self.leases.observe(k, d, finished);
+                    }
+                }
                 if self.settings.deny_cache && !verdict.admitted {
                     self.remember_denials(ctx, &verdict, sent, finished);
                 }
@@ -1012,6 +1273,7 @@ where
                 Ok((verdict, latency))
             }
             Called::Failed(e, late) => {
+                self.leases.global_answered(false);
                 let (gate, refused) = self.failure_mode(ctx, &e);
                 if let Some(late) = late
                     && refused

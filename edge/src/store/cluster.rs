@@ -391,6 +391,15 @@ fn parse_slots(reply: Reply, from: &str) -> Result<Vec<(u16, u16, String)>, Stor
 }
 
 impl BucketStore for ClusterStore {
+    async fn run(
+        &self,
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        self.eval_script(script, keys, args).await
+    }
+
     async fn check(
         &self,
         checks: &[Check<'_>],

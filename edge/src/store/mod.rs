@@ -97,6 +97,15 @@ impl<T: ?Sized> MaybeSync for T {}
 
 /// A place where buckets live.
 pub trait BucketStore {
+    /// Runs a script replying with integers (`EVALSHA`, and `EVAL` with the source
+    /// in the same call when the server does not know it).
+    fn run(
+        &self,
+        script: &'static floodgate_shared::script::LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + MaybeSend;
+
     /// Checks (and, when every bucket has room, consumes) all `checks` atomically in
     /// one round trip, by the clock `when` says: Redis' `TIME` (`None`), Redis'
     /// `TIME` only until an instant ([`When::RedisUntil`]: a later call changes

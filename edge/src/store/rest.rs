@@ -27,6 +27,7 @@ use floodgate_shared::script::{
 use serde_json::Value;
 
 use super::{BucketStore, MaybeSend, StoreError, StoreErrorKind};
+use crate::timer::Stopwatch;
 
 /// A value in a REST reply, strings already decoded from base64.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -482,6 +483,15 @@ impl super::RecordStore for RestStore {
 }
 
 impl BucketStore for RestStore {
+    async fn run(
+        &self,
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        self.eval_batched(script, keys, args.to_vec()).await
+    }
+
     async fn check(
         &self,
         checks: &[Check<'_>],
@@ -549,25 +559,4 @@ fn classify(e: reqwest::Error) -> StoreError {
         StoreErrorKind::Connect
     };
     err(kind, e.to_string())
-}
-
-/// Elapsed time, also in wasm32 (where `std::time::Instant` panics).
-struct Stopwatch(
-    #[cfg(not(target_arch = "wasm32"))] std::time::Instant,
-    #[cfg(target_arch = "wasm32")] f64,
-);
-
-impl Stopwatch {
-    fn start() -> Self {
-        #[cfg(not(target_arch = "wasm32"))]
-        return Stopwatch(std::time::Instant::now());
-        #[cfg(target_arch = "wasm32")]
-        return Stopwatch(js_sys::Date::now());
-    }
-    fn elapsed(&self) -> Duration {
-        #[cfg(not(target_arch = "wasm32"))]
-        return self.0.elapsed();
-        #[cfg(target_arch = "wasm32")]
-        return Duration::from_secs_f64(((js_sys::Date::now() - self.0) / 1000.0).max(0.0));
-    }
 }

@@ -446,6 +446,15 @@ impl super::RecordStore for RespStore {
 }
 
 impl BucketStore for RespStore {
+    async fn run(
+        &self,
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        self.eval_script(script, keys, args).await
+    }
+
     async fn check(
         &self,
         checks: &[Check<'_>],

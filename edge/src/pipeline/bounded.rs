@@ -1,0 +1,483 @@
+//! Bounded consistency at the edge: requests whose policies are all `bounded` (or
+//! `auto` and hot) are decided from tokens leased ahead, without a round trip to
+//! the global Redis.
+//!
+//! Two places hold leased tokens:
+//! - **this instance** (no regional store): per bucket, leases taken from the global
+//!   bucket in the background (`lua/lease_take.lua`, cost 0) before the last ones
+//!   run out, spent in memory;
+//! - **the region's pool** (with a regional store): per bucket, chunks leased from
+//!   the global bucket by whichever instance of the region sees the pool run low
+//!   (`lua/pool_take.lua` hands out one refill lock at a time), spent by every
+//!   instance of the region in ONE regional round trip per request.
+//!
+//! Either way the global Redis records every lease and refuses to lease past the
+//! policy's `max_overshoot` tokens outstanding, so admissions of any window stay
+//! within the exact quota plus that bound, whatever the number of instances and
+//! regions. A lease or a pool chunk is spent only until its global lease expires
+//! (on the holder's reckoning, which starts when the take was SENT); a crashed
+//! holder's tokens lapse (a shortfall, never an overshoot).
+//!
+//! A request with any exact (or shadow, or in-flight-limited) policy, or whose
+//! bounded buckets lack tokens at hand, is decided by the exact path: ONE global
+//! call for all its policies, as before. Denials therefore always come from the
+//! global bucket, with an exact Retry-After.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use floodgate_shared::bucket::{Decision, Outcome};
+use floodgate_shared::lease::{LeaseConfig, LocalLease, Mode, ModeSwitch, Taken};
+use floodgate_shared::policy::{Consistency, Policy, Quota};
+use floodgate_shared::time::{MICROS_PER_SEC, Micros};
+
+use crate::sync::lock;
+
+/// How leases are sized and how long they live (one deployment-wide setting; the
+/// bound is each policy's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// A lease's (and a pool chunk's) lifetime.
+    pub lifetime: Micros,
+    /// `auto` policies turn bounded for a key when this instance sees at least this
+    /// many requests/s of it...
+    pub hot_per_sec: u64,
+    /// ...and exact again at or below this many.
+    pub cool_per_sec: u64,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            lifetime: 2 * MICROS_PER_SEC,
+            hot_per_sec: 50,
+            cool_per_sec: 10,
+        }
+    }
+}
+
+impl LeaseSettings {
+    /// The lease configuration of `policy` (its bound; leases of at most half of it
+    /// per instance, so at least two instances share it; one that gets none decides
+    /// exactly).
+    pub fn for_policy(&self, policy: &Policy) -> LeaseConfig {
+        let bound = policy.max_overshoot().unwrap_or(0);
+        LeaseConfig {
+            max_overshoot: bound,
+            max_lease: (bound / 2).max(1),
+            lifetime: self.lifetime,
+            hot_per_sec: self.hot_per_sec,
+            cool_per_sec: self.cool_per_sec,
+        }
+    }
+
+    /// Tokens one pool refill asks for: half the bound (two regions' pools can be
+    /// full at once; more regions share what is left).
+    pub fn pool_target(policy: &Policy) -> u64 {
+        (policy.max_overshoot().unwrap_or(0) / 2).max(1)
+    }
+}
+
+/// What this instance last learned of a global bucket: when it is full again, on
+/// the local clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GlobalView {
+    full_at: Micros,
+}
+
+/// One bucket's state on this instance.
+#[derive(Debug, Default)]
+struct Held {
+    leases: Vec<LocalLease>,
+    refilling: bool,
+    /// Members of leases spent to the last token: retired by the next take.
+    retire: Vec<String>,
+    switch: ModeSwitch,
+    global: Option<GlobalView>,
+    /// Tokens out on leases, all holders, as the last take reported.
+    outstanding: u64,
+    used: Micros,
+}
+
+impl Held {
+    fn at_hand(&self, now: Micros) -> u64 {
+        self.leases
+            .iter()
+            .filter(|l| l.live(now))
+            .map(|l| l.tokens)
+            .sum()
+    }
+
+    /// Spends `cost` from the lease expiring first (several if needed); all or none.
+    fn spend(&mut self, cost: u64, now: Micros) -> bool {
+        self.leases.retain(|l| l.live(now));
+        if self.at_hand(now) < cost {
+            return false;
+        }
+        self.leases.sort_by_key(|l| l.until);
+        let mut due = cost;
+        for l in self.leases.iter_mut() {
+            let take = due.min(l.tokens);
+            l.tokens -= take;
+            due -= take;
+            if due == 0 {
+                break;
+            }
+        }
+        let (spent, live): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.tokens == 0);
+        self.retire.extend(spent.into_iter().map(|l| l.member));
+        self.leases = live;
+        true
+    }
+}
+
+/// Most buckets tracked at once (the least recently used go first).
+const MAX_HELD: usize = 100_000;
+
+/// A refill to run in the background.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refill {
+    pub key: String,
+    /// Tokens to ask for.
+    pub want: u64,
+    /// Members of spent leases to retire with the take, separated by spaces.
+    pub retire: String,
+    /// The lease id (a number, so pools can name it in integers).
+    pub id: String,
+    /// The bucket's µs per token (names the lease's member).
+    pub emission: Micros,
+}
+
+impl Refill {
+    /// The member the global leases set records for `taken`.
+    pub fn member(&self, taken: &Taken) -> String {
+        taken.member(&self.id, self.emission)
+    }
+}
+
+/// This instance's leased tokens and views of the global buckets.
+pub struct Leases {
+    settings: LeaseSettings,
+    held: Mutex<HashMap<String, Held>>,
+    prefix: u64,
+    next: AtomicU64,
+    /// Decisions taken from leased tokens (this instance or its region's pool).
+    pub local: AtomicU64,
+    /// The last call to the global store (a refill or an exact check) failed.
+    global_failing: std::sync::atomic::AtomicBool,
+}
+
+impl Leases {
+    pub fn new(settings: LeaseSettings, seed: Micros) -> Self {
+        // a numeric id prefix of 20 random bits: ids stay below 2^53
+        let prefix = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_i64(seed);
+            h.finish() & 0xF_FFFF
+        };
+        Self {
+            settings,
+            held: Mutex::new(HashMap::new()),
+            prefix,
+            next: AtomicU64::new(1),
+            local: AtomicU64::new(0),
+            global_failing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the last call to the global store failed: leased decisions are then
+    /// degraded (bounded, but the global store cannot confirm anything).
+    pub fn global_failing(&self) -> bool {
+        self.global_failing.load(Ordering::Relaxed)
+    }
+
+    /// Records the outcome of a call to the global store.
+    pub fn global_answered(&self, ok: bool) {
+        self.global_failing.store(!ok, Ordering::Relaxed);
+    }
+
+    pub fn settings(&self) -> &LeaseSettings {
+        &self.settings
+    }
+
+    fn id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) & 0xFFFF_FFFF;
+        ((self.prefix << 32) | n).to_string()
+    }
+
+    fn with<T>(&self, key: &str, now: Micros, f: impl FnOnce(&mut Held) -> T) -> T {
+        let mut held = lock(&self.held);
+        if held.len() >= MAX_HELD && !held.contains_key(key) {
+            // forget buckets unused for a lease's lifetime, then anything
+            let horizon = now - self.settings.lifetime;
+            held.retain(|_, h| h.used > horizon);
+            if held.len() >= MAX_HELD {
+                held.clear();
+            }
+        }
+        let h = held.entry(key.to_string()).or_default();
+        h.used = now;
+        f(h)
+    }
+
+    /// Whether `policy` is decided from leases for `key` now: `bounded`, or `auto`
+    /// with the key hot on this instance. Records the request for the rate meter.
+    pub fn leased(&self, key: &str, policy: &Policy, now: Micros) -> bool {
+        match policy.consistency() {
+            Consistency::Exact => false,
+            Consistency::Bounded => {
+                self.with(key, now, |h| {
+                    h.switch.meter.record(now, u64::from(policy.cost()))
+                });
+                true
+            }
+            Consistency::Auto => {
+                let cfg = self.settings.for_policy(policy);
+                self.with(key, now, |h| {
+                    h.switch.observe(&cfg, now, u64::from(policy.cost()))
+                }) == Mode::Leased
+            }
+        }
+    }
+
+    /// Spends every bucket's cost from this instance's leases, all or none: the
+    /// decisions to answer with, or `None` (nothing spent).
+    pub fn spend(&self, buckets: &[(&str, &Policy)], now: Micros) -> Option<Vec<Decision>> {
+        let mut held = lock(&self.held);
+        let fits = buckets.iter().all(|(k, p)| {
+            held.get(*k)
+                .is_some_and(|h| h.at_hand(now) >= u64::from(p.cost()))
+        });
+        if !fits {
+            return None;
+        }
+        let mut out = Vec::with_capacity(buckets.len());
+        for (k, p) in buckets {
+            let h = held.get_mut(*k).expect("checked above");
+            let spent = h.spend(u64::from(p.cost()), now);
+            debug_assert!(spent);
+            out.push(view(p.quota(), h.at_hand(now), h.global, now));
+        }
+        self.local.fetch_add(1, Ordering::Relaxed);
+        Some(out)
+    }
+
+    /// The decisions for buckets a regional pool just admitted (`left`: tokens left
+    /// in each pool).
+    pub fn pool_decisions(
+        &self,
+        buckets: &[(&str, &Policy)],
+        left: &[u64],
+        now: Micros,
+    ) -> Vec<Decision> {
+        self.local.fetch_add(1, Ordering::Relaxed);
+        let held = lock(&self.held);
+        buckets
+            .iter()
+            .zip(left)
+            .map(|((k, p), left)| view(p.quota(), *left, held.get(*k).and_then(|h| h.global), now))
+            .collect()
+    }
+
+    /// The instance-lease refills due now among `buckets` (less than one lease's
+    /// worth at hand for the next quarter of a lifetime), each marked as in flight
+    /// until [`Leases::refilled`].
+    pub fn refills_due(&self, buckets: &[(&str, &Policy)], now: Micros) -> Vec<Refill> {
+        let mut due = vec![];
+        for (k, p) in buckets {
+            let cfg = self.settings.for_policy(p);
+            let refill = self.with(k, now, |h| {
+                let want = cfg.lease_size(h.switch.meter.per_sec(now));
+                let soon = now + self.settings.lifetime / 4;
+                let lasting: u64 = h
+                    .leases
+                    .iter()
+                    .filter(|l| l.live(soon))
+                    .map(|l| l.tokens)
+                    .sum();
+                // ahead: as soon as less than one lease's worth is left
+                if h.refilling || lasting >= want.max(1) {
+                    return None;
+                }
+                h.refilling = true;
+                Some((want, std::mem::take(&mut h.retire).join(" ")))
+            });
+            if let Some((want, retire)) = refill {
+                due.push(Refill {
+                    key: k.to_string(),
+                    want,
+                    retire,
+                    id: self.id(),
+                    emission: p.quota().emission_interval(),
+                });
+            }
+        }
+        due
+    }
+
+    /// A pool refill: what to ask the global bucket for.
+    pub fn pool_refill(&self, key: &str, policy: &Policy, retire: &[String]) -> Refill {
+        Refill {
+            key: key.to_string(),
+            want: LeaseSettings::pool_target(policy),
+            retire: retire.join(" "),
+            id: self.id(),
+            emission: policy.quota().emission_interval(),
+        }
+    }
+
+    /// A take for `refill` came back (`None`: it failed). `sent`: the local instant
+    /// it was sent at (the lease is spendable until `sent + lifetime`); `global`:
+    /// the bucket's full_at translated to the local clock. Instance leases only
+    /// (`install`): a pool refill only updates the view.
+    pub fn refilled(
+        &self,
+        refill: &Refill,
+        taken: Option<&Taken>,
+        sent: Micros,
+        global_full_at: Option<Micros>,
+        install: bool,
+    ) {
+        self.global_answered(taken.is_some());
+        self.with(&refill.key, sent, |h| {
+            if install {
+                h.refilling = false;
+            }
+            let Some(t) = taken else {
+                // the retirements go with the next take
+                h.retire
+                    .extend(refill.retire.split_whitespace().map(str::to_string));
+                return;
+            };
+            h.outstanding = t.outstanding;
+            if let Some(f) = global_full_at {
+                h.global = Some(GlobalView { full_at: f });
+            }
+            if install && t.leased > 0 {
+                h.leases.push(LocalLease {
+                    member: refill.member(t),
+                    tokens: t.leased,
+                    until: sent + self.settings.lifetime,
+                });
+            }
+        });
+    }
+
+    /// What an exact decision taught about a bucket (for the headers of later
+    /// leased answers).
+    pub fn observe(&self, key: &str, decision: &Decision, local_now: Micros) {
+        let full_at = local_now + (decision.full_at - decision.now).max(0);
+        let mut held = lock(&self.held);
+        if let Some(h) = held.get_mut(key) {
+            h.global = Some(GlobalView { full_at });
+        }
+    }
+
+    /// Tokens out on leases of `key`, as the last take reported.
+    pub fn outstanding(&self, key: &str) -> u64 {
+        lock(&self.held).get(key).map_or(0, |h| h.outstanding)
+    }
+}
+
+/// The decision a leased answer reports: `at_hand` tokens still spendable here
+/// plus what the global bucket had left when this instance last heard from it
+/// (projected to `now`), at most the capacity; full again when the global bucket
+/// said, or, never having heard, once `at_hand` refills.
+fn view(quota: &Quota, at_hand: u64, global: Option<GlobalView>, now: Micros) -> Decision {
+    let t = quota.emission_interval();
+    let cap = quota.capacity();
+    let (global_left, full_at) = match global {
+        Some(g) => {
+            let debt = (g.full_at - now).max(0);
+            let left = ((quota.burst_window() - debt).max(0) / t) as u64;
+            (left, g.full_at.max(now))
+        }
+        None => (0, now + (cap.saturating_sub(at_hand) as i64) * t),
+    };
+    Decision {
+        outcome: Outcome::Allowed,
+        limit: cap,
+        remaining: (at_hand + global_left).min(cap),
+        now,
+        full_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Micros = 1_764_000_000_000_000;
+
+    fn policy(consistency: &str, bound: u64) -> Policy {
+        Policy::from_json(&format!(
+            r#"{{"name":"p","dimensions":["api_key"],"quota":{{"capacity":100,"period":"1s"}},
+               "failure_mode":"fail_closed","consistency":"{consistency}","max_overshoot":{bound}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn taken(leased: u64, now: Micros) -> Taken {
+        Taken {
+            admitted: true,
+            leased,
+            now,
+            full_at: now + 500_000,
+            expires_at: now + 2_000_000,
+            outstanding: leased,
+        }
+    }
+
+    #[test]
+    fn a_lease_is_spent_all_or_nothing_until_it_expires_then_refilled_ahead() {
+        let l = Leases::new(LeaseSettings::default(), 7);
+        let p = policy("bounded", 40);
+        assert!(l.leased("k", &p, T0));
+        assert_eq!(l.spend(&[("k", &p)], T0), None, "nothing leased yet");
+        let due = l.refills_due(&[("k", &p)], T0);
+        assert_eq!(due.len(), 1);
+        assert!(
+            l.refills_due(&[("k", &p)], T0).is_empty(),
+            "one refill in flight"
+        );
+        l.refilled(&due[0], Some(&taken(3, T0)), T0, Some(T0 + 500_000), true);
+        for left in [2, 1, 0] {
+            let d = l.spend(&[("k", &p)], T0 + 10).expect("a token at hand");
+            // at hand + the global bucket's 50 left (full in 0.5 s at 100/s)
+            assert_eq!(d[0].remaining, left + 50);
+        }
+        assert_eq!(l.spend(&[("k", &p)], T0 + 10), None);
+        // the spent lease is retired by the next take
+        let first = due[0].member(&taken(3, T0));
+        let due = l.refills_due(&[("k", &p)], T0 + 20);
+        assert_eq!(due[0].retire, first);
+        l.refilled(&due[0], Some(&taken(5, T0 + 20)), T0 + 20, None, true);
+        assert!(
+            l.spend(&[("k", &p)], T0 + 20 + 2_000_000).is_none(),
+            "expired with its global lease"
+        );
+    }
+
+    #[test]
+    fn auto_leases_only_a_hot_key() {
+        let l = Leases::new(LeaseSettings::default(), 7);
+        let p = policy("auto", 40);
+        let mut now = T0;
+        let mut turned = None;
+        for i in 0..200 {
+            now += 5_000; // 200/s
+            if l.leased("k", &p, now) {
+                turned = Some(i);
+                break;
+            }
+        }
+        assert!(turned.is_some_and(|i| i < 100), "{turned:?}");
+        let exact = Policy::from_json(
+            r#"{"name":"p","dimensions":["api_key"],"quota":{"capacity":100,"period":"1s"},"failure_mode":"fail_closed"}"#,
+        )
+        .unwrap();
+        assert!(!l.leased("k", &exact, now));
+    }
+}

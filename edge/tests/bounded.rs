@@ -1,0 +1,335 @@
+//! Bounded consistency in the pipeline, against in-memory stores running the
+//! scripts' pure twins and a fake clock: warm keys decided without the global
+//! store, the overshoot bound across instances, exact policies untouched, regional
+//! pools, and what happens when either store is down.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::{T0, advance, head, header, mem, retry_after, seed, settle, status};
+use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+use floodgate_shared::lease::{LEASE_TAKE, POOL_TAKE};
+use floodgate_shared::time::{FakeClock, Micros};
+
+/// 20 per second (a token every 50 ms); `b` bounded by 8 tokens, `e` exact, `a`
+/// automatic.
+const CONFIG: &str = r#"{"policies":[
+  {"name":"b","dimensions":["api_key"],"quota":{"capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8},
+  {"name":"open","dimensions":["api_key"],"quota":{"capacity":20,"period":"1s"},"failure_mode":"fail_open","consistency":"bounded","max_overshoot":8},
+  {"name":"e","dimensions":["api_key","endpoint"],"quota":{"capacity":1000,"period":"1s"},"failure_mode":"fail_closed"},
+  {"name":"a","dimensions":["api_key"],"quota":{"capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"auto","max_overshoot":8}],
+  "plans":{"bounded":["b"],"soft":["open"],"auto":["a"]},
+  "routes":[{"name":"e","pattern":"/v1/exact","policies":["e"]}]}"#;
+
+const T: Micros = 50_000;
+
+fn pipeline(
+    store: &'static common::MemStore,
+    clock: &'static FakeClock,
+) -> Pipeline<&'static common::MemStore, &'static FakeClock> {
+    Pipeline::new(store, clock, PipelineConfig::default())
+}
+
+fn clock() -> &'static FakeClock {
+    Box::leak(Box::new(FakeClock::at(T0)))
+}
+
+fn leases_taken(store: &common::MemStore) -> usize {
+    store
+        .runs
+        .lock()
+        .unwrap()
+        .get(LEASE_TAKE.sha1)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_warm_bounded_key_is_decided_without_a_global_round_trip() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    let mut local = 0;
+    for i in 0..200 {
+        advance(clock, store, 60_000); // below the refill rate: never throttled
+        let checks = store.checks.load(Ordering::SeqCst);
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "request {i}");
+        local += usize::from(store.checks.load(Ordering::SeqCst) == checks);
+        assert!(header(&g, "X-RateLimit-Remaining").is_some());
+    }
+    let takes = leases_taken(store);
+    assert!(local >= 180, "{local} of 200 decided from leases");
+    // leases of half the bound (4 tokens) each
+    assert!(takes <= 60, "{takes} lease takes for 200 requests");
+    assert_eq!(p.health().leased as usize, local);
+}
+
+/// The largest excess over `capacity + (b − a)/T` of the admissions within any
+/// window [a, b].
+fn worst_excess(admitted: &[Micros], capacity: i64) -> i64 {
+    let mut times = admitted.to_vec();
+    times.sort_unstable();
+    let mut worst = i64::MIN;
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            worst = worst.max((j - i + 1) as i64 - capacity - (times[j] - times[i]) / T);
+        }
+    }
+    worst
+}
+
+#[tokio::test]
+async fn instances_together_never_admit_more_than_the_bound_above_the_quota() {
+    use rand::{Rng, SeedableRng};
+    for seed_n in 0..6u64 {
+        let store = mem();
+        let auth = seed(store, CONFIG, "bounded");
+        let clock = clock();
+        let instances: Vec<_> = (0..4).map(|_| pipeline(store, clock)).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed_n);
+        let mut admitted = vec![];
+        let mut now = T0;
+        for _ in 0..400 {
+            let step = rng.random_range(0..40_000);
+            advance(clock, store, step);
+            now += step;
+            let who = rng.random_range(0..instances.len());
+            let d = instances[who].gate(head(&auth)).await;
+            // refills land now or a little later (they are in the background)
+            let g = if rng.random_bool(0.7) {
+                settle(d).await
+            } else {
+                let g = d.gate.clone();
+                for t in d.background {
+                    tokio::spawn(t);
+                }
+                g
+            };
+            if status(&g) == 200 {
+                admitted.push(now);
+            }
+            tokio::task::yield_now().await;
+        }
+        let excess = worst_excess(&admitted, 20);
+        assert!(
+            excess <= 8,
+            "seed {seed_n}: {excess} above the quota, bound 8"
+        );
+        assert!(
+            admitted.len() > 100,
+            "seed {seed_n}: {} admitted",
+            admitted.len()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_request_with_an_exact_policy_is_decided_exactly_every_time() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    fn exact(auth: &str) -> floodgate_edge::pipeline::RequestHead<'_> {
+        floodgate_edge::pipeline::RequestHead {
+            path: "/v1/exact",
+            ..head(auth)
+        }
+    }
+    for i in 0..50 {
+        advance(clock, store, 60_000);
+        let before = store.checks.load(Ordering::SeqCst);
+        let g = settle(p.gate(exact(&auth)).await).await;
+        assert_eq!(status(&g), 200);
+        assert_eq!(
+            store.checks.load(Ordering::SeqCst),
+            before + 1,
+            "request {i}: one exact call"
+        );
+    }
+    assert_eq!(leases_taken(store), 0, "nothing is leased for it");
+}
+
+#[tokio::test]
+async fn a_denial_comes_from_the_global_bucket_with_an_exact_retry_after() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    let mut first_denial = None;
+    for i in 0..60 {
+        let g = settle(p.gate(head(&auth)).await).await;
+        if status(&g) == 429 {
+            first_denial = Some((i, retry_after(&g)));
+            break;
+        }
+    }
+    let (i, retry) = first_denial.expect("a burst exhausts the bucket");
+    // 20 in the bucket, at most 8 more leased ahead
+    assert!((20..=28).contains(&i), "denied after {i}");
+    assert_eq!(
+        retry,
+        Some(1),
+        "the next token in 50 ms: Retry-After rounds up to 1 s"
+    );
+    advance(clock, store, 1_000_000);
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+}
+
+#[tokio::test]
+async fn auto_turns_bounded_only_for_a_hot_key() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "auto");
+    let clock = clock();
+    let settings = PipelineConfig {
+        leases: floodgate_edge::pipeline::bounded::LeaseSettings {
+            hot_per_sec: 10,
+            cool_per_sec: 3,
+            ..Default::default()
+        },
+        ..PipelineConfig::default()
+    };
+    let p = Pipeline::new(store, clock, settings);
+    // 2/s: cold, every request exact
+    for _ in 0..20 {
+        advance(clock, store, 500_000);
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    assert_eq!(p.health().leased, 0);
+    // 15/s (within the quota's 20/s): hot, then decided from leases
+    for _ in 0..60 {
+        advance(clock, store, 66_000);
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    assert!(p.health().leased >= 30, "{:?}", p.health());
+}
+
+#[tokio::test]
+async fn a_region_decides_from_its_pool_in_one_regional_call() {
+    let (global, regional) = (mem(), mem());
+    let auth = seed(global, CONFIG, "bounded");
+    *regional.now.lock().unwrap() = T0;
+    let clock = clock();
+    let instances: Vec<_> = (0..3)
+        .map(|_| pipeline(global, clock).with_regional(regional))
+        .collect();
+    for i in 0..300 {
+        advance(clock, global, 60_000);
+        *regional.now.lock().unwrap() += 60_000;
+        let g = settle(instances[i % 3].gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "request {i}");
+    }
+    let pool_takes = regional
+        .runs
+        .lock()
+        .unwrap()
+        .get(POOL_TAKE.sha1)
+        .copied()
+        .unwrap_or(0);
+    let global_calls = global.checks.load(Ordering::SeqCst) + leases_taken(global);
+    assert_eq!(pool_takes, 300, "one regional call per request");
+    assert!(
+        global_calls <= 90,
+        "{global_calls} global calls for 300 requests"
+    );
+}
+
+#[tokio::test]
+async fn with_the_global_store_down_leased_tokens_serve_then_the_failure_mode_applies() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    // warm: a lease at hand (requests at 20/s keep the lease refilled)
+    for _ in 0..20 {
+        advance(clock, store, 50_000);
+        settle(p.gate(head(&auth)).await).await;
+    }
+    store.down.store(true, Ordering::SeqCst);
+    let mut statuses = vec![];
+    for _ in 0..12 {
+        advance(clock, store, 10_000);
+        statuses.push(status(&settle(p.gate(head(&auth)).await).await));
+    }
+    let served = statuses.iter().take_while(|s| **s == 200).count();
+    assert!(served >= 1, "the lease at hand is spent: {statuses:?}");
+    assert!(
+        statuses[served..].iter().all(|s| *s == 503),
+        "then fail_closed: {statuses:?}"
+    );
+    assert!(p.health().leased_while_down >= 1);
+    // fail_open policies keep admitting, marked
+    let store = mem();
+    let auth = seed(store, CONFIG, "soft");
+    let p = pipeline(store, clock);
+    settle(p.gate(head(&auth)).await).await;
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..10 {
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200);
+    }
+}
+
+#[tokio::test]
+async fn with_the_regional_store_down_the_exact_global_bucket_decides() {
+    let (global, regional) = (mem(), mem());
+    let auth = seed(global, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(global, clock).with_regional(regional);
+    regional.down.store(true, Ordering::SeqCst);
+    for i in 0..20 {
+        advance(clock, global, 60_000);
+        let before = global.checks.load(Ordering::SeqCst);
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "request {i}");
+        assert_eq!(
+            global.checks.load(Ordering::SeqCst),
+            before + 1,
+            "decided exactly"
+        );
+    }
+}
+
+/// The overshoot bound relies on every lease dying with its global lease: an
+/// instance quiet past a lease's lifetime must not spend it, or it would add to the
+/// leases others took since (the global store stopped counting it).
+#[tokio::test]
+async fn a_lease_is_never_spent_after_its_global_lease_expired() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let (a, b) = (pipeline(store, clock), pipeline(store, clock));
+    let mut admitted = vec![];
+    let mut now = T0;
+    let mut at = |g: &floodgate_edge::pipeline::Gate, now: Micros| {
+        if status(g) == 200 {
+            admitted.push(now);
+        }
+    };
+    // A, used at 10/s, holds leases of 4 tokens, then goes quiet
+    for _ in 0..10 {
+        advance(clock, store, 100_000);
+        now += 100_000;
+        at(&settle(a.gate(head(&auth)).await).await, now);
+    }
+    // past A's leases: B, used at 10/s too, leases what the bound allows while the
+    // bucket refills
+    advance(clock, store, 1_100_000);
+    now += 1_100_000;
+    for _ in 0..10 {
+        advance(clock, store, 100_000);
+        now += 100_000;
+        at(&settle(b.gate(head(&auth)).await).await, now);
+    }
+    advance(clock, store, 600_000);
+    now += 600_000;
+    // in one instant: A's old lease (must be dead), B's leases, the whole bucket
+    for _ in 0..40 {
+        at(&settle(a.gate(head(&auth)).await).await, now);
+        at(&settle(b.gate(head(&auth)).await).await, now);
+    }
+    let excess = worst_excess(&admitted, 20);
+    assert!(excess <= 8, "{excess} above the quota, bound 8");
+}

@@ -1,0 +1,300 @@
+//! What the pipeline tests share: a store in memory that runs the pure twins of
+//! every script (bucket checks, refunds, in-flight slots, leases and regional
+//! pools), a fake clock moved together with it, and small readers of answers.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use floodgate_edge::pipeline::{Decided, Gate, RequestHead};
+use floodgate_edge::store::{BucketStore, MaybeSend, RecordStore, StoreError, StoreErrorKind};
+use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
+use floodgate_shared::bucket::{BucketState, decide};
+use floodgate_shared::config::CONFIG_KEY;
+use floodgate_shared::lease::{Central, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool};
+use floodgate_shared::script::{Check, LuaScript, Verdict, When, interpret_token_bucket};
+use floodgate_shared::time::{FakeClock, Micros};
+
+pub const T0: Micros = 1_764_000_000_000_000;
+
+/// Buckets and records in memory, running the same transition as the script.
+#[derive(Default)]
+pub struct MemStore {
+    pub records: Mutex<HashMap<String, Vec<u8>>>,
+    pub buckets: Mutex<HashMap<String, BucketState>>,
+    pub gets: AtomicUsize,
+    pub checks: AtomicUsize,
+    pub refunds: AtomicUsize,
+    pub down: AtomicBool,
+    /// How long a bucket check takes before it decides (a slow Redis).
+    pub slow: Mutex<Option<std::time::Duration>>,
+    /// In-flight slots held per set.
+    pub slots: Mutex<HashMap<String, u32>>,
+    pub now: Mutex<Micros>,
+    pub writes: Mutex<Vec<Vec<String>>>,
+    /// Lease bookkeeping per bucket (its full_at lives in `buckets`).
+    pub leases: Mutex<HashMap<String, Central>>,
+    /// Regional pools per pool key.
+    pub pools: Mutex<HashMap<String, Pool>>,
+    /// Script calls, per script's SHA-1.
+    pub runs: Mutex<HashMap<&'static str, usize>>,
+}
+
+/// A store that lives as long as the test process (the pipeline's background
+/// tasks may outlive a test's scope).
+pub fn mem() -> &'static MemStore {
+    Box::leak(Box::default())
+}
+
+impl BucketStore for &MemStore {
+    async fn run(
+        &self,
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
+        *self.runs.lock().unwrap().entry(script.sha1).or_default() += 1;
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let now = *self.now.lock().unwrap();
+        let num = |i: usize| args[i].parse::<i64>().unwrap();
+        if script.sha1 == LEASE_TAKE.sha1 {
+            let cfg = LeaseConfig {
+                max_overshoot: num(5) as u64,
+                max_lease: u64::MAX,
+                lifetime: num(6),
+                hot_per_sec: 0,
+                cool_per_sec: 0,
+            };
+            let mut buckets = self.buckets.lock().unwrap();
+            let mut leases = self.leases.lock().unwrap();
+            let central = leases.entry(keys[0].to_string()).or_default();
+            central.full_at = buckets.get(keys[0]).map_or(0, |b| b.full_at);
+            let got = central.take(
+                &cfg,
+                now,
+                num(1),
+                num(2),
+                num(3) as u64,
+                num(4) as u64,
+                &args[7],
+                Some(&args[8]),
+            );
+            if central.full_at > 0 {
+                buckets.insert(
+                    keys[0].to_string(),
+                    BucketState {
+                        full_at: central.full_at,
+                    },
+                );
+            }
+            return Ok(vec![
+                i64::from(got.admitted),
+                got.leased as i64,
+                got.now,
+                got.full_at,
+                got.expires_at,
+                got.outstanding as i64,
+            ]);
+        }
+        if script.sha1 == POOL_TAKE.sha1 {
+            let n = keys.len() / 2;
+            let asks: Vec<(u64, u64)> = (0..n)
+                .map(|i| (num(1 + 2 * i) as u64, num(2 + 2 * i) as u64))
+                .collect();
+            let lock = num(1 + 2 * n) * 1000;
+            let mut pools = self.pools.lock().unwrap();
+            let mut taken: Vec<Pool> = keys[..n]
+                .iter()
+                .map(|k| pools.remove(*k).unwrap_or_default())
+                .collect();
+            let got = {
+                let mut refs: Vec<&mut Pool> = taken.iter_mut().collect();
+                Pool::take(&mut refs, &asks, now, lock)
+            };
+            for (k, p) in keys[..n].iter().zip(taken) {
+                pools.insert(k.to_string(), p);
+            }
+            let mut reply = vec![i64::from(got.admitted), got.now];
+            for i in 0..n {
+                reply.push(got.left[i] as i64);
+                reply.push(i64::from(got.refill[i]));
+                reply.push(got.retire[i].len() as i64);
+                for m in &got.retire[i] {
+                    reply.extend(m.split(':').map(|v| v.parse::<i64>().unwrap()));
+                }
+            }
+            return Ok(reply);
+        }
+        if script.sha1 == POOL_ADD.sha1 {
+            let mut pools = self.pools.lock().unwrap();
+            let total = pools.entry(keys[0].to_string()).or_default().add(
+                &args[0],
+                num(1) as u64,
+                num(2),
+                now,
+            );
+            return Ok(vec![total as i64]);
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            "no such script in memory",
+        ))
+    }
+
+    async fn check(
+        &self,
+        checks: &[Check<'_>],
+        _when: impl Into<When> + MaybeSend,
+    ) -> Result<Verdict, StoreError> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let slow = *self.slow.lock().unwrap();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
+        let now = *self.now.lock().unwrap();
+        let mut buckets = self.buckets.lock().unwrap();
+        let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
+        let all = checks
+            .iter()
+            .zip(&prev)
+            .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
+        if all {
+            for (c, p) in checks.iter().zip(&prev) {
+                if let Some(w) = decide(*p, c.quota, now, c.cost).write {
+                    buckets.insert(c.key.to_string(), w);
+                }
+            }
+        }
+        let mut reply = vec![i64::from(all), now];
+        reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
+        Ok(interpret_token_bucket(checks, &reply).unwrap())
+    }
+
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        _id: &str,
+        limit: u32,
+        _ttl_ms: u64,
+        _until: Option<Micros>,
+    ) -> Result<bool, StoreError> {
+        let mut slots = self.slots.lock().unwrap();
+        let held = slots.entry(key.to_string()).or_default();
+        if *held >= limit {
+            return Ok(false);
+        }
+        *held += 1;
+        Ok(true)
+    }
+
+    async fn release_slot(&self, key: &str, _id: &str) -> Result<(), StoreError> {
+        if let Some(held) = self.slots.lock().unwrap().get_mut(key) {
+            *held = held.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+        self.refunds.fetch_add(1, Ordering::SeqCst);
+        let mut buckets = self.buckets.lock().unwrap();
+        for (c, d) in checks.iter().zip(&verdict.decisions) {
+            if d.allowed()
+                && let Some(b) = buckets.get_mut(c.key)
+            {
+                b.full_at -= c.quota.cost_window(c.cost);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RecordStore for &MemStore {
+    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
+        self.writes.lock().unwrap().extend(commands);
+        Ok(())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        Ok(self.records.lock().unwrap().get(key).cloned())
+    }
+}
+
+/// A configuration and one key of `plan` in `store`; the store's clock at T0.
+pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
+    let (id, secret) = new_secret(&[7u8; 42]);
+    let record = KeyRecord {
+        id,
+        owner: String::new(),
+        plan: plan.into(),
+        status: KeyStatus::Active,
+        created: 0,
+    };
+    let mut r = store.records.lock().unwrap();
+    r.insert(CONFIG_KEY.into(), config.as_bytes().to_vec());
+    r.insert(
+        record_key(&hash_secret(&secret)),
+        record.to_json().into_bytes(),
+    );
+    *store.now.lock().unwrap() = T0;
+    format!("Bearer {secret}")
+}
+
+/// Moves the pipeline's clock and the store's together (refilling buckets too).
+pub fn advance(clock: &FakeClock, store: &MemStore, by: Micros) {
+    clock.advance(by);
+    *store.now.lock().unwrap() += by;
+}
+
+pub fn head(auth: &str) -> RequestHead<'_> {
+    RequestHead {
+        path: "/v1/x",
+        credentials: Some(auth.as_bytes()),
+        client_ip: None,
+    }
+}
+
+/// The status the client sees (200 for a forwarded request).
+pub fn status(g: &Gate) -> u16 {
+    match g {
+        Gate::Respond { status, .. } => *status,
+        Gate::Forward { .. } => 200,
+    }
+}
+
+pub fn retry_after(g: &Gate) -> Option<i64> {
+    match g {
+        Gate::Respond { headers, .. } => headers
+            .iter()
+            .find(|(k, _)| *k == "Retry-After")
+            .map(|(_, v)| v.parse().unwrap()),
+        Gate::Forward { .. } => None,
+    }
+}
+
+pub fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
+    let headers = match g {
+        Gate::Respond { headers, .. } | Gate::Forward { headers, .. } => headers,
+    };
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Runs what the pipeline left for after the answer (the hosts spawn it).
+pub async fn settle(d: Decided) -> Gate {
+    for task in d.background {
+        task.await;
+    }
+    d.gate
+}
