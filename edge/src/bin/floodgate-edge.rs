@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
+use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
 use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::rest::RestStore;
@@ -116,6 +117,21 @@ struct Args {
     /// Most header lines in one request (then 431).
     #[arg(long, env = "FLOODGATE_MAX_HEADERS", default_value_t = 100)]
     max_headers: usize,
+    /// A regional Redis holding this region's pools of leased tokens (bounded
+    /// consistency): redis:// or rediss:// URL, or redis+cluster://.
+    #[arg(
+        long,
+        env = "FLOODGATE_REGIONAL_REDIS",
+        conflicts_with = "regional_rest_url"
+    )]
+    regional_redis: Option<String>,
+    /// The same as an Upstash-compatible REST endpoint; its token comes from
+    /// FLOODGATE_REGIONAL_REST_TOKEN.
+    #[arg(long, env = "FLOODGATE_REGIONAL_REST_URL", value_parser = http_url)]
+    regional_rest_url: Option<String>,
+    /// How long a lease (or a pool's chunk) of bounded consistency lives.
+    #[arg(long, env = "FLOODGATE_LEASE_LIFETIME_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(100..=60_000))]
+    lease_lifetime_ms: u32,
     /// Worker threads (default: the CPUs this process may run on; 1 runs everything
     /// on one thread).
     #[arg(long, env = "FLOODGATE_THREADS", value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -182,6 +198,34 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     Ok(host)
 }
 
+/// The regional store, if one is configured.
+async fn regional_store(a: &Args, deadline: Duration) -> Result<Option<NativeStore>, String> {
+    if let Some(url) = &a.regional_rest_url {
+        let token = std::env::var("FLOODGATE_REGIONAL_REST_TOKEN")
+            .map_err(|_| "--regional-rest-url needs FLOODGATE_REGIONAL_REST_TOKEN")?;
+        return RestStore::new(url, &token, deadline)
+            .map(|s| Some(NativeStore::Rest(s)))
+            .map_err(|e| format!("--regional-rest-url {url}: {e}"));
+    }
+    let Some(url) = &a.regional_redis else {
+        return Ok(None);
+    };
+    let store = if url.starts_with("redis+cluster://") {
+        NativeStore::Cluster(
+            floodgate_edge::store::cluster::ClusterStore::connect(url, deadline)
+                .await
+                .map_err(|e| format!("--regional-redis {}: {e}", redacted(url)))?,
+        )
+    } else {
+        NativeStore::Resp(
+            RespStore::connect(url, deadline)
+                .await
+                .map_err(|e| format!("--regional-redis {}: {e}", redacted(url)))?,
+        )
+    };
+    Ok(Some(store))
+}
+
 fn run(a: Args) -> Result<(), String> {
     let host = host_config(&a)?;
     // one thread: no cross-thread wake-ups (measured: +15-25 % requests/s on one
@@ -239,9 +283,16 @@ fn run(a: Args) -> Result<(), String> {
             breaker_cool_down: i64::from(a.breaker_cool_down_ms) * 1000,
             unknown_keys_per_ip_per_min: a.unknown_keys_per_ip_per_min,
             unknown_keys_per_min: a.unknown_keys_per_min,
+            leases: LeaseSettings {
+                lifetime: i64::from(a.lease_lifetime_ms) * 1000,
+                ..LeaseSettings::default()
+            },
             ..PipelineConfig::default()
         };
-        let pipeline = Pipeline::new(store, SystemClock, settings);
+        let mut pipeline = Pipeline::new(store, SystemClock, settings);
+        if let Some(regional) = regional_store(&a, store_deadline(deadline)).await? {
+            pipeline = pipeline.with_regional(regional);
+        }
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .map_err(|e| format!("--listen {}: {e}", a.listen))?;

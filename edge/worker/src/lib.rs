@@ -10,12 +10,21 @@
 //! (60000), `BREAKER_THRESHOLD` (5), `BREAKER_COOL_DOWN_MS` (1000), `KEY_HEADER`
 //! (authorization), `FORWARD_KEY` (false), `IDENTITY_HEADER` (x-floodgate-key-id),
 //! `UNKNOWN_KEYS_PER_IP_PER_MIN` (20), `UNKNOWN_KEYS_PER_MIN` (600),
-//! `MAX_BODY_BYTES` (10485760). Breaker transitions go to the console log.
+//! `MAX_BODY_BYTES` (10485760), `LEASE_LIFETIME_MS` (2000). Breaker transitions go
+//! to the console log.
+//!
+//! Regional pools (bounded consistency): `REGIONAL_REST_URLS`, a JSON object from a
+//! region name to the REST URL of that region's Upstash database, and the secret
+//! `REGIONAL_REST_TOKENS`, the same keys to their tokens. An isolate's region is the
+//! request's `cf.continent` (`EU`, `NA`, `AS`, `OC`, `SA`, `AF`, `AN`), or `REGION`
+//! when set (or when Cloudflare gives none); a region without a URL uses instance
+//! leases only.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
 use floodgate_edge::proxy::{
     HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body,
@@ -56,7 +65,34 @@ fn var(env: &Env, name: &str) -> Option<String> {
         .or_else(|| env.secret(name).ok().map(|v| v.to_string()))
 }
 
-fn edge(env: &Env) -> std::result::Result<Rc<Edge>, String> {
+/// The regional store of `region`, from `REGIONAL_REST_URLS` and
+/// `REGIONAL_REST_TOKENS`.
+fn regional_store(
+    env: &Env,
+    region: &str,
+    deadline: Duration,
+) -> std::result::Result<Option<RestStore>, String> {
+    let Some(urls) = var(env, "REGIONAL_REST_URLS") else {
+        return Ok(None);
+    };
+    let urls: std::collections::HashMap<String, String> = serde_json::from_str(&urls)
+        .map_err(|e| format!("REGIONAL_REST_URLS must be a JSON object of region to URL: {e}"))?;
+    let Some(url) = urls.get(region) else {
+        return Ok(None);
+    };
+    let tokens: std::collections::HashMap<String, String> =
+        serde_json::from_str(&var(env, "REGIONAL_REST_TOKENS").unwrap_or_default()).map_err(|e| {
+            format!("REGIONAL_REST_TOKENS must be a JSON object of region to token: {e}")
+        })?;
+    let token = tokens
+        .get(region)
+        .ok_or_else(|| format!("REGIONAL_REST_TOKENS has no token for region {region:?}"))?;
+    RestStore::new(url, token, deadline)
+        .map(Some)
+        .map_err(|e| format!("the regional store of {region:?}: {e}"))
+}
+
+fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, String> {
     if let Some(e) = EDGE.with(|e| e.borrow().clone()) {
         return Ok(e);
     }
@@ -101,13 +137,21 @@ fn edge(env: &Env) -> std::result::Result<Rc<Edge>, String> {
         unknown_keys_per_ip_per_min: num("UNKNOWN_KEYS_PER_IP_PER_MIN", 20)?.min(u32::MAX as u64)
             as u32,
         unknown_keys_per_min: num("UNKNOWN_KEYS_PER_MIN", 600)?.min(u32::MAX as u64) as u32,
+        leases: LeaseSettings {
+            lifetime: ms("LEASE_LIFETIME_MS", 2_000)?.max(1_000),
+            ..LeaseSettings::default()
+        },
         log: console_log,
         ..PipelineConfig::default()
     };
-    let e = Rc::new(Edge {
-        pipeline: Pipeline::new(store, WorkerClock, settings),
-        rules,
-    });
+    let mut pipeline = Pipeline::new(store, WorkerClock, settings);
+    let region = var(env, "REGION").or(region);
+    if let Some(r) = &region
+        && let Some(regional) = regional_store(env, r, store_deadline(Duration::from_millis(deadline)))?
+    {
+        pipeline = pipeline.with_regional(regional);
+    }
+    let e = Rc::new(Edge { pipeline, rules });
     EDGE.with(|slot| *slot.borrow_mut() = Some(e.clone()));
     Ok(e)
 }
@@ -155,7 +199,8 @@ fn head_size(req: &Request, url: &worker::Url) -> HeadSize {
 
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
-    let edge = match edge(&env) {
+    let continent = req.cf().and_then(|cf| cf.continent());
+    let edge = match edge(&env, continent) {
         Ok(e) => e,
         Err(e) => return answer(Gate::json(500, "Floodgate is misconfigured", Some(&e))),
     };
