@@ -18,6 +18,10 @@
 -- ARGV[7]  lease lifetime in microseconds;  ARGV[8]  lease id
 -- ARGV[9]  the members of the caller's previous leases now spent to the last
 --          token, separated by spaces ("" for none): no longer outstanding
+-- ARGV[10] optional, "1": charge the cost even without room (the bucket goes into
+--          debt, repaid by later denials; admitted is then 0): a region confirming
+--          requests it admitted on its credit (lua/pool_take.lua); a lease is then
+--          taken only from what room is left
 --
 -- Returns {admitted, leased, now, full_at, expires_at, outstanding}: admitted 1/0
 -- for the request (a denial writes nothing and leases nothing), the tokens leased
@@ -27,9 +31,10 @@
 
 local MAX_WINDOW = 34560000000000
 local MAX_INSTANT = 4503599627370496
-if #KEYS ~= 2 or #ARGV ~= 9 then
-  return redis.error_reply('ERR floodgate: lease take expects 2 keys and 9 arguments')
+if #KEYS ~= 2 or (#ARGV ~= 9 and #ARGV ~= 10) then
+  return redis.error_reply('ERR floodgate: lease take expects 2 keys and 9 or 10 arguments')
 end
+local forced = ARGV[10] == '1'
 local now = ARGV[1]
 if now == '' then
   local t = redis.call('TIME')
@@ -57,7 +62,8 @@ end
 local base = full_at
 if base < now then base = now end
 local room = math.floor((burst - (base - now)) / t)
-if room < cost then
+local fits = room >= cost
+if not fits and not forced then
   return {0, 0, now, full_at, 0, 0}
 end
 
@@ -89,4 +95,4 @@ if extra > 0 then
     ARGV[8] .. ':' .. extra .. ':' .. string.format('%d', full_at - extra * t))
   redis.call('PEXPIRE', KEYS[2], math.ceil(life / 1000) + 1000)
 end
-return {1, extra, now, full_at, expires_at, outstanding + extra}
+return {fits and 1 or 0, extra, now, full_at, expires_at, outstanding + extra}

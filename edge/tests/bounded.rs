@@ -333,3 +333,103 @@ async fn a_lease_is_never_spent_after_its_global_lease_expired() {
     let excess = worst_excess(&admitted, 20);
     assert!(excess <= 8, "{excess} above the quota, bound 8");
 }
+
+/// Three regions sharing `b`'s bound of 8: 1 token of credit each (8 / (2 × 3)),
+/// the global store leasing the other 5.
+const REGIONS: &str = r#"{"policies":[
+  {"name":"b","dimensions":["api_key"],"quota":{"capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8}],
+  "plans":{"bounded":["b"]}, "regions": 3}"#;
+
+#[tokio::test]
+async fn a_region_admits_a_cold_key_on_credit_without_a_global_round_trip() {
+    let (global, regional) = (mem(), mem());
+    let auth = seed(global, REGIONS, "bounded");
+    *regional.now.lock().unwrap() = T0;
+    let clock = clock();
+    let p = pipeline(global, clock).with_regional(regional);
+    // the configuration and the key are cached by a first request, then the key goes
+    // cold for longer than any lease lives
+    settle(p.gate(head(&auth)).await).await;
+    advance(clock, global, 10_000_000);
+    *regional.now.lock().unwrap() += 10_000_000;
+    let checks = global.checks.load(Ordering::SeqCst);
+    let d = p.gate(head(&auth)).await;
+    assert_eq!(status(&d.gate), 200, "admitted on the region's credit");
+    assert_eq!(
+        global.checks.load(Ordering::SeqCst),
+        checks,
+        "no global round trip"
+    );
+    assert_eq!(
+        d.background.len(),
+        1,
+        "the refill charges the credit, in the background"
+    );
+    let takes = leases_taken(global);
+    settle(d).await;
+    assert_eq!(leases_taken(global), takes + 1);
+    assert_eq!(
+        regional
+            .pools
+            .lock()
+            .unwrap()
+            .values()
+            .map(|p| p.credit)
+            .sum::<u64>(),
+        0,
+        "charged"
+    );
+}
+
+#[tokio::test]
+async fn regions_on_credit_and_leases_together_stay_within_the_bound() {
+    use rand::{Rng, SeedableRng};
+    for seed_n in 0..6u64 {
+        let global = mem();
+        let auth = seed(global, REGIONS, "bounded");
+        let clock = clock();
+        let regionals: Vec<_> = (0..3)
+            .map(|_| {
+                let r = mem();
+                *r.now.lock().unwrap() = T0;
+                r
+            })
+            .collect();
+        // two instances per region
+        let instances: Vec<_> = (0..6)
+            .map(|i| pipeline(global, clock).with_regional(regionals[i / 2]))
+            .collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed_n);
+        let mut admitted = vec![];
+        let mut now = T0;
+        for _ in 0..400 {
+            let step = rng.random_range(0..40_000);
+            advance(clock, global, step);
+            for r in &regionals {
+                *r.now.lock().unwrap() += step;
+            }
+            now += step;
+            let d = instances[rng.random_range(0..instances.len())]
+                .gate(head(&auth))
+                .await;
+            let g = if rng.random_bool(0.6) {
+                settle(d).await
+            } else {
+                let g = d.gate.clone();
+                for t in d.background {
+                    tokio::spawn(t);
+                }
+                g
+            };
+            if status(&g) == 200 {
+                admitted.push(now);
+            }
+            tokio::task::yield_now().await;
+        }
+        let excess = worst_excess(&admitted, 20);
+        assert!(
+            excess <= 8,
+            "seed {seed_n}: {excess} above the quota, bound 8"
+        );
+    }
+}

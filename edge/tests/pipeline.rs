@@ -9,7 +9,7 @@ use common::{MemStore, T0, advance, head, header, mem, retry_after, seed, settle
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, new_secret};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC, Micros};
+use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC};
 
 const CONFIG: &str = r#"{"policies":[
   {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},

@@ -61,7 +61,20 @@ pub struct ConfigSpec {
     /// Response header options.
     #[serde(default, skip_serializing_if = "HeaderSpec::is_default")]
     pub headers: HeaderSpec,
+    /// How many regions decide bounded policies from regional pools (0: none, the
+    /// default). Each such region may admit the first requests of a key it holds no
+    /// tokens for on credit, up to `max_overshoot / (2 × regions)` per key; the
+    /// global store leases out the rest of the bound (see docs/consistency.md).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub regions: u32,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The most regions a configuration may name.
+pub const MAX_REGIONS: u32 = 64;
 
 /// Response header options (the `X-RateLimit-*` contract is always sent).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +176,12 @@ impl EdgeConfig {
                 .map(|(i, n)| find(format!("plans.{plan}[{i}]"), n, &per_key))
                 .collect::<Result<Vec<_>, _>>()?;
             plans.insert(plan.clone(), idx);
+        }
+        if spec.regions > MAX_REGIONS {
+            return Err(err(
+                "regions",
+                format!("must be between 0 and {MAX_REGIONS}, got {}", spec.regions),
+            ));
         }
         if spec.headers.retry_jitter_secs > 60 {
             return Err(err(
@@ -271,6 +290,11 @@ impl EdgeConfig {
 
     pub fn headers(&self) -> &HeaderSpec {
         &self.spec.headers
+    }
+
+    /// How many regions decide bounded policies from regional pools.
+    pub fn regions(&self) -> u32 {
+        self.spec.regions
     }
 
     pub fn to_json(&self) -> String {

@@ -47,13 +47,14 @@ pub const POOL_ADD: LuaScript = LuaScript {
     sha1: sha::POOL_ADD_SHA1,
 };
 
-/// A bucket's pool in a regional store and its refill lock (same hash tag as the
-/// bucket: one slot in a regional cluster too); the pool's spent list is
-/// `<pool>:spent`.
-pub fn pool_keys(bucket_key: &str) -> [String; 2] {
+/// A bucket's pool in a regional store, its refill lock and its credit in use
+/// (same hash tag as the bucket: one slot in a regional cluster too); the pool's
+/// spent list is `<pool>:spent`.
+pub fn pool_keys(bucket_key: &str) -> [String; 3] {
     [
         format!("{bucket_key}:pool"),
         format!("{bucket_key}:pool:lock"),
+        format!("{bucket_key}:pool:credit"),
     ]
 }
 
@@ -67,7 +68,9 @@ pub struct PoolTaken {
     pub left: Vec<u64>,
     /// Per bucket: this caller took the refill lock and refills the pool...
     pub refill: Vec<bool>,
-    /// ...retiring these members (chunks spent out) at the global store.
+    /// ...charging this much credit to the global bucket...
+    pub unconfirmed: Vec<u64>,
+    /// ...and retiring these members (chunks spent out) at the global store.
     pub retire: Vec<Vec<String>>,
 }
 
@@ -85,18 +88,20 @@ impl PoolTaken {
             now,
             left: Vec::with_capacity(n),
             refill: Vec::with_capacity(n),
+            unconfirmed: Vec::with_capacity(n),
             retire: Vec::with_capacity(n),
         };
         for _ in 0..n {
-            let [left, refill, k, tail @ ..] = rest else {
+            let [left, refill, unconfirmed, k, tail @ ..] = rest else {
                 return Err(bad());
             };
             let k = usize::try_from(*k).map_err(|_| bad())?;
-            if *left < 0 || !(0..=1).contains(refill) || tail.len() < 3 * k {
+            if *left < 0 || !(0..=1).contains(refill) || *unconfirmed < 0 || tail.len() < 3 * k {
                 return Err(bad());
             }
             taken.left.push(*left as u64);
             taken.refill.push(*refill == 1);
+            taken.unconfirmed.push(*unconfirmed as u64);
             taken.retire.push(spent_members(&tail[..3 * k])?);
             rest = &tail[3 * k..];
         }
@@ -107,14 +112,25 @@ impl PoolTaken {
     }
 }
 
-/// `ARGV` of [`POOL_TAKE`]: the clock (`""`, `"<T"` or an instant), then cost and
-/// low-water mark per bucket, then the refill lock's lifetime (ms).
-pub fn pool_take_args(clock: String, buckets: &[(u64, u64)], lock_ms: u64) -> Vec<String> {
-    let mut args = Vec::with_capacity(2 + 2 * buckets.len());
+/// What one bucket asks of its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolAsk {
+    pub cost: u64,
+    /// Below this many tokens left, the caller is asked to refill.
+    pub low: u64,
+    /// The region's credit cap for the bucket (0: none).
+    pub credit: u64,
+}
+
+/// `ARGV` of [`POOL_TAKE`]: the clock (`""`, `"<T"` or an instant), then cost,
+/// low-water mark and credit cap per bucket, then the refill lock's lifetime (ms).
+pub fn pool_take_args(clock: String, buckets: &[PoolAsk], lock_ms: u64) -> Vec<String> {
+    let mut args = Vec::with_capacity(2 + 3 * buckets.len());
     args.push(clock);
-    for (cost, low) in buckets {
-        args.push(cost.to_string());
-        args.push(low.to_string());
+    for b in buckets {
+        args.push(b.cost.to_string());
+        args.push(b.low.to_string());
+        args.push(b.credit.to_string());
     }
     args.push(lock_ms.max(1).to_string());
     args
@@ -139,6 +155,10 @@ pub struct Pool {
     pub chunks: Vec<(String, u64, Micros)>,
     pub spent: Vec<String>,
     pub locked_until: Micros,
+    /// Admitted on the region's credit and not yet released...
+    pub credit: u64,
+    /// ...of which not yet charged to the global bucket.
+    pub uncharged: u64,
 }
 
 impl Pool {
@@ -147,62 +167,91 @@ impl Pool {
     }
 
     /// [`POOL_TAKE`] over several pools at once: all or nothing.
-    pub fn take(
-        pools: &mut [&mut Pool],
-        buckets: &[(u64, u64)],
-        now: Micros,
-        lock: Micros,
-    ) -> PoolTaken {
-        let admitted = pools
+    pub fn take(pools: &mut [&mut Pool], asks: &[PoolAsk], now: Micros, lock: Micros) -> PoolTaken {
+        let by_credit: Vec<Option<bool>> = pools
             .iter()
-            .zip(buckets)
-            .all(|(p, (cost, _))| p.live(now) >= *cost);
-        let mut left = vec![];
-        let mut refill = vec![];
-        let mut retire = vec![];
-        for (p, (cost, low)) in pools.iter_mut().zip(buckets) {
+            .zip(asks)
+            .map(|(p, a)| {
+                if p.live(now) >= a.cost {
+                    Some(false)
+                } else if p.credit + a.cost <= a.credit {
+                    Some(true)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let admitted = by_credit.iter().all(Option::is_some);
+        let mut taken = PoolTaken {
+            admitted,
+            now,
+            left: vec![],
+            refill: vec![],
+            unconfirmed: vec![],
+            retire: vec![],
+        };
+        for ((p, a), credit) in pools.iter_mut().zip(asks).zip(by_credit) {
             p.chunks.retain(|c| c.2 > now && c.1 > 0);
             p.chunks.sort_by_key(|c| c.2);
-            if admitted {
-                let mut due = *cost;
-                for c in p.chunks.iter_mut() {
-                    let spend = due.min(c.1);
-                    c.1 -= spend;
-                    due -= spend;
-                    if c.1 == 0 {
-                        p.spent.push(c.0.clone());
-                    }
+            match (admitted, credit) {
+                (true, Some(true)) => {
+                    p.credit += a.cost;
+                    p.uncharged += a.cost;
                 }
-                p.chunks.retain(|c| c.1 > 0);
+                (true, _) => {
+                    let mut due = a.cost;
+                    for c in p.chunks.iter_mut() {
+                        let spend = due.min(c.1);
+                        c.1 -= spend;
+                        due -= spend;
+                        if c.1 == 0 {
+                            p.spent.push(c.0.clone());
+                        }
+                    }
+                    p.chunks.retain(|c| c.1 > 0);
+                }
+                (false, _) => {}
             }
             let l = p.live(now);
-            let take_lock = l < *low && p.locked_until <= now;
+            let take_lock = (l < a.low || p.credit > 0) && p.locked_until <= now;
             if take_lock {
                 p.locked_until = now + lock;
             }
-            left.push(l);
-            refill.push(take_lock);
-            retire.push(if take_lock {
+            taken.left.push(l);
+            taken.refill.push(take_lock);
+            taken
+                .unconfirmed
+                .push(if take_lock { p.uncharged } else { 0 });
+            taken.retire.push(if take_lock {
                 std::mem::take(&mut p.spent)
             } else {
                 vec![]
             });
         }
-        PoolTaken {
-            admitted,
-            now,
-            left,
-            refill,
-            retire,
-        }
+        taken
     }
 
-    /// [`POOL_ADD`]: a chunk spendable for `life` from `now`; releases the lock and
-    /// returns the tokens the pool holds.
-    pub fn add(&mut self, member: &str, tokens: u64, life: Micros, now: Micros) -> u64 {
+    /// [`POOL_ADD`]: a chunk spendable for `life` from `now`, `charged` credit
+    /// charged to the global bucket (all charged credit released when `clear`: the
+    /// bucket was out of debt); releases the lock and returns the tokens held.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add(
+        &mut self,
+        member: &str,
+        tokens: u64,
+        life: Micros,
+        charged: u64,
+        clear: bool,
+        now: Micros,
+    ) -> u64 {
         if !member.is_empty() && tokens > 0 && life > 0 {
             self.chunks.push((member.to_string(), tokens, now + life));
         }
+        self.uncharged = self.uncharged.saturating_sub(charged);
+        if clear {
+            self.credit = self.uncharged;
+        }
+        self.credit = self.credit.max(self.uncharged);
         self.locked_until = 0;
         self.live(now)
     }
@@ -248,6 +297,23 @@ impl LeaseConfig {
         let half_life =
             (per_sec as u128 * self.lifetime as u128 / 2 / MICROS_PER_SEC as u128) as u64;
         half_life.clamp(1, self.max_lease.max(1))
+    }
+
+    /// `ARGV` of [`LEASE_TAKE`] charging `cost` even without room (see
+    /// [`Central::take_charging`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn charge_args(
+        &self,
+        burst: Micros,
+        emission: Micros,
+        cost: u64,
+        want: u64,
+        id: &str,
+        spent: Option<&str>,
+    ) -> Vec<String> {
+        let mut args = self.take_args(None, burst, emission, cost, want, id, spent);
+        args.push("1".into());
+        args
     }
 
     /// `ARGV` of [`LEASE_TAKE`]; `now = None` lets Redis' `TIME` decide.
@@ -436,9 +502,27 @@ impl Central {
         id: &str,
         spent: Option<&str>,
     ) -> Taken {
+        self.take_charging(config, now, burst, t, cost, want, id, spent, false)
+    }
+
+    /// [`LEASE_TAKE`] with `ARGV[10]`: `forced` charges the cost even without room
+    /// (into debt; `admitted` then says whether it fitted).
+    #[allow(clippy::too_many_arguments)]
+    pub fn take_charging(
+        &mut self,
+        config: &LeaseConfig,
+        now: Micros,
+        burst: Micros,
+        t: Micros,
+        cost: u64,
+        want: u64,
+        id: &str,
+        spent: Option<&str>,
+        forced: bool,
+    ) -> Taken {
         let base = self.full_at.max(now);
         let room = (burst - (base - now)).div_euclid(t);
-        if room < cost as i64 {
+        if room < cost as i64 && !forced {
             return Taken {
                 admitted: false,
                 leased: 0,
@@ -472,7 +556,7 @@ impl Central {
             ));
         }
         Taken {
-            admitted: true,
+            admitted: room >= cost as i64,
             leased: extra,
             now,
             full_at: self.full_at,
@@ -621,7 +705,8 @@ mod tests {
         InRegion(usize),
         /// An instance dies: its lease is lost.
         Crash(usize),
-        /// A regional store loses its pool.
+        /// A regional store loses its pool's chunks (the credit counter is kept:
+        /// regional stores run with persistence, see docs/consistency.md).
         Wipe(usize),
         /// The global store stops / starts answering.
         Global(bool),
@@ -648,14 +733,21 @@ mod tests {
         instance: usize,
         id: String,
         retire: String,
+        /// Credit to charge with the take.
+        unconfirmed: u64,
         taken: Option<Taken>,
+        /// The global store answered the take.
+        answered: bool,
     }
 
     /// The bounded-consistency design around one bucket: instances spend their own
-    /// leases, regions their pools; a miss is decided exactly by the global bucket;
-    /// refills travel in the background (`delay` each way) and a pool chunk or an
-    /// instance lease is spendable only until its global lease expires. Returns the
-    /// instants of every admission.
+    /// leases, regions their pools or, holding none, their credit (charged to the
+    /// global bucket by the next refill, into debt if need be); a miss is decided
+    /// exactly by the global bucket; refills travel in the background (`delay` each
+    /// way) and a pool chunk or an instance lease is spendable only until its global
+    /// lease expires. The bound is split as the pipeline splits it: each of the 3
+    /// regions gets `bound / 6` of credit, leases the rest. Returns the instants of
+    /// every admission.
     fn simulate_system(
         cfg: &LeaseConfig,
         capacity: u64,
@@ -663,6 +755,11 @@ mod tests {
         events: &[(Event, Micros)],
     ) -> (Vec<Micros>, usize) {
         let burst = capacity as i64 * T;
+        let credit = cfg.max_overshoot / 6;
+        let cfg = &LeaseConfig {
+            max_overshoot: cfg.max_overshoot - 3 * credit,
+            ..*cfg
+        };
         let mut global = Central::default();
         let mut global_up = true;
         let mut exact_calls = 0;
@@ -678,8 +775,19 @@ mod tests {
             // refills whose messages have arrived
             for r in pending.iter_mut() {
                 if r.taken.is_none() && r.take_at <= now {
+                    r.answered = global_up;
                     r.taken = Some(if global_up {
-                        global.take(cfg, r.take_at, burst, T, 0, want, &r.id, Some(&r.retire))
+                        global.take_charging(
+                            cfg,
+                            r.take_at,
+                            burst,
+                            T,
+                            r.unconfirmed,
+                            want,
+                            &r.id,
+                            Some(&r.retire),
+                            true,
+                        )
                     } else {
                         Taken {
                             admitted: false,
@@ -706,7 +814,11 @@ mod tests {
                 let life = cfg.lifetime - (r.add_at - r.sent);
                 match r.region {
                     Some(g) => {
-                        pools[g].add(&member, got.leased, life, r.add_at);
+                        // charged if the global store answered; released if the
+                        // bucket was out of debt after the charge
+                        let charged = if r.answered { r.unconfirmed } else { 0 };
+                        let clear = r.answered && got.full_at - got.now <= burst;
+                        pools[g].add(&member, got.leased, life, charged, clear, r.add_at);
                     }
                     None => {
                         refilling[r.instance] = false;
@@ -727,7 +839,12 @@ mod tests {
             match event {
                 Event::Global(up) => global_up = up,
                 Event::Crash(i) => leases[i] = None,
-                Event::Wipe(g) => pools[g] = Pool::default(),
+                Event::Wipe(g) => {
+                    pools[g] = Pool {
+                        credit: pools[g].credit,
+                        ..Pool::default()
+                    }
+                }
                 Event::AtInstance(i) => {
                     let local = leases[i].as_mut().is_some_and(|l| l.spend(1, now));
                     if local || exact(&mut global, global_up) {
@@ -746,13 +863,19 @@ mod tests {
                             instance: i,
                             id: format!("{}", n * 10 + i),
                             retire: String::new(),
+                            unconfirmed: 0,
                             taken: None,
+                            answered: false,
                         });
                     }
                 }
                 Event::InRegion(g) => {
-                    let got =
-                        Pool::take(&mut [&mut pools[g]], &[(1, want / 2 + 1)], now, 4 * delay);
+                    let ask = PoolAsk {
+                        cost: 1,
+                        low: want / 2 + 1,
+                        credit,
+                    };
+                    let got = Pool::take(&mut [&mut pools[g]], &[ask], now, 4 * delay);
                     if got.admitted || exact(&mut global, global_up) {
                         admitted.push(now);
                     }
@@ -765,7 +888,9 @@ mod tests {
                             instance: 0,
                             id: format!("{}", n * 10 + 7),
                             retire: got.retire[0].join(" "),
+                            unconfirmed: got.unconfirmed[0],
                             taken: None,
+                            answered: false,
                         });
                     }
                 }
@@ -814,20 +939,34 @@ mod tests {
             "{exact_calls} requests paid a global round trip"
         );
         let mut pool = Pool::default();
-        assert!(!Pool::take(&mut [&mut pool], &[(1, 1)], 0, 10).admitted);
+        assert!(!Pool::take(&mut [&mut pool], &[ask(1, 1, 0)], 0, 10).admitted);
+    }
+
+    fn ask(cost: u64, low: u64, credit: u64) -> PoolAsk {
+        PoolAsk { cost, low, credit }
     }
 
     #[test]
     fn a_pool_spends_all_or_nothing_soonest_expiry_first_and_never_a_dead_chunk() {
         let (mut a, mut b) = (Pool::default(), Pool::default());
-        assert_eq!(a.add("1:5:0", 5, 1_000, 0), 5);
-        assert_eq!(a.add("2:5:0", 5, 500, 0), 10);
-        b.add("3:1:0", 1, 1_000, 0);
-        // b holds 1 < 2: nothing is spent anywhere
-        let got = Pool::take(&mut [&mut a, &mut b], &[(3, 0), (2, 0)], 10, 100);
+        assert_eq!(a.add("1:5:0", 5, 1_000, 0, true, 0), 5);
+        assert_eq!(a.add("2:5:0", 5, 500, 0, true, 0), 10);
+        b.add("3:1:0", 1, 1_000, 0, true, 0);
+        // b holds 1 < 2 and has no credit: nothing is spent anywhere
+        let got = Pool::take(
+            &mut [&mut a, &mut b],
+            &[ask(3, 0, 0), ask(2, 0, 0)],
+            10,
+            100,
+        );
         assert!(!got.admitted);
         assert_eq!(got.left, [10, 1]);
-        let got = Pool::take(&mut [&mut a, &mut b], &[(6, 5), (1, 0)], 10, 100);
+        let got = Pool::take(
+            &mut [&mut a, &mut b],
+            &[ask(6, 5, 0), ask(1, 0, 0)],
+            10,
+            100,
+        );
         assert!(got.admitted);
         assert_eq!(got.left, [4, 0]);
         // the chunk expiring first was spent out: the refiller retires it
@@ -838,28 +977,68 @@ mod tests {
         );
         assert_eq!(got.retire[0], ["2:5:0".to_string()]);
         assert!(
-            !Pool::take(&mut [&mut a], &[(1, 5)], 20, 100).refill[0],
+            !Pool::take(&mut [&mut a], &[ask(1, 5, 0)], 20, 100).refill[0],
             "locked"
         );
-        assert_eq!(a.add("", 0, 0, 30), 3);
+        assert_eq!(a.add("", 0, 0, 0, true, 30), 3);
         // at its expiry a chunk is gone, whatever it still held
-        assert!(!Pool::take(&mut [&mut a], &[(1, 0)], 1_000, 100).admitted);
+        assert!(!Pool::take(&mut [&mut a], &[ask(1, 0, 0)], 1_000, 100).admitted);
         assert!(a.chunks.is_empty());
-        let reply = PoolTaken::from_reply(&[1, 7, 4, 1, 1, 12, 3, 900, 0, 0, 0], 2)
+        let reply = PoolTaken::from_reply(&[1, 7, 4, 1, 2, 1, 12, 3, 900, 0, 0, 0, 0], 2)
             .unwrap()
             .unwrap();
         assert_eq!(reply.refill, [true, false]);
+        assert_eq!(reply.unconfirmed, [2, 0]);
         assert_eq!(reply.retire, [vec!["12:3:900".to_string()], vec![]]);
         assert_eq!(PoolTaken::from_reply(&[2, 7], 2).unwrap(), None);
         for bad in [
             &[1, 7, 4][..],
-            &[1, 7, 4, 1, 1, 12, 3, 0, 0, 0],
-            &[1, 7, 4, 1, 0, 0, 0, 0, 9],
+            &[1, 7, 4, 1, 0, 1, 12, 3, 0, 0, 0, 0],
+            &[1, 7, 4, 1, 0, 0, 0, 0, 0, 0, 9],
         ] {
             assert!(PoolTaken::from_reply(bad, 2).is_err(), "{bad:?}");
         }
         assert_eq!(spent_members(&[12, 3, 900]).unwrap(), ["12:3:900"]);
         assert!(spent_members(&[12, 3]).is_err());
+    }
+
+    #[test]
+    fn a_pool_without_tokens_admits_on_credit_up_to_its_cap_until_charged() {
+        let mut p = Pool::default();
+        let first = Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 0, 100);
+        assert!(first.admitted, "on credit");
+        assert_eq!((first.refill[0], first.unconfirmed[0]), (true, 1));
+        assert!(Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 1, 100).admitted);
+        assert!(
+            !Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 2, 100).admitted,
+            "cap 2"
+        );
+        // the refill charged 1 of the 2, the bucket out of debt, and brought 5 tokens
+        p.add("9:5:0", 5, 1_000, 1, true, 3);
+        assert_eq!((p.credit, p.uncharged), (1, 1));
+        let got = Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 4, 100);
+        assert!(got.admitted);
+        assert_eq!(got.left, [4], "from the chunk first");
+        assert_eq!(
+            got.unconfirmed,
+            [1],
+            "the rest of the credit is charged next"
+        );
+        // charged into debt: the credit stays used (no more for this key) until a
+        // later charge finds the bucket out of debt
+        p.add("", 0, 0, 1, false, 5);
+        assert_eq!((p.credit, p.uncharged), (1, 0));
+        p.chunks.clear();
+        assert!(
+            Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 6, 100).admitted,
+            "1 + 1 <= 2"
+        );
+        assert!(
+            !Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 7, 100).admitted,
+            "cap reached"
+        );
+        p.add("", 0, 0, 1, true, 8);
+        assert_eq!((p.credit, p.uncharged), (0, 0), "out of debt: released");
     }
 
     #[test]

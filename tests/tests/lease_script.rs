@@ -66,7 +66,9 @@ fn lease_scripts_match_their_pure_twin() {
                 .as_ref()
                 .filter(|_| rng.random_bool(0.5))
                 .map(|(m, _)| m.clone());
-            let args = cfg.take_args(
+            // sometimes a region charging what it admitted on credit (into debt)
+            let forced = rng.random_bool(0.15);
+            let mut args = cfg.take_args(
                 Some(now),
                 burst,
                 t,
@@ -75,10 +77,13 @@ fn lease_scripts_match_their_pure_twin() {
                 &id,
                 spent.as_deref(),
             );
+            if forced {
+                args.push("1".into());
+            }
             let got =
                 Taken::from_reply(&eval(&mut c, LEASE_TAKE.source, &[&bucket, &leases], &args))
                     .unwrap();
-            let want = twin.take(
+            let want = twin.take_charging(
                 &cfg,
                 now,
                 burst,
@@ -87,6 +92,7 @@ fn lease_scripts_match_their_pure_twin() {
                 want_tokens,
                 &id,
                 spent.as_deref(),
+                forced,
             );
             assert_eq!(got, want, "seed {seed} step {step}");
             takes += 1;
@@ -118,7 +124,7 @@ fn lease_scripts_match_their_pure_twin() {
 #[test]
 fn pool_scripts_match_their_pure_twin() {
     use floodgate_shared::lease::{
-        POOL_ADD, POOL_TAKE, Pool, PoolTaken, pool_keys, pool_take_args,
+        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_keys, pool_take_args,
     };
     let server = RedisServer::start();
     let mut c = server.connection();
@@ -130,10 +136,10 @@ fn pool_scripts_match_their_pure_twin() {
             format!("fg:{{k:pool-{seed}}}:a"),
             format!("fg:{{k:pool-{seed}}}:b"),
         ];
-        let keys: Vec<[String; 2]> = buckets.iter().map(|b| pool_keys(b)).collect();
+        let keys: Vec<[String; 3]> = buckets.iter().map(|b| pool_keys(b)).collect();
         let mut twins = [Pool::default(), Pool::default()];
         let mut now = 1_700_000_000_000_000i64;
-        let (mut admitted, mut refills, mut id) = (0, 0, 0u64);
+        let (mut admitted, mut refills, mut id, mut on_credit) = (0, 0, 0u64, 0);
         for step in 0..300 {
             now += rng.random_range(0..400_000);
             if rng.random_bool(0.3) {
@@ -142,26 +148,40 @@ fn pool_scripts_match_their_pure_twin() {
                 let tokens = rng.random_range(0..8u64);
                 let life = rng.random_range(0..2_000_000i64);
                 let member = format!("{id}:{tokens}:{}", now / 1000);
+                let charged = rng.random_range(0..3u64);
+                let clear = rng.random_bool(0.5);
                 let args = [
                     member.clone(),
                     tokens.to_string(),
                     life.to_string(),
+                    charged.to_string(),
+                    if clear { "1" } else { "0" }.to_string(),
                     now.to_string(),
                 ];
-                let got = eval(&mut c, POOL_ADD.source, &[&keys[b][0], &keys[b][1]], &args);
-                let want = twins[b].add(&member, tokens, life, now);
+                let k = [
+                    keys[b][0].as_str(),
+                    keys[b][1].as_str(),
+                    keys[b][2].as_str(),
+                ];
+                let got = eval(&mut c, POOL_ADD.source, &k, &args);
+                let want = twins[b].add(&member, tokens, life, charged, clear, now);
                 assert_eq!(got, [want as i64], "seed {seed} step {step}: add");
                 continue;
             }
             let both = rng.random_bool(0.5);
             let first = rng.random_range(0..2);
             let which: Vec<usize> = if both { vec![0, 1] } else { vec![first] };
-            let asks: Vec<(u64, u64)> = which
+            let asks: Vec<PoolAsk> = which
                 .iter()
-                .map(|_| (rng.random_range(1..4), rng.random_range(0..6)))
+                .map(|_| PoolAsk {
+                    cost: rng.random_range(1..4),
+                    low: rng.random_range(0..6),
+                    credit: rng.random_range(0..5),
+                })
                 .collect();
             let mut k: Vec<&str> = which.iter().map(|b| keys[*b][0].as_str()).collect();
             k.extend(which.iter().map(|b| keys[*b][1].as_str()));
+            k.extend(which.iter().map(|b| keys[*b][2].as_str()));
             let args = pool_take_args(now.to_string(), &asks, lock_ms);
             let reply = eval(&mut c, POOL_TAKE.source, &k, &args);
             let got = PoolTaken::from_reply(&reply, which.len())
@@ -182,37 +202,33 @@ fn pool_scripts_match_their_pure_twin() {
             );
             admitted += usize::from(got.admitted);
             refills += got.refill.iter().filter(|r| **r).count();
+            on_credit += got.unconfirmed.iter().filter(|u| **u > 0).count();
         }
         assert!(
-            admitted > 20 && refills > 5,
-            "seed {seed}: {admitted} admitted, {refills} refills"
+            admitted > 20 && refills > 5 && on_credit > 5,
+            "seed {seed}: {admitted} admitted, {refills} refills, {on_credit} with credit"
         );
     }
     // a stale call spends nothing; malformed arguments get a clear error
     let keys = pool_keys("fg:{k:stale}:p");
-    let got = eval(
-        &mut c,
-        floodgate_shared::lease::POOL_ADD.source,
-        &[&keys[0], &keys[1]],
-        &["7:5:0".into(), "5".into(), "60000000".into()],
-    );
-    assert_eq!(got, [5]);
-    let args = pool_take_args("<1".into(), &[(1, 0)], 1000);
-    assert_eq!(
-        eval(
-            &mut c,
-            floodgate_shared::lease::POOL_TAKE.source,
-            &[&keys[0], &keys[1]],
-            &args
-        )[0],
-        2
-    );
+    let k = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+    let add = ["7:5:0", "5", "60000000", "0", "1"].map(String::from);
+    assert_eq!(eval(&mut c, POOL_ADD.source, &k, &add), [5]);
+    let one = [PoolAsk {
+        cost: 1,
+        low: 0,
+        credit: 0,
+    }];
+    let args = pool_take_args("<1".into(), &one, 1000);
+    assert_eq!(eval(&mut c, POOL_TAKE.source, &k, &args)[0], 2);
     let mut bad = redis::cmd("EVAL");
-    bad.arg(floodgate_shared::lease::POOL_TAKE.source)
-        .arg(2)
+    bad.arg(POOL_TAKE.source)
+        .arg(3)
         .arg(&keys[0])
         .arg(&keys[1])
+        .arg(&keys[2])
         .arg("")
+        .arg("0")
         .arg("0")
         .arg("0")
         .arg("1000");

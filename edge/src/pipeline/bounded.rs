@@ -58,24 +58,36 @@ impl Default for LeaseSettings {
 }
 
 impl LeaseSettings {
-    /// The lease configuration of `policy` (its bound; leases of at most half of it
-    /// per instance, so at least two instances share it; one that gets none decides
-    /// exactly).
-    pub fn for_policy(&self, policy: &Policy) -> LeaseConfig {
+    /// The lease configuration of `policy` when `regions` regions hold credit: the
+    /// global store's bound on leases is what the regions' credit leaves of the
+    /// policy's bound; leases of at most half of it per holder, so at least two
+    /// share it (one that gets none decides exactly).
+    pub fn for_policy(&self, policy: &Policy, regions: u32) -> LeaseConfig {
         let bound = policy.max_overshoot().unwrap_or(0);
+        let leasable = bound - u64::from(regions) * Self::credit(policy, regions);
         LeaseConfig {
-            max_overshoot: bound,
-            max_lease: (bound / 2).max(1),
+            max_overshoot: leasable,
+            max_lease: (leasable / 2).max(1),
             lifetime: self.lifetime,
             hot_per_sec: self.hot_per_sec,
             cool_per_sec: self.cool_per_sec,
         }
     }
 
-    /// Tokens one pool refill asks for: half the bound (two regions' pools can be
-    /// full at once; more regions share what is left).
-    pub fn pool_target(policy: &Policy) -> u64 {
-        (policy.max_overshoot().unwrap_or(0) / 2).max(1)
+    /// Tokens one pool refill asks for: half of what the global store leases (two
+    /// regions' pools can be full at once; more regions share what is left).
+    pub fn pool_target(policy: &Policy, regions: u32) -> u64 {
+        let bound = policy.max_overshoot().unwrap_or(0);
+        ((bound - u64::from(regions) * Self::credit(policy, regions)) / 2).max(1)
+    }
+
+    /// What one region may admit on credit per key of `policy`, unconfirmed by
+    /// the global store: `max_overshoot / (2 × regions)` (0 without regions).
+    pub fn credit(policy: &Policy, regions: u32) -> u64 {
+        if regions == 0 {
+            return 0;
+        }
+        policy.max_overshoot().unwrap_or(0) / (2 * u64::from(regions))
     }
 }
 
@@ -147,6 +159,9 @@ pub struct Refill {
     pub id: String,
     /// The bucket's µs per token (names the lease's member).
     pub emission: Micros,
+    /// Requests a region admitted on credit, to charge the global bucket with
+    /// (into debt if it has no room).
+    pub charge: u64,
 }
 
 impl Refill {
@@ -234,7 +249,7 @@ impl Leases {
                 true
             }
             Consistency::Auto => {
-                let cfg = self.settings.for_policy(policy);
+                let cfg = self.settings.for_policy(policy, 0);
                 self.with(key, now, |h| {
                     h.switch.observe(&cfg, now, u64::from(policy.cost()))
                 }) == Mode::Leased
@@ -284,10 +299,15 @@ impl Leases {
     /// The instance-lease refills due now among `buckets` (less than one lease's
     /// worth at hand for the next quarter of a lifetime), each marked as in flight
     /// until [`Leases::refilled`].
-    pub fn refills_due(&self, buckets: &[(&str, &Policy)], now: Micros) -> Vec<Refill> {
+    pub fn refills_due(
+        &self,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        now: Micros,
+    ) -> Vec<Refill> {
         let mut due = vec![];
         for (k, p) in buckets {
-            let cfg = self.settings.for_policy(p);
+            let cfg = self.settings.for_policy(p, regions);
             let refill = self.with(k, now, |h| {
                 let want = cfg.lease_size(h.switch.meter.per_sec(now));
                 let soon = now + self.settings.lifetime / 4;
@@ -311,20 +331,30 @@ impl Leases {
                     retire,
                     id: self.id(),
                     emission: p.quota().emission_interval(),
+                    charge: 0,
                 });
             }
         }
         due
     }
 
-    /// A pool refill: what to ask the global bucket for.
-    pub fn pool_refill(&self, key: &str, policy: &Policy, retire: &[String]) -> Refill {
+    /// A pool refill: what to ask the global bucket for, and the region's credit
+    /// to charge it.
+    pub fn pool_refill(
+        &self,
+        key: &str,
+        policy: &Policy,
+        regions: u32,
+        retire: &[String],
+        charge: u64,
+    ) -> Refill {
         Refill {
             key: key.to_string(),
-            want: LeaseSettings::pool_target(policy),
+            want: LeaseSettings::pool_target(policy, regions),
             retire: retire.join(" "),
             id: self.id(),
             emission: policy.quota().emission_interval(),
+            charge,
         }
     }
 
@@ -436,10 +466,10 @@ mod tests {
         let p = policy("bounded", 40);
         assert!(l.leased("k", &p, T0));
         assert_eq!(l.spend(&[("k", &p)], T0), None, "nothing leased yet");
-        let due = l.refills_due(&[("k", &p)], T0);
+        let due = l.refills_due(&[("k", &p)], 0, T0);
         assert_eq!(due.len(), 1);
         assert!(
-            l.refills_due(&[("k", &p)], T0).is_empty(),
+            l.refills_due(&[("k", &p)], 0, T0).is_empty(),
             "one refill in flight"
         );
         l.refilled(&due[0], Some(&taken(3, T0)), T0, Some(T0 + 500_000), true);
@@ -451,7 +481,7 @@ mod tests {
         assert_eq!(l.spend(&[("k", &p)], T0 + 10), None);
         // the spent lease is retired by the next take
         let first = due[0].member(&taken(3, T0));
-        let due = l.refills_due(&[("k", &p)], T0 + 20);
+        let due = l.refills_due(&[("k", &p)], 0, T0 + 20);
         assert_eq!(due[0].retire, first);
         l.refilled(&due[0], Some(&taken(5, T0 + 20)), T0 + 20, None, true);
         assert!(

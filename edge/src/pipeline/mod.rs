@@ -39,7 +39,7 @@ use floodgate_shared::apikeys::{
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
 use floodgate_shared::lease::{
-    LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, PoolTaken, Taken, leases_key, pool_keys,
+    LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, Taken, leases_key, pool_keys,
     pool_take_args,
 };
 use floodgate_shared::policy::{Consistency, FailureMode, Policy, Quota};
@@ -1011,14 +1011,17 @@ where
             ctx.policies.iter().map(|(k, p)| (k.as_str(), *p)).collect();
         let decisions = match &self.regional {
             None => {
-                for r in self.leases.refills_due(&buckets, now) {
+                for r in self.leases.refills_due(&buckets, ctx.config.regions(), now) {
                     if let Some((_, p)) = buckets.iter().find(|(k, _)| *k == r.key) {
-                        later.push(self.lease_refill(r, p));
+                        later.push(self.lease_refill(r, p, ctx.config.regions()));
                     }
                 }
                 self.leases.spend(&buckets, now)
             }
-            Some(region) => self.pool_take(region, &buckets, later).await,
+            Some(region) => {
+                self.pool_take(region, &buckets, ctx.config.regions(), later)
+                    .await
+            }
         };
         let Some(decisions) = decisions else {
             self.totals.lease_misses.fetch_add(1, Ordering::Relaxed);
@@ -1053,19 +1056,26 @@ where
         &self,
         region: &Regional<S>,
         buckets: &[(&str, &Policy)],
+        regions: u32,
         later: &mut Vec<Task>,
     ) -> Option<Vec<floodgate_shared::bucket::Decision>> {
         let now = self.clock.now();
-        let (mut keys, mut locks) = (vec![], vec![]);
+        let (mut keys, mut locks, mut credits) = (vec![], vec![], vec![]);
         for (k, _) in buckets {
-            let [pool, lock] = pool_keys(k);
+            let [pool, lock, credit] = pool_keys(k);
             keys.push(pool);
             locks.push(lock);
+            credits.push(credit);
         }
         keys.extend(locks);
-        let asks: Vec<(u64, u64)> = buckets
+        keys.extend(credits);
+        let asks: Vec<PoolAsk> = buckets
             .iter()
-            .map(|(_, p)| (u64::from(p.cost()), LeaseSettings::pool_target(p) / 2 + 1))
+            .map(|(_, p)| PoolAsk {
+                cost: u64::from(p.cost()),
+                low: LeaseSettings::pool_target(p, regions) / 2 + 1,
+                credit: LeaseSettings::credit(p, regions),
+            })
             .collect();
         let lock_ms = (self.settings.leases.lifetime / 2_000).max(1) as u64;
         // the regional store's own clock: a pool take it runs late spends tokens of
@@ -1084,7 +1094,10 @@ where
         let taken = PoolTaken::from_reply(&reply, n).ok().flatten()?;
         for (i, (k, p)) in buckets.iter().enumerate() {
             if taken.refill[i] {
-                later.push(self.pool_refill(region, k, p, &taken.retire[i]));
+                let r =
+                    self.leases
+                        .pool_refill(k, p, regions, &taken.retire[i], taken.unconfirmed[i]);
+                later.push(self.pool_refill(region, r, p, regions));
             }
         }
         taken
@@ -1094,10 +1107,10 @@ where
 
     /// Takes a lease for this instance from the global bucket (cost 0), retiring
     /// the spent ones, in the background.
-    fn lease_refill(&self, r: Refill, policy: &Policy) -> Task {
+    fn lease_refill(&self, r: Refill, policy: &Policy, regions: u32) -> Task {
         let store = self.store.clone();
         let leases = self.leases.clone();
-        let cfg = self.settings.leases.for_policy(policy);
+        let cfg = self.settings.leases.for_policy(policy, regions);
         let q = *policy.quota();
         let sent = self.clock.now();
         boxed(async move {
@@ -1121,32 +1134,26 @@ where
         })
     }
 
-    /// Refills a regional pool from the global bucket, in the background: a global
-    /// lease (cost 0, retiring the pool's spent chunks), then the chunk added to the
-    /// pool, spendable until the global lease expires as reckoned from the send.
-    fn pool_refill(
-        &self,
-        region: &Regional<S>,
-        key: &str,
-        policy: &Policy,
-        retire: &[String],
-    ) -> Task {
-        let r = self.leases.pool_refill(key, policy, retire);
+    /// Refills a regional pool from the global bucket, in the background: ONE global
+    /// call charges what the region admitted on credit (into debt if need be),
+    /// retires the pool's spent chunks and leases more; then the chunk is added to
+    /// the pool, spendable until the global lease expires as reckoned from the send,
+    /// and the charged credit taken off.
+    fn pool_refill(&self, region: &Regional<S>, r: Refill, policy: &Policy, regions: u32) -> Task {
         let (global, regional) = (self.store.clone(), region.store.clone());
         let leases = self.leases.clone();
         let cfg = LeaseConfig {
             max_lease: r.want,
-            ..self.settings.leases.for_policy(policy)
+            ..self.settings.leases.for_policy(policy, regions)
         };
         let q = *policy.quota();
         let sent = self.clock.now();
         boxed(async move {
             let watch = Stopwatch::start();
-            let args = cfg.take_args(
-                None,
+            let args = cfg.charge_args(
                 q.burst_window(),
                 q.emission_interval(),
-                0,
+                r.charge,
                 r.want,
                 &r.id,
                 Some(&r.retire),
@@ -1162,9 +1169,21 @@ where
                 Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
                 _ => (String::new(), 0),
             };
-            let [pool, lock] = pool_keys(&r.key);
-            let args = [member, tokens.to_string(), life.max(0).to_string()];
-            let _ = regional.run(&POOL_ADD, &[&pool, &lock], &args).await;
+            let [pool, lock, credit] = pool_keys(&r.key);
+            // charged when the global store answered; all the region's charged credit
+            // is released once the bucket is out of debt (else it stays used)
+            let charged = if got.is_some() { r.charge } else { 0 };
+            let clear = got.is_some_and(|t| t.full_at - t.now <= q.burst_window());
+            let args = [
+                member,
+                tokens.to_string(),
+                life.max(0).to_string(),
+                charged.to_string(),
+                if clear { "1" } else { "0" }.to_string(),
+            ];
+            let _ = regional
+                .run(&POOL_ADD, &[&pool, &lock, &credit], &args)
+                .await;
             let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
             leases.refilled(&r, got.as_ref(), sent, full_at, false);
         })

@@ -12,7 +12,9 @@ use floodgate_edge::store::{BucketStore, MaybeSend, RecordStore, StoreError, Sto
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::lease::{Central, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool};
+use floodgate_shared::lease::{
+    Central, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
+};
 use floodgate_shared::script::{Check, LuaScript, Verdict, When, interpret_token_bucket};
 use floodgate_shared::time::{FakeClock, Micros};
 
@@ -61,6 +63,7 @@ impl BucketStore for &MemStore {
         let now = *self.now.lock().unwrap();
         let num = |i: usize| args[i].parse::<i64>().unwrap();
         if script.sha1 == LEASE_TAKE.sha1 {
+            let forced = args.get(9).is_some_and(|a| a == "1");
             let cfg = LeaseConfig {
                 max_overshoot: num(5) as u64,
                 max_lease: u64::MAX,
@@ -72,7 +75,7 @@ impl BucketStore for &MemStore {
             let mut leases = self.leases.lock().unwrap();
             let central = leases.entry(keys[0].to_string()).or_default();
             central.full_at = buckets.get(keys[0]).map_or(0, |b| b.full_at);
-            let got = central.take(
+            let got = central.take_charging(
                 &cfg,
                 now,
                 num(1),
@@ -81,6 +84,7 @@ impl BucketStore for &MemStore {
                 num(4) as u64,
                 &args[7],
                 Some(&args[8]),
+                forced,
             );
             if central.full_at > 0 {
                 buckets.insert(
@@ -100,11 +104,15 @@ impl BucketStore for &MemStore {
             ]);
         }
         if script.sha1 == POOL_TAKE.sha1 {
-            let n = keys.len() / 2;
-            let asks: Vec<(u64, u64)> = (0..n)
-                .map(|i| (num(1 + 2 * i) as u64, num(2 + 2 * i) as u64))
+            let n = keys.len() / 3;
+            let asks: Vec<PoolAsk> = (0..n)
+                .map(|i| PoolAsk {
+                    cost: num(1 + 3 * i) as u64,
+                    low: num(2 + 3 * i) as u64,
+                    credit: num(3 + 3 * i) as u64,
+                })
                 .collect();
-            let lock = num(1 + 2 * n) * 1000;
+            let lock = num(1 + 3 * n) * 1000;
             let mut pools = self.pools.lock().unwrap();
             let mut taken: Vec<Pool> = keys[..n]
                 .iter()
@@ -121,6 +129,7 @@ impl BucketStore for &MemStore {
             for i in 0..n {
                 reply.push(got.left[i] as i64);
                 reply.push(i64::from(got.refill[i]));
+                reply.push(got.unconfirmed[i] as i64);
                 reply.push(got.retire[i].len() as i64);
                 for m in &got.retire[i] {
                     reply.extend(m.split(':').map(|v| v.parse::<i64>().unwrap()));
@@ -134,6 +143,8 @@ impl BucketStore for &MemStore {
                 &args[0],
                 num(1) as u64,
                 num(2),
+                num(3) as u64,
+                args[4] == "1",
                 now,
             );
             return Ok(vec![total as i64]);
