@@ -29,7 +29,12 @@ const OPTIONAL = [
   "IDENTITY_HEADER",
   "NEGATIVE_CACHE_TTL_MS",
   "UNKNOWN_KEYS_PER_IP_PER_MIN",
-  "UNKNOWN_KEYS_PER_SEC",
+  "UNKNOWN_KEYS_PER_MIN",
+  "MAX_BODY_BYTES",
+  "LEASE_LIFETIME_MS",
+  "REGION",
+  "REGIONAL_REST_URLS",
+  "REGIONAL_REST_TOKENS",
 ];
 const optional = Object.fromEntries(
   OPTIONAL.filter((name) => process.env[name]).map((name) => [name, process.env[name]]),

@@ -527,6 +527,8 @@ pub struct EdgeOptions {
     pub deadline_ms: Option<u64>,
     /// How long the upstream may take to answer (`UPSTREAM_TIMEOUT_MS` in the Worker).
     pub upstream_timeout_ms: u64,
+    /// More of the Worker's variables (its serve.mjs passes the ones it knows).
+    pub worker_env: Vec<(String, String)>,
 }
 
 impl Default for EdgeOptions {
@@ -535,6 +537,7 @@ impl Default for EdgeOptions {
             cache_ttl_ms: 5_000,
             deadline_ms: Some(2_000),
             upstream_timeout_ms: 30_000,
+            worker_env: vec![],
         }
     }
 }
@@ -645,6 +648,7 @@ pub async fn start_worker(
     if let Some(ms) = options.deadline_ms {
         command.env("DEADLINE_MS", ms.to_string());
     }
+    command.envs(options.worker_env.iter().map(|(k, v)| (k, v)));
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
