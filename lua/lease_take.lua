@@ -71,10 +71,17 @@ end
 -- spent one has nothing left to spend.
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 for member in string.gmatch(ARGV[9], '%S+') do redis.call('ZREM', KEYS[2], member) end
+-- A member that does not parse counts as the whole bound (its tokens are unknown)
+-- until its expiry; one expiring implausibly late (past 100 lifetimes) is dropped.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now + 100 * life), '+inf')
 local outstanding = 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local _, _, n = string.find(m, '^[^:]*:(%d+):')
-  if n then outstanding = outstanding + tonumber(n) end
+  if n and #n <= 15 then
+    outstanding = outstanding + tonumber(n)
+  else
+    outstanding = outstanding + bound
+  end
 end
 local extra = math.min(want, room - cost, bound - outstanding)
 if extra < 0 then extra = 0 end

@@ -43,9 +43,13 @@ end
 redis.call('DEL', KEYS[2])
 local used, uncharged = 0, 0
 local c = redis.pcall('GET', KEYS[3])
+if type(c) == 'table' and c.err then redis.call('DEL', KEYS[3]) end -- another type
 if type(c) == 'string' then
   local u, x = string.match(c, '^(%d+):(%d+)$')
-  if u and #u <= 15 and #x <= 15 then used, uncharged = tonumber(u), tonumber(x) end
+  -- a corrupt counter (pool_take reported none of it as unconfirmed) is rewritten
+  if u and #u <= 15 and #x <= 15 and tonumber(x) <= tonumber(u) then
+    used, uncharged = tonumber(u), tonumber(x)
+  end
 end
 uncharged = math.max(0, uncharged - confirmed)
 if clear then used = uncharged end

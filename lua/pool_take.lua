@@ -35,8 +35,9 @@
 -- refill at a time per region) — taken when the tokens left fall below the
 -- low-water mark or credit is in use — and must then charge the `unconfirmed`
 -- (uncharged) credit to the global bucket and retire the k spent chunks ({id,
--- tokens, base} of "<id>:<tokens>:<base>") with its take. Corrupt chunks and
--- corrupt credit count as empty.
+-- tokens, base} of "<id>:<tokens>:<base>") with its take. Corrupt chunks count as
+-- empty; a corrupt credit counter as all credit in use (credit is taken when in
+-- use, so its refill rewrites the counter): nothing is ever minted.
 
 local MAX_INSTANT = 4503599627370496
 local n = #KEYS / 3
@@ -100,7 +101,11 @@ for i = 1, n do
     local u, x = string.match(c, '^(%d+):(%d+)$')
     if u and #u <= 15 and #x <= 15 and tonumber(x) <= tonumber(u) then
       credit, uncharged = tonumber(u), tonumber(x)
+    else
+      credit = cap -- corrupt: no credit until the next refill rewrites it
     end
+  elseif type(c) == 'table' then
+    credit = cap -- another type
   end
   table.sort(chunks, function(a, b) return a[3] < b[3] end)
   pools[i], totals[i], credits[i], uncharges[i] = chunks, total, credit, uncharged

@@ -15,7 +15,6 @@ pub mod admin;
 #[cfg(feature = "native")]
 pub mod demo_upstream;
 #[cfg(feature = "native")]
-pub mod lease;
 #[cfg(feature = "native")]
 pub mod native_host;
 #[cfg(feature = "native")]

@@ -237,3 +237,88 @@ fn pool_scripts_match_their_pure_twin() {
         .expect_err("cost 0 is refused");
     assert!(e.to_string().contains("floodgate:"), "{e}");
 }
+
+/// Stored state nobody should have written mints nothing: a lease record that does
+/// not parse counts as the whole bound (no lease is granted beside it), a corrupt
+/// or foreign credit counter as all credit in use (nothing admitted on credit),
+/// and the pool's refill rewrites the counter.
+#[test]
+fn corrupt_lease_and_credit_state_mints_nothing() {
+    use floodgate_shared::lease::{
+        POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
+    };
+    let server = RedisServer::start();
+    let mut c = server.connection();
+    let cfg = LeaseConfig {
+        max_overshoot: 10,
+        max_lease: 8,
+        lifetime: 3_000_000,
+        hot_per_sec: 1,
+        cool_per_sec: 0,
+    };
+    let (t, burst) = (1_000_000i64, 20_000_000i64);
+    let now = 1_700_000_000_000_000i64;
+    let take = |c: &mut redis::Connection, bucket: &str| {
+        let args = cfg.take_args(Some(now), burst, t, 1, 8, "i1", None);
+        let leases = format!("{bucket}:leases");
+        Taken::from_reply(&eval(c, LEASE_TAKE.source, &[bucket, &leases], &args)).unwrap()
+    };
+    // a sound bucket leases
+    assert_eq!(take(&mut c, "fg:{k:sound}:p").leased, 8);
+    for member in ["garbage", "x:99999999999999999999:0", "7"] {
+        let bucket = format!("fg:{{k:corrupt-{member}}}:p");
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("{bucket}:leases"))
+            .arg(now + 1_000_000)
+            .arg(member)
+            .query(&mut c)
+            .unwrap();
+        let got = take(&mut c, &bucket);
+        assert_eq!((got.admitted, got.leased), (true, 0), "{member}");
+    }
+    // corrupt credit: a pool without tokens admits nothing on credit...
+    for stored in ["garbage", "3:9"] {
+        let keys = pool_keys(&format!("fg:{{k:credit-{stored}}}:p"));
+        let k = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+        let _: () = redis::cmd("SET")
+            .arg(&keys[2])
+            .arg(stored)
+            .query(&mut c)
+            .unwrap();
+        let ask = [PoolAsk {
+            cost: 1,
+            low: 0,
+            credit: 5,
+        }];
+        let args = pool_take_args(now.to_string(), &ask, 1000);
+        let got = PoolTaken::from_reply(&eval(&mut c, POOL_TAKE.source, &k, &args), 1)
+            .unwrap()
+            .unwrap();
+        assert!(!got.admitted, "{stored}: admitted on corrupt credit");
+        assert!(got.refill[0], "{stored}: the refill lock is handed out");
+        // ...until its refill rewrites the counter
+        let add = ["1:2:0", "2", "60000000", "0", "1", &now.to_string()].map(String::from);
+        assert_eq!(eval(&mut c, POOL_ADD.source, &k, &add), [2]);
+        let stored_now: Option<String> = redis::cmd("GET").arg(&keys[2]).query(&mut c).unwrap();
+        assert_eq!(stored_now, None, "{stored}: the counter is rewritten");
+    }
+    // a credit counter of another type is no credit either
+    let keys = pool_keys("fg:{k:credit-hash}:p");
+    let k = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+    let _: () = redis::cmd("HSET")
+        .arg(&keys[2])
+        .arg("a")
+        .arg("1")
+        .query(&mut c)
+        .unwrap();
+    let ask = [PoolAsk {
+        cost: 1,
+        low: 0,
+        credit: 5,
+    }];
+    let args = pool_take_args(now.to_string(), &ask, 1000);
+    let got = PoolTaken::from_reply(&eval(&mut c, POOL_TAKE.source, &k, &args), 1)
+        .unwrap()
+        .unwrap();
+    assert!(!got.admitted);
+}

@@ -1,167 +1,184 @@
-//! Lease mode, multi-region placements and a hot key against real redis-servers on
-//! loopback (`docs/scale.md`). Small, bounded runs; only invariants are asserted:
-//! the figures come from `scripts/bench lease region hotkey`.
+//! Bounded consistency at a distance, through the product's request pipeline
+//! against real redis-servers on loopback (`docs/scale.md`): regions reaching one
+//! global Redis through an added-latency proxy, each with its own regional Redis.
+//! Small, bounded runs; only invariants are asserted: the figures come from
+//! `scripts/bench region lease hotkey`.
 
 use std::time::Duration;
 
-use floodgate_edge::lease::LeaseMode;
-use floodgate_shared::lease::{LeaseConfig, Mode};
-use floodgate_shared::policy::Quota;
-use floodgate_tests::RedisServer;
-use floodgate_tests::scale::{Placement, hot_key_run, lease_run, region_run};
+use floodgate_tests::scale::{
+    Limit, Mode, Subjects, World, burst, config, offer, settle, worst_excess,
+};
 
-fn lease_config(bound: u64) -> LeaseConfig {
-    LeaseConfig {
-        max_overshoot: bound,
-        max_lease: 10,
-        lifetime: 200_000,
-        hot_per_sec: 1_000,
-        cool_per_sec: 100,
-    }
-}
+/// Warm keys: 100,000 per hour, bounded by 2,000 (under quota in every test).
+const WARM: Limit = Limit {
+    name: "warm",
+    capacity: 100_000,
+    refill: 100_000,
+    period: "1h",
+    per_ip: false,
+    max_overshoot: 2_000,
+};
 
-/// 1, 10 and 50 instances on one bucket: under the quota, leases cut the calls per
-/// request; over it, no window admits more than capacity + refill × window + the
-/// configured bound (exact mode: not even one more).
+/// A quota that does not refill while a test runs: 60, bounded by 30.
+const LEAK: Limit = Limit {
+    name: "leak",
+    capacity: 60,
+    refill: 1,
+    period: "1h",
+    per_ip: false,
+    max_overshoot: 30,
+};
+
+/// Over the limit: 100/s with a burst of 50, bounded by 20.
+const OVER: Limit = Limit {
+    name: "over",
+    capacity: 50,
+    refill: 100,
+    period: "1s",
+    per_ip: false,
+    max_overshoot: 20,
+};
+
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// Three regions, the global Redis 20 ms from each: exact pays the round trip on
+/// every decision and admits exactly the quota; independent regional limits
+/// answer locally and admit 3×; bounded modes answer warm requests without the
+/// round trip and admit at most the quota plus the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_mode_cuts_calls_and_never_overshoots_the_bound() {
-    let server = RedisServer::start();
-    let bound = 40;
-    // 1,000/s with a burst of 100
-    let quota = Quota::new(100, 1_000, 1_000_000).unwrap();
-    for instances in [1usize, 10, 50] {
-        for (regime, rate) in [("under", 600u64), ("over", 3_000)] {
-            let mut runs = vec![];
-            for mode in [LeaseMode::Exact, LeaseMode::Leased] {
-                let key = format!("fg:{{k:lease-{instances}-{regime}-{mode:?}}}:p");
-                let r = lease_run(
-                    &server,
-                    &server.url(),
-                    &key,
-                    &quota,
-                    lease_config(bound),
-                    mode,
-                    instances,
-                    rate,
-                    0.4,
-                )
-                .await;
-                eprintln!("{instances} instances, {regime} quota, {mode:?}: {r:?}");
-                assert_eq!(r.errors, 0);
-                assert!(r.admitted > 0);
-                match mode {
-                    LeaseMode::Exact => assert!(r.overshoot <= 0, "{r:?}"),
-                    _ => assert!(r.overshoot <= bound as i64, "{r:?}"),
-                }
-                runs.push(r);
+async fn regions_trade_latency_for_leakage_only_up_to_the_bound() {
+    let world = World::start(3, &config(&[WARM, LEAK], 3)).await;
+    let one_way = Duration::from_millis(20);
+    world.set_one_way(one_way);
+    for mode in Mode::ALL {
+        let edges = world.edges(mode, 1, DEADLINE).await;
+        let secrets = world.key(mode, &WARM.plan(mode)).await;
+        // warm-up: records cached, auto keys hot, first leases and pools filled
+        offer(&world, &edges, &secrets, &Subjects::One, 300, 0.5, 1).await;
+        settle(one_way).await;
+        let warm = offer(&world, &edges, &secrets, &Subjects::One, 300, 1.0, 2).await;
+        let paid = warm.share_at_least(one_way * 2);
+        let leaked = {
+            let secrets = world.key(mode, &LEAK.plan(mode)).await;
+            burst(&edges, &secrets, 70).await
+        };
+        eprintln!(
+            "{}: p50 {:.2} ms, p99 {:.2} ms, {:.1} % paid the round trip, {:.3} global calls/request, {leaked} of 60 admitted",
+            mode.name(),
+            warm.quantile_ms(0.5),
+            warm.quantile_ms(0.99),
+            paid * 100.0,
+            warm.global_per_request(),
+        );
+        assert_eq!(
+            (warm.admitted, warm.degraded),
+            (warm.requests, 0),
+            "{mode:?}"
+        );
+        match mode {
+            Mode::ExactGlobal => {
+                assert!(paid > 0.99, "{mode:?}: {paid}");
+                assert_eq!(leaked, 60, "one quota for all regions");
             }
-            if regime == "under" && instances == 1 {
+            Mode::Independent => {
+                assert_eq!(paid, 0.0);
+                assert_eq!(warm.global_calls, 0);
+                assert_eq!(leaked, 180, "each region its own quota");
+            }
+            _ => {
+                assert!(paid < 0.02, "{mode:?}: {paid} paid the global round trip");
                 assert!(
-                    runs[1].calls_per_request() * 3.0 < runs[0].calls_per_request(),
-                    "{runs:?}"
+                    warm.global_per_request() < 0.1,
+                    "{mode:?}: {}",
+                    warm.global_per_request()
+                );
+                assert!(leaked <= 60 + 30, "{mode:?}: {leaked} above quota + bound");
+                assert!(
+                    leaked >= 50,
+                    "{mode:?}: {leaked}: most of the quota is usable"
                 );
             }
         }
+        if mode.consistency() != "exact" && mode != Mode::InstanceLeases {
+            assert!(
+                warm.regional_calls >= warm.requests,
+                "{mode:?}: one regional call per request"
+            );
+        }
     }
 }
 
-/// Three regions, each reaching one primary through an added-latency proxy (or its
-/// own Redis): exact/global pays the round trip on every decision and leaks
-/// nothing; Redis per region answers locally and leaks 3×; leases pay the round
-/// trip once per lease and, over a quota that does not refill, leak nothing.
+/// Ten instances of one region on one bucket, offered 4× its rate: no window
+/// admits more than capacity + refill × window + the bound (exact: nothing
+/// more, but for the one admission the client-side instants can shift), and under
+/// the quota leases cut the global calls per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn regions_trade_latency_for_leakage() {
-    let primary = RedisServer::start();
-    let locals: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let quota = 10;
-    for one_way_ms in [0u64, 20] {
-        let d = Duration::from_millis(one_way_ms);
-        let mut rows = vec![];
-        for p in [Placement::Global, Placement::Regional, Placement::Lease] {
-            let tag = format!("{p:?}-{one_way_ms}");
-            let r = region_run(
-                &primary,
-                &locals,
-                p,
-                d,
-                10,
-                15,
-                quota,
-                // regions are far apart: leases live 1 s (half of it sizes them)
-                LeaseConfig {
-                    lifetime: 1_000_000,
-                    ..lease_config(40)
-                },
-                &tag,
-            )
-            .await;
-            eprintln!("{one_way_ms} ms, {}: {r:?}", p.name());
-            rows.push(r);
-        }
-        let (global, regional, lease) = (rows[0], rows[1], rows[2]);
-        assert_eq!(global.admitted, quota, "one quota for all regions");
-        assert_eq!(regional.admitted, 3 * quota, "each region its own quota");
-        assert!(
-            lease.admitted <= quota,
-            "leases are taken from the one bucket"
+async fn many_instances_share_one_bound() {
+    let world = World::start(1, &config(&[OVER, WARM], 1)).await;
+    let one_way = Duration::from_millis(2);
+    world.set_one_way(one_way);
+    let (capacity, emission) = OVER.bucket();
+    let mut calls = vec![];
+    for mode in [Mode::ExactGlobal, Mode::InstanceLeases, Mode::RegionalPools] {
+        let edges = world.edges(mode, 10, DEADLINE).await;
+        let secrets = world.key(mode, &OVER.plan(mode)).await;
+        let over = offer(&world, &edges, &secrets, &Subjects::One, 400, 1.5, 3).await;
+        let excess = worst_excess(&over.admitted_at, capacity, emission);
+        let secrets = world.key(mode, &WARM.plan(mode)).await;
+        offer(&world, &edges, &secrets, &Subjects::One, 400, 0.3, 4).await;
+        settle(one_way).await;
+        let under = offer(&world, &edges, &secrets, &Subjects::One, 400, 1.0, 5).await;
+        eprintln!(
+            "{}: over: {} of {} admitted, worst window +{excess}; under: {:.3} global calls/request",
+            mode.name(),
+            over.admitted,
+            over.requests,
+            under.global_per_request()
         );
-        if one_way_ms > 0 {
-            let rtt_us = 2_000.0 * one_way_ms as f64;
-            assert!(global.mean_us >= rtt_us, "{global:?}");
-            assert!(regional.mean_us < rtt_us / 2.0, "{regional:?}");
-            assert!(lease.mean_us < global.mean_us / 2.0, "{lease:?}");
+        assert_eq!(over.degraded + under.degraded, 0, "{mode:?}");
+        assert!(over.admitted >= 150, "{mode:?}: {}", over.admitted);
+        match mode {
+            Mode::ExactGlobal => assert!(excess <= 1, "{mode:?}: +{excess}"),
+            _ => assert!(excess <= OVER.max_overshoot as i64, "{mode:?}: +{excess}"),
         }
+        calls.push(under.global_per_request());
     }
+    assert!(calls[0] >= 0.99, "{calls:?}");
+    assert!(calls[1] * 5.0 < calls[0], "leases: {calls:?}");
+    assert!(calls[2] * 5.0 < calls[0], "pools: {calls:?}");
 }
 
-/// One key at 5,000 requests/s: exact mode calls Redis for each; automatic mode
-/// turns the key leased when it passes 1,000/s (Redis calls drop ≥ 5×), and exact again
-/// once it cools below 100/s, giving its lease back; no window overshoots the bound.
+/// An `auto` key on one instance: exact while cool, decided from the regional
+/// pool once hot (its global calls per request drop), exact again once cool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hot_key_turns_leased_and_back_within_the_bound() {
-    let server = RedisServer::start();
-    let bound = 200;
-    let cfg = LeaseConfig {
-        max_lease: 100,
-        ..lease_config(bound)
-    };
-    // a big customer: 20,000/s, burst 2,000 (the hot key is not throttled)
-    let quota = Quota::new(2_000, 20_000, 1_000_000).unwrap();
-    let exact = hot_key_run(
-        &server,
-        "fg:{k:hot-exact}:p",
-        &quota,
-        cfg,
-        LeaseMode::Exact,
-        &[(5_000, 1.0)],
-    )
-    .await;
-    let auto = hot_key_run(
-        &server,
-        "fg:{k:hot-auto}:p",
-        &quota,
-        cfg,
-        LeaseMode::Auto,
-        &[(100, 0.5), (5_000, 0.3), (5_000, 1.0), (20, 2.2)],
-    )
-    .await;
-    eprintln!("exact: {exact:?}\nauto: {auto:?}");
-    assert!(exact[0].redis_calls_per_sec > 2_000.0, "{exact:?}");
-    // the meter reaches 1,000/s after 1,000 requests (0.2 s at 5,000/s)
-    let (cool, turning, hot, cooled) = (auto[0], auto[1], auto[2], auto[3]);
-    assert_eq!((cool.to_leased, cool.final_mode), (0, Mode::Exact));
-    assert_eq!((turning.to_leased, turning.final_mode), (1, Mode::Leased));
-    assert_eq!(
-        (hot.to_leased, hot.to_exact, hot.final_mode),
-        (0, 0, Mode::Leased)
-    );
-    assert!(
-        hot.redis_calls_per_sec * 5.0 < exact[0].redis_calls_per_sec,
-        "{hot:?} vs {exact:?}"
-    );
-    assert_eq!((cooled.to_exact, cooled.final_mode), (1, Mode::Exact));
-    assert!(hot.admitted * 10 >= hot.requests * 9, "{hot:?}");
-    for r in &auto {
-        assert!(r.overshoot <= bound as i64, "{r:?}");
+async fn an_auto_key_turns_bounded_when_hot_and_exact_when_cool() {
+    let world = World::start(1, &config(&[WARM], 1)).await;
+    let one_way = Duration::from_millis(5);
+    world.set_one_way(one_way);
+    let edges = world.edges(Mode::Auto, 1, DEADLINE).await;
+    let secrets = world.key(Mode::Auto, &WARM.plan(Mode::Auto)).await;
+    let cool = offer(&world, &edges, &secrets, &Subjects::One, 5, 1.0, 6).await;
+    let heating = offer(&world, &edges, &secrets, &Subjects::One, 400, 0.5, 7).await;
+    let hot = offer(&world, &edges, &secrets, &Subjects::One, 400, 1.0, 8).await;
+    // the meter forgets the burst within its window, then the key is exact again
+    offer(&world, &edges, &secrets, &Subjects::One, 5, 2.5, 9).await;
+    let cooled = offer(&world, &edges, &secrets, &Subjects::One, 5, 1.0, 10).await;
+    let rtt = one_way * 2;
+    let shares: Vec<f64> = [&cool, &heating, &hot, &cooled]
+        .iter()
+        .map(|r| r.share_at_least(rtt))
+        .collect();
+    eprintln!("paid the global round trip: cool, heating, hot, cooled: {shares:?}");
+    for r in [&cool, &heating, &hot, &cooled] {
+        assert_eq!((r.admitted, r.degraded), (r.requests, 0));
     }
+    assert!(shares[0] > 0.99, "cool: exact");
+    assert!(hot.share_at_least(rtt) < 0.01, "hot: bounded");
+    assert!(
+        hot.global_per_request() < 0.05,
+        "{}",
+        hot.global_per_request()
+    );
+    assert!(shares[3] > 0.99, "cooled: exact again");
 }

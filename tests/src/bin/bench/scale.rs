@@ -4,14 +4,16 @@
 
 use std::time::Duration;
 
-use floodgate_edge::lease::LeaseMode;
+use std::sync::Arc;
+
 use floodgate_edge::store::cluster::ClusterStore;
 use floodgate_edge::store::resp::RespStore;
-use floodgate_shared::lease::LeaseConfig;
-use floodgate_shared::policy::Quota;
 use floodgate_tests::RedisServer;
 use floodgate_tests::cluster::RedisCluster;
-use floodgate_tests::scale::{Placement, hot_key_run, lease_run, region_run};
+use floodgate_tests::scale::{
+    Limit, Mode, Run, Subjects, WorkerRegions, World, Zipf, burst, burst_http, config, offer,
+    offer_http, regional_scripts, settle, worst_excess,
+};
 
 use crate::drive;
 
@@ -85,156 +87,379 @@ fn median(mut v: Vec<crate::Rate>) -> crate::Rate {
     v.swap_remove(v.len() / 2)
 }
 
-fn lease_config(bound: u64) -> LeaseConfig {
-    LeaseConfig {
-        max_overshoot: bound,
-        max_lease: 10,
-        lifetime: 200_000,
-        hot_per_sec: 1_000,
-        cool_per_sec: 100,
-    }
+/// The answer deadline of one store call in these runs: longer than any distance's
+/// round trip, so exact decisions are never cut short.
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// A hot key: 100,000/min, bounded by 2,000 (2 %); the runs stay under it.
+const HOT: Limit = Limit {
+    name: "hot",
+    capacity: 100_000,
+    refill: 100_000,
+    period: "1m",
+    per_ip: false,
+    max_overshoot: 2_000,
+};
+
+/// Per client address: 600/min, bounded by 60 (10 %).
+const PER_IP: Limit = Limit {
+    name: "per_ip",
+    capacity: 600,
+    refill: 600,
+    period: "1m",
+    per_ip: true,
+    max_overshoot: 60,
+};
+
+/// Over the limit: 200/s with a burst of 100, bounded by 40.
+const OVER: Limit = Limit {
+    name: "over",
+    capacity: 100,
+    refill: 200,
+    period: "1s",
+    per_ip: false,
+    max_overshoot: 40,
+};
+
+/// A quota that does not refill during a run: 100/h, bounded by 30.
+const LEAK: Limit = Limit {
+    name: "leak",
+    capacity: 100,
+    refill: 1,
+    period: "1h",
+    per_ip: false,
+    max_overshoot: 30,
+};
+
+fn ms(x: f64) -> String {
+    format!("{x:.2}")
 }
 
-fn lease(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
-    let bound = 40;
-    println!(
-        "\n## Lease mode vs exact: N instances on one bucket (1,000/s, burst 100; lease ≤ 10 tokens, lifetime 200 ms, overshoot bound {bound})"
-    );
-    println!(
-        "(requests spread evenly over the instances, open loop; Redis calls from INFO commandstats; overshoot = the worst window's admissions − (capacity + refill × window), on the decisions' own instants)"
-    );
-    println!(
-        "| instances | offered | mode | requests | admitted | Redis calls/request | lease ÷ exact | overshoot (bound {bound}) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    let server = RedisServer::start_pinned(cpu, &[]);
-    let quota = Quota::new(100, 1_000, 1_000_000).unwrap();
-    let secs = if scale > 1 { 0.5 } else { 2.0 };
-    for instances in [1usize, 10, 50] {
-        for (regime, rate) in [("600/s (under)", 600u64), ("3,000/s (over)", 3_000)] {
-            let mut exact_calls = 0.0;
-            for mode in [LeaseMode::Exact, LeaseMode::Leased] {
-                let key = format!("fg:{{k:bench-{instances}-{rate}-{mode:?}}}:p");
-                let r = rt.block_on(lease_run(
-                    &server,
-                    &server.url(),
-                    &key,
-                    &quota,
-                    lease_config(bound),
-                    mode,
-                    instances,
-                    rate,
-                    secs,
-                ));
-                let ratio = if mode == LeaseMode::Exact {
-                    exact_calls = r.redis_per_request;
-                    "1.00".to_string()
-                } else {
-                    format!("{:.2}", r.redis_per_request / exact_calls)
-                };
-                println!(
-                    "| {instances} | {regime} | {mode:?} | {} | {} | {:.3} | {ratio} | {} |",
-                    r.requests, r.admitted, r.redis_per_request, r.overshoot
-                );
-            }
-        }
-    }
+fn pct(x: f64) -> String {
+    format!("{:.1} %", x * 100.0)
 }
 
-fn region(_cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
-    println!(
-        "\n## Multi-region: 3 regions, each reaching one primary through an added-latency proxy (or its own Redis)"
-    );
-    println!(
-        "(latency: sequential decisions per region under quota, regions concurrently; leakage: an adversary sends 30 requests to each region against a quota of 20 that does not refill during the run; leases live 1 s)"
-    );
-    println!("| one-way distance | placement | mean µs | p99 µs | admitted / quota (leakage) |");
-    println!("|---|---|---|---|---|");
-    let primary = RedisServer::start();
-    let locals: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let decisions = if scale > 1 { 10 } else { 40 };
-    for ms in [0u64, 5, 20, 50] {
-        for p in [Placement::Global, Placement::Regional, Placement::Lease] {
-            let r = rt.block_on(region_run(
-                &primary,
-                &locals,
-                p,
-                Duration::from_millis(ms),
-                decisions,
-                30,
-                20,
-                LeaseConfig {
-                    lifetime: 1_000_000,
-                    ..lease_config(40)
-                },
-                &format!("bench-{ms}-{p:?}"),
-            ));
-            println!(
-                "| {ms} ms | {} | {:.0} | {:.0} | {} / 20 ({:.1}×) |",
-                p.name(),
-                r.mean_us,
-                r.p99_us,
-                r.admitted,
-                r.leakage
-            );
-        }
-    }
-}
-
-fn hotkey(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
-    let rate = 10_000;
-    let secs = if scale > 1 { 0.5 } else { 2.0 };
-    let bound = 500;
-    println!(
-        "\n## A hot key at {rate} req/s for {secs} s (quota 20,000/s, burst 2,000; automatic mode: leased above 1,000/s, exact below 100/s; lease ≤ 100 tokens, lifetime 200 ms, bound {bound})"
-    );
-    println!(
-        "| mode | phase | requests | admitted | Redis script calls/s | ÷ exact | overshoot (bound {bound}) | switches |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    let server = RedisServer::start_pinned(cpu, &[]);
-    let quota = Quota::new(2_000, 20_000, 1_000_000).unwrap();
-    let cfg = LeaseConfig {
-        max_lease: 100,
-        ..lease_config(bound)
+/// One latency row: p50/p99 added, the share that paid the global round trip,
+/// calls per request on each store. With `base` (the same host's exchanges for a
+/// key without policies), "added" is the difference of the percentiles, and the
+/// host's own percentiles are shown beside it.
+fn latency_row(distance: u64, mode: &str, r: &Run, base: Option<&Run>) {
+    let (p50, p99) = match base {
+        Some(b) => (
+            r.quantile_ms(0.5) - b.quantile_ms(0.5),
+            r.quantile_ms(0.99) - b.quantile_ms(0.99),
+        ),
+        None => (r.quantile_ms(0.5), r.quantile_ms(0.99)),
     };
-    let exact = rt.block_on(hot_key_run(
-        &server,
-        "fg:{k:bench-hot-exact}:p",
-        &quota,
-        cfg,
-        LeaseMode::Exact,
-        &[(rate, secs)],
-    ))[0];
+    let rtt = Duration::from_millis(2 * distance);
+    let (paid, alone) = match base {
+        Some(b) => (
+            r.share_at_least(rtt + Duration::from_secs_f64(b.quantile_ms(0.5) / 1e3)),
+            format!(
+                " {} / {} |",
+                ms(b.quantile_ms(0.5)),
+                ms(b.quantile_ms(0.99))
+            ),
+        ),
+        None => (r.share_at_least(rtt), String::new()),
+    };
     println!(
-        "| exact | {rate}/s | {} | {} | {:.0} | 1.00 | {} | – |",
-        exact.requests, exact.admitted, exact.redis_calls_per_sec, exact.overshoot
+        "| {distance} ms | {mode} | {} | {} |{alone} {} | {:.3} | {:.3} | {}/{} |",
+        ms(p50),
+        ms(p99),
+        pct(paid),
+        r.global_per_request(),
+        r.regional_calls as f64 / r.requests.max(1) as f64,
+        r.admitted,
+        r.requests - r.degraded,
     );
-    let auto = rt.block_on(hot_key_run(
-        &server,
-        "fg:{k:bench-hot-auto}:p",
-        &quota,
-        cfg,
-        LeaseMode::Auto,
-        &[(50, 1.0), (rate, 0.3), (rate, secs), (20, 2.2)],
-    ));
-    let names = [
-        "50/s (cool)",
-        "10,000/s, first 0.3 s (turning)",
-        "10,000/s (hot)",
-        "20/s (cooling)",
-    ];
-    for (r, name) in auto.iter().zip(names) {
+}
+
+fn latency_header(what: &str, worker: bool) {
+    println!("\n{what}");
+    let alone = if worker {
+        " Worker alone p50 / p99 ms |"
+    } else {
+        ""
+    };
+    println!(
+        "| one-way to the global Redis | mode | added p50 ms | added p99 ms |{alone} paid a global round trip | global round trips/request | regional script calls/request | admitted/decided |"
+    );
+    println!(
+        "|---|---|---|---|{}---|---|---|---|",
+        if worker { "---|" } else { "" }
+    );
+}
+
+fn region(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
+    let quick = scale > 1;
+    let secs = if quick { 1.0 } else { 2.0 };
+    // a key's leases grow with its measured rate: warm after about a second
+    let warm = if quick { 1.5 } else { 2.0 };
+    let distances: &[u64] = &[5, 25, 50, 100];
+    let (hot_rate, zipf_rate, over_rate) = (600, 1_500, 800);
+    let per_region = 2;
+    println!(
+        "\n## Multi-region: 3 regions × {per_region} instances, one global Redis behind an added-latency proxy, a regional Redis per region on loopback"
+    );
+    println!(
+        "(native: the product's pipeline (`Pipeline::gate`, as the hosts run it), timed per decision; warm keys: after {warm} s of the same load (the same Zipf distribution, another draw); {secs} s per run; answer deadline 2 s so exact decisions are never cut short; \"paid a global round trip\" = decisions that took at least one round trip to the global Redis; global round trips counted at the proxies (refills and record reads included), regional script calls from INFO commandstats)"
+    );
+    let cfg = config(&[HOT, PER_IP, OVER, LEAK], 3);
+    let world = rt.block_on(World::start_on(3, &cfg, cpu));
+    let zipf = Subjects::Zipf(Arc::new(Zipf::new(10_000, 1.1)));
+    let mut hot_rows = vec![];
+    let mut zipf_rows = vec![];
+    let mut bound_rows = vec![];
+    for &d in distances {
+        let one_way = Duration::from_millis(d);
+        world.set_one_way(one_way);
+        for mode in Mode::ALL {
+            rt.block_on(async {
+                let edges = world.edges(mode, per_region, DEADLINE).await;
+                let hot = world.key(mode, &HOT.plan(mode)).await;
+                offer(&world, &edges, &hot, &Subjects::One, hot_rate, warm, 1).await;
+                settle(one_way).await;
+                let h = offer(&world, &edges, &hot, &Subjects::One, hot_rate, secs, 2).await;
+                hot_rows.push((d, mode, h));
+                let ip = world.key(mode, &PER_IP.plan(mode)).await;
+                offer(&world, &edges, &ip, &zipf, zipf_rate, warm, 3).await;
+                settle(one_way).await;
+                let z = offer(&world, &edges, &ip, &zipf, zipf_rate, secs, 4).await;
+                zipf_rows.push((d, mode, z));
+                let over = world.key(mode, &OVER.plan(mode)).await;
+                let o = offer(&world, &edges, &over, &Subjects::One, over_rate, secs, 5).await;
+                let (capacity, emission) = OVER.bucket();
+                let excess = worst_excess(&o.admitted_at, capacity, emission);
+                let leak = world.key(mode, &LEAK.plan(mode)).await;
+                let leaked = burst(&edges, &leak, 60).await;
+                bound_rows.push((d, mode, excess, o, leaked));
+                settle(one_way).await;
+            });
+        }
+    }
+    latency_header(
+        &format!(
+            "### Native, one hot key: {hot_rate} req/s over the 6 instances (100,000/min, bound 2,000)"
+        ),
+        false,
+    );
+    for (d, mode, r) in &hot_rows {
+        latency_row(*d, mode.name(), r, None);
+    }
+    latency_header(
+        &format!(
+            "### Native, Zipf(1.1) over 10,000 client addresses: {zipf_rate} req/s (600/min per key and address, bound 60: a cold address is admitted on its region's credit, 10 per region)"
+        ),
+        false,
+    );
+    for (d, mode, r) in &zipf_rows {
+        latency_row(*d, mode.name(), r, None);
+    }
+    println!(
+        "\n### The bound: one key offered {over_rate} req/s ({}× its 200/s, burst 100, bound 40); leakage: each of the 6 instances sends 60 requests one after another, all at once, against 100/h (bound 30: at most 1.3×; independent limits: 3.0×)",
+        over_rate / 200
+    );
+    println!(
+        "| one-way | mode | admitted/offered | worst window above capacity + refill (bound 40) | leakage: admitted / 100 |"
+    );
+    println!("|---|---|---|---|---|");
+    for (d, mode, excess, o, leaked) in &bound_rows {
         println!(
-            "| automatic | {name} | {} | {} | {:.0} | {:.3} | {} | →leased {} / →exact {} (now {:?}) |",
+            "| {d} ms | {} | {}/{} | {excess:+} | {leaked} ({:.2}×) |",
+            mode.name(),
+            o.admitted,
+            o.requests,
+            *leaked as f64 / 100.0
+        );
+    }
+    worker_region(&world, distances, secs, warm, rt);
+}
+
+/// The same over HTTP through the built Worker in workerd, one per region: with a
+/// regional REST store (pools) and without (isolate leases; exact).
+fn worker_region(
+    world: &World,
+    distances: &[u64],
+    secs: f64,
+    warm: f64,
+    rt: &tokio::runtime::Runtime,
+) {
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../edge/worker/build/index.js")
+        .exists();
+    if !built {
+        println!("\n(The Worker is not built: `scripts/worker build`, then rerun for its rows.)");
+        return;
+    }
+    let rate = 200;
+    let (pools, plain) = rt.block_on(async {
+        (
+            WorkerRegions::start(world, true).await,
+            WorkerRegions::start(world, false).await,
+        )
+    });
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let zipf = Subjects::Zipf(Arc::new(Zipf::new(10_000, 1.1)));
+    let mut rows = vec![];
+    let mut leak_rows = vec![];
+    for &d in distances {
+        let one_way = Duration::from_millis(d);
+        world.set_one_way(one_way);
+        pools.set_one_way(one_way);
+        plain.set_one_way(one_way);
+        let cases = [
+            ("exact, global Redis", &plain, Mode::ExactGlobal),
+            ("bounded, isolate leases", &plain, Mode::InstanceLeases),
+            ("bounded, regional pools", &pools, Mode::RegionalPools),
+        ];
+        for (name, workers, mode) in cases {
+            let calls = || (workers.global_calls(), regional_scripts(&world.regionals));
+            rt.block_on(async {
+                let urls = workers.urls();
+                let none = world.key(mode, "none").await;
+                offer_http(&calls, &client, &urls, &none, &Subjects::One, rate, 0.3, 1).await;
+                let base =
+                    offer_http(&calls, &client, &urls, &none, &Subjects::One, rate, secs, 2).await;
+                let hot = world.key(mode, &HOT.plan(mode)).await;
+                offer_http(&calls, &client, &urls, &hot, &Subjects::One, rate, warm, 3).await;
+                settle(one_way).await;
+                let h =
+                    offer_http(&calls, &client, &urls, &hot, &Subjects::One, rate, secs, 4).await;
+                let ip = world.key(mode, &PER_IP.plan(mode)).await;
+                offer_http(&calls, &client, &urls, &ip, &zipf, rate, warm, 5).await;
+                settle(one_way).await;
+                let z = offer_http(&calls, &client, &urls, &ip, &zipf, rate, secs, 6).await;
+                let leak = world.key(mode, &LEAK.plan(mode)).await;
+                let leaked = burst_http(&client, &urls, &leak, 120).await;
+                rows.push((d, name, base, h, z));
+                leak_rows.push((d, name, leaked));
+            });
+        }
+    }
+    latency_header(
+        &format!(
+            "### The Worker in workerd (one per region), one hot key: {rate} req/s; added = the exchange's percentile minus the same Workers' for a key without policies (Worker alone)"
+        ),
+        true,
+    );
+    for (d, name, base, h, _) in &rows {
+        latency_row(*d, name, h, Some(base));
+    }
+    latency_header(
+        &format!(
+            "### The Worker, Zipf(1.1) over 10,000 client addresses (CF-Connecting-IP): {rate} req/s"
+        ),
+        true,
+    );
+    for (d, name, base, _, z) in &rows {
+        latency_row(*d, name, z, Some(base));
+    }
+    println!(
+        "\n### The Worker, leakage: each region's Worker is sent 120 requests one after another, the regions at once, against 100/h (bound 30)"
+    );
+    println!("| one-way | mode | admitted / 100 |");
+    println!("|---|---|---|");
+    for (d, name, leaked) in &leak_rows {
+        println!(
+            "| {d} ms | {name} | {leaked} ({:.2}×) |",
+            *leaked as f64 / 100.0
+        );
+    }
+}
+
+/// N instances of one region on one bucket, exact vs bounded (instance leases).
+fn lease(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
+    let secs = if scale > 1 { 0.5 } else { 2.0 };
+    println!(
+        "\n## Instance leases vs exact: N instances of one region on one bucket (global Redis 1 ms away, no regional store)"
+    );
+    println!(
+        "(under: {} req/s on 100,000/min (bound 2,000); over: 800 req/s on 200/s, burst 100 (bound 40); global round trips counted at the proxy; overshoot on the decisions' instants)",
+        600
+    );
+    println!(
+        "| instances | mode | under: global round trips/request | ÷ exact | over: admitted/offered | worst window above capacity + refill |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let world = rt.block_on(World::start_on(1, &config(&[HOT, OVER], 1), cpu));
+    world.set_one_way(Duration::from_millis(1));
+    for instances in [1usize, 10, 50] {
+        let mut exact_calls = 0.0;
+        for mode in [Mode::ExactGlobal, Mode::InstanceLeases] {
+            rt.block_on(async {
+                let edges = world.edges(mode, instances, DEADLINE).await;
+                let hot = world.key(mode, &HOT.plan(mode)).await;
+                offer(&world, &edges, &hot, &Subjects::One, 600, 0.3, 1).await;
+                let under = offer(&world, &edges, &hot, &Subjects::One, 600, secs, 2).await;
+                let over = world.key(mode, &OVER.plan(mode)).await;
+                let o = offer(&world, &edges, &over, &Subjects::One, 800, secs, 3).await;
+                let (capacity, emission) = OVER.bucket();
+                let excess = worst_excess(&o.admitted_at, capacity, emission);
+                let calls = under.global_per_request();
+                if mode == Mode::ExactGlobal {
+                    exact_calls = calls;
+                }
+                println!(
+                    "| {instances} | {} | {calls:.3} | {:.2} | {}/{} | {excess:+} |",
+                    mode.name(),
+                    calls / exact_calls,
+                    o.admitted,
+                    o.requests
+                );
+            });
+        }
+    }
+}
+
+/// A hot `auto` key on one instance: exact while cool, bounded while hot.
+fn hotkey(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
+    let secs = if scale > 1 { 0.5 } else { 2.0 };
+    let rate = 5_000;
+    println!(
+        "\n## A hot `auto` key on one instance (global Redis 5 ms away, a regional store; 100,000/min, bound 2,000; bounded above 50 req/s on the instance, exact again at 10)"
+    );
+    println!(
+        "| consistency | phase | requests | admitted | global round trips/request | ÷ exact | paid a global round trip |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let world = rt.block_on(World::start_on(1, &config(&[HOT], 1), cpu));
+    let one_way = Duration::from_millis(5);
+    world.set_one_way(one_way);
+    let rows = rt.block_on(async {
+        let exact = world.edges(Mode::ExactGlobal, 1, DEADLINE).await;
+        let key = world
+            .key(Mode::ExactGlobal, &HOT.plan(Mode::ExactGlobal))
+            .await;
+        let e = offer(&world, &exact, &key, &Subjects::One, rate, secs, 1).await;
+        let auto = world.edges(Mode::Auto, 1, DEADLINE).await;
+        let key = world.key(Mode::Auto, &HOT.plan(Mode::Auto)).await;
+        let mut rows = vec![("exact", format!("{rate}/s"), e)];
+        for (phase, r, s) in [
+            ("20/s (cool)", 20, 1.0),
+            ("first 0.3 s at 5,000/s (turning)", rate, 0.3),
+            ("5,000/s (hot)", rate, secs),
+            ("20/s, first 2.5 s (cooling)", 20, 2.5),
+            ("20/s (cool again)", 20, 1.0),
+        ] {
+            let run = offer(&world, &auto, &key, &Subjects::One, r, s, 2).await;
+            rows.push(("auto", phase.to_string(), run));
+        }
+        rows
+    });
+    let exact = rows[0].2.global_per_request();
+    for (c, phase, r) in &rows {
+        println!(
+            "| {c} | {phase} | {} | {} | {:.3} | {:.3} | {} |",
             r.requests,
             r.admitted,
-            r.redis_calls_per_sec,
-            r.redis_calls_per_sec / exact.redis_calls_per_sec,
-            r.overshoot,
-            r.to_leased,
-            r.to_exact,
-            r.final_mode
+            r.global_per_request(),
+            r.global_per_request() / exact,
+            pct(r.share_at_least(one_way * 2))
         );
     }
 }
