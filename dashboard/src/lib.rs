@@ -5,9 +5,12 @@
 
 pub mod api;
 pub mod app;
+pub mod chart;
+pub mod describe;
 pub mod model;
 #[cfg(feature = "ssr")]
 pub mod server;
+pub mod time;
 
 pub use floodgate_shared::policy;
 

@@ -168,6 +168,12 @@ pub async fn update_key(
     change: impl FnOnce(&mut KeyRecord),
 ) -> Result<(KeyRecord, KeyRecord), AdminError> {
     let (hash, before) = record_by_id(store, id).await?;
+    if before.status == KeyStatus::Revoked {
+        return Err(AdminError::Invalid(PolicyError::new(
+            "id",
+            format!("key {} is revoked; a revoked key is read-only", before.id),
+        )));
+    }
     let mut after = before.clone();
     change(&mut after);
     after.id.clone_from(&before.id);

@@ -26,7 +26,7 @@ use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
 use crate::fallback::LocalBuckets;
-use crate::stats::{Outcome, Stats};
+use crate::stats::{Outcome, Stats, StatsField};
 use crate::store::{BucketStore, RecordStore, StoreError};
 
 /// What the pipeline needs to know about a request.
@@ -176,7 +176,7 @@ struct Totals {
     fail_open: AtomicU64,
     fail_closed: AtomicU64,
     local_fallback: AtomicU64,
-    /// µs of breaker time already written to `breaker|open_ms`.
+    /// µs of breaker time already written to `breaker:open_ms`.
     open_us_counted: Mutex<Micros>,
 }
 
@@ -370,7 +370,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         if let Some(t) = moved {
             (self.settings.log)(&t.to_string());
             if (t.from, t.to) == (Phase::Closed, Phase::Open) {
-                self.stats.bump(t.at, "breaker|opened".into(), 1);
+                self.stats.bump(t.at, StatsField::BreakerOpened, 1);
             }
         }
     }
@@ -437,7 +437,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             let ms = (degraded - *counted) / 1_000;
             if ms > 0 {
                 *counted += ms * 1_000;
-                self.stats.bump(now, "breaker|open_ms".into(), ms as u64);
+                self.stats.bump(now, StatsField::BreakerOpenMs, ms as u64);
             }
         }
         if self.breaker.phase() != Phase::Closed {
@@ -583,7 +583,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                 self.stats.record(
                     now,
                     route_name.as_deref(),
-                    Some(&record.id),
+                    &record,
                     Outcome::Throttled,
                     None,
                 );
@@ -610,8 +610,6 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
             })
             .collect();
         let started = self.clock.now();
-        self.stats
-            .sample(started, &record.id, &record.plan, route_name.as_deref());
         let (permit, moved) = self.breaker.permit(started);
         self.logged(moved);
         let result = match permit {
@@ -642,13 +640,8 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
         }
         let latency = u64::try_from(finished - started).ok();
         let count = |outcome| {
-            self.stats.record(
-                finished,
-                route_name.as_deref(),
-                Some(&record.id),
-                outcome,
-                latency,
-            )
+            self.stats
+                .record(finished, route_name.as_deref(), &record, outcome, latency)
         };
         if let (true, Ok(verdict)) = (self.settings.deny_cache, &result)
             && !verdict.admitted
@@ -745,7 +738,7 @@ impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
                         .map(|(_, p)| p.failure_mode()),
                 );
                 self.stats
-                    .record_degraded_mode(finished, route_name.as_deref(), mode.name());
+                    .record_degraded_mode(finished, route_name.as_deref(), mode);
                 match mode {
                     FailureMode::FailOpen => &self.totals.fail_open,
                     FailureMode::FailClosed => &self.totals.fail_closed,
