@@ -7,7 +7,7 @@
 use leptos::prelude::*;
 
 use crate::model::{
-    AppError, AuditEntry, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
+    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
 };
 
 #[cfg(feature = "ssr")]
@@ -50,6 +50,17 @@ mod ctx {
             ));
         }
         Ok((core()?, s))
+    }
+
+    /// Whether the request is a plain HTML form post (no JavaScript): its answer
+    /// is a redirect back to the page, which carries errors but not values.
+    pub fn plain_form_post() -> bool {
+        use_context::<axum::http::request::Parts>().is_some_and(|p| {
+            p.headers
+                .get(axum::http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains("text/html"))
+        })
     }
 
     pub fn now_secs() -> i64 {
@@ -430,6 +441,7 @@ async fn backtest(
             .count() as u64,
         ip_policies,
         rows,
+        patterns: crate::server::patterns(current.spec()),
     }))
 }
 
@@ -809,6 +821,15 @@ pub async fn create_key(
     plan: String,
 ) -> Result<CreatedKey, AppError> {
     let (core, session) = ctx::mutation(&csrf).await?;
+    if ctx::plain_form_post() {
+        // the answer would be lost in the redirect back to the page: refuse before
+        // a key whose secret nobody saw exists
+        return Err(AppError::BadRequest(
+            "creating a key shows its secret once, on this page, which needs JavaScript: turn \
+             it on, or use floodgate-cli"
+                .into(),
+        ));
+    }
     check_key_fields(&core, &label, &plan).await?;
     let (record, secret) =
         floodgate_edge::admin::create_key(&core.store, label.trim(), plan.trim(), ctx::now_secs())
@@ -911,6 +932,13 @@ pub async fn revoke_key(
             "revoking a key cannot be undone: confirm it first",
         ));
     }
+    let before = floodgate_edge::admin::key_by_id(&core.store, id.trim()).await?;
+    if before.status == floodgate_shared::apikeys::KeyStatus::Revoked {
+        return Err(AppError::invalid(
+            "id",
+            format!("key {} is revoked already", before.id),
+        ));
+    }
     let after = floodgate_edge::admin::revoke_key(&core.store, id.trim()).await?;
     crate::server::audit(
         &core.store,
@@ -918,7 +946,7 @@ pub async fn revoke_key(
             &session.user,
             "revoke key",
             &after.id,
-            None,
+            Some(before.to_json()),
             Some(after.to_json()),
         ),
     )
@@ -942,20 +970,16 @@ pub async fn traffic_stats(
     let patterns = text
         .as_deref()
         .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
-        .map(|c| {
-            c.spec()
-                .routes
-                .iter()
-                .map(|r| (r.name.clone(), r.pattern.clone()))
-                .collect()
-        })
+        .map(|c| crate::server::patterns(c.spec()))
         .unwrap_or_default();
     Ok(crate::server::traffic(&core.store, ctx::now_secs(), range, resolution, patterns).await?)
 }
 
+/// The newest 200 audit records, each with the fields its change touched.
 #[server(endpoint = "audit")]
-pub async fn audit_entries() -> Result<Vec<AuditEntry>, AppError> {
+pub async fn audit_entries() -> Result<Vec<AuditRow>, AppError> {
     ctx::session().await?;
     let core = ctx::core()?;
-    Ok(crate::server::audit_log(&core.store, 200).await?)
+    let entries = crate::server::audit_log(&core.store, 200).await?;
+    Ok(entries.into_iter().map(AuditRow::from).collect())
 }

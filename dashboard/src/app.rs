@@ -305,7 +305,7 @@ fn TrafficPage() -> impl IntoView {
         <nav class="ranges" aria-label="Time range and resolution">
             <span class="muted">"Range:"</span>
             {Range::ALL.into_iter().map(|r| view! {
-                <A href=format!("/?range={}", r.code()) attr:aria-current=move || (range.get() == r).then_some("true")>{r.label()}</A>
+                <a href=format!("/?range={}", r.code()) aria-current=move || (range.get() == r).then_some("true")>{r.label()}</a>
             }).collect_view()}
             <span class="muted">" Resolution:"</span>
             {move || {
@@ -313,7 +313,7 @@ fn TrafficPage() -> impl IntoView {
                 r.resolutions().iter().map(|res| {
                     let res = *res;
                     view! {
-                        <A href=format!("/?range={}&res={}", r.code(), res.code()) attr:aria-current=move || (resolution.get() == res).then_some("true")>{res.label()}</A>
+                        <a href=format!("/?range={}&res={}", r.code(), res.code()) aria-current=move || (resolution.get() == res).then_some("true")>{res.label()}</a>
                     }
                 }).collect_view()
             }}
@@ -900,6 +900,7 @@ fn backtest_view(b: Backtest) -> AnyView {
             b.ip_policies.join(", ")
         ));
     }
+    let patterns = b.patterns;
     caveats.push(
         "Buckets start full at the first sampled decision, so the replay at today's limits can differ from what the edge answered when traffic before the sample still weighed on them."
             .to_string(),
@@ -914,7 +915,7 @@ fn backtest_view(b: Backtest) -> AnyView {
                         let route = r.endpoint.route().unwrap_or_default().to_string();
                         view! {
                             <tr data-route=route data-endpoint=r.endpoint.to_string()>
-                                <th scope="row">{endpoint_label(&r.endpoint, &Default::default())}</th>
+                                <th scope="row">{endpoint_label(&r.endpoint, &patterns)}</th>
                                 <td class="num requests">{r.requests}</td>
                                 <td class="num observed">{r.observed}</td>
                                 <td class="num now">{r.throttled_now}</td>
@@ -1383,29 +1384,36 @@ fn AuditPage() -> impl IntoView {
     }
 }
 
-fn change_view(e: &AuditEntry) -> AnyView {
-    match crate::describe::diff(e.before.as_deref(), e.after.as_deref()) {
+fn change_view(e: &AuditRow) -> AnyView {
+    match &e.changes {
         Some(changes) if changes.is_empty() => {
             view! { <span class="muted">"(no field changed)"</span> }.into_any()
         }
-        Some(changes) => view! {
-            <ul class="changes">
-                {changes.into_iter().map(|c| {
-                    let field = if c.path.is_empty() { "(value)".to_string() } else { c.path };
-                    let text = match (c.before, c.after) {
-                        (Some(b), Some(a)) => format!("{b} → {a}"),
-                        (None, Some(a)) => format!("(none) → {a}"),
-                        (Some(b), None) => format!("{b} → (removed)"),
-                        (None, None) => String::new(),
-                    };
-                    view! { <li><code>{field}</code>": " {text}</li> }
-                }).collect_view()}
-            </ul>
+        Some(changes) => {
+            let (created, removed) = (e.created, e.removed);
+            view! {
+                {created.then_some(view! { <span class="muted">"created with:"</span> })}
+                {removed.then_some(view! { <span class="muted">"removed; it had:"</span> })}
+                <ul class="changes">
+                    {changes.iter().cloned().map(|c| {
+                        let field = if c.path.is_empty() { "(value)".to_string() } else { c.path };
+                        let text = match (c.before, c.after) {
+                            (Some(b), Some(a)) => format!(": {b} → {a}"),
+                            (None, Some(a)) if created => format!(": {a}"),
+                            (None, Some(a)) => format!(": (none) → {a}"),
+                            (Some(b), None) if removed => format!(": {b}"),
+                            (Some(b), None) => format!(": {b} → (none)"),
+                            (None, None) => String::new(),
+                        };
+                        view! { <li><code>{field}</code>{text}</li> }
+                    }).collect_view()}
+                </ul>
+            }
+            .into_any()
         }
-        .into_any(),
         None => view! {
             <pre>{e.before.clone().unwrap_or_default()}</pre>
-            <pre>{"→ "}{e.after.clone().unwrap_or_default()}</pre>
+            <pre>{format!("→ {}", e.after.clone().unwrap_or_default())}</pre>
         }
         .into_any(),
     }

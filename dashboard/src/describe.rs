@@ -121,7 +121,7 @@ pub fn describe_field(field: &str, spec: Option<&ConfigSpec>) -> String {
 }
 
 /// One field an audited change touched.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Change {
     /// `quota.capacity`, `policies`, `label`, ... (`` for a whole scalar item).
     pub path: String,
@@ -161,6 +161,11 @@ fn leaves(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
             for (i, v) in items.iter().enumerate() {
                 leaves(&format!("{prefix}[{i}]"), v, out);
             }
+        }
+        // times of records (a key's `created`) as people read them
+        Value::Number(n) if prefix == "created" || prefix.ends_with(".created") => {
+            let text = n.as_i64().map_or_else(|| n.to_string(), crate::time::utc);
+            out.push((prefix.to_string(), text))
         }
         other => out.push((prefix.to_string(), scalar(other))),
     }
@@ -261,6 +266,8 @@ mod tests {
         );
         let created = diff(None, Some(r#"["default","search"]"#)).unwrap();
         assert_eq!(created[0].after.as_deref(), Some("default, search"));
+        let key = diff(None, Some(r#"{"id":"K1","created":1796000000}"#)).unwrap();
+        assert_eq!(key[0].after.as_deref(), Some("2026-11-30 00:53:20 UTC"));
         assert_eq!(diff(Some("{\"a\":1}"), Some("{\"a\":1}")), Some(vec![]));
         assert_eq!(diff(Some("{\"cut…"), None), None, "not JSON: shown as is");
     }

@@ -192,6 +192,8 @@ pub struct Backtest {
     /// Policies keyed by client address, which the sample cannot replay.
     pub ip_policies: Vec<String>,
     pub rows: Vec<BacktestRow>,
+    /// Route name → its path pattern (of the stored configuration).
+    pub patterns: BTreeMap<String, String>,
 }
 
 /// One endpoint of a backtest.
@@ -418,6 +420,40 @@ pub fn endpoint_label(e: &Endpoint, patterns: &BTreeMap<String, String>) -> Stri
 
 /// The one name of traffic that matched no route, on every page.
 pub const UNMATCHED: &str = "Unmatched paths (no route)";
+
+/// An audit record as the page shows it: the fields the change touched, or, when
+/// the item's text was cut for the log (not JSON any more), the texts as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRow {
+    pub at: i64,
+    pub user: String,
+    pub action: String,
+    pub target: String,
+    pub changes: Option<Vec<crate::describe::Change>>,
+    /// The item was created (nothing before) or removed (nothing after).
+    pub created: bool,
+    pub removed: bool,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+impl From<AuditEntry> for AuditRow {
+    fn from(e: AuditEntry) -> Self {
+        let changes = crate::describe::diff(e.before.as_deref(), e.after.as_deref());
+        let raw = changes.is_none();
+        AuditRow {
+            at: e.at,
+            user: e.user,
+            action: e.action,
+            target: e.target,
+            changes,
+            created: e.before.is_none(),
+            removed: e.after.is_none(),
+            before: e.before.filter(|_| raw),
+            after: e.after.filter(|_| raw),
+        }
+    }
+}
 
 /// One audit record: who changed what, when, with the item before and after.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -712,6 +712,14 @@ pub async fn last_used(store: &RespStore) -> Result<BTreeMap<String, i64>, DashE
         .collect())
 }
 
+/// Route name → path pattern, as the pages name endpoints.
+pub fn patterns(spec: &floodgate_shared::config::ConfigSpec) -> BTreeMap<String, String> {
+    spec.routes
+        .iter()
+        .map(|r| (r.name.clone(), r.pattern.clone()))
+        .collect()
+}
+
 /// The bars of `range` at `resolution` ending with the one holding `now` (Unix
 /// seconds): the first bar's start and how many.
 pub fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {

@@ -123,6 +123,11 @@ async fn record_by_id(store: &RespStore, id: &str) -> Result<(String, KeyRecord)
 }
 
 /// Revokes a key: the edge refuses it once its cache entry expires.
+/// The record of the key `id`.
+pub async fn key_by_id(store: &RespStore, id: &str) -> Result<KeyRecord, AdminError> {
+    Ok(record_by_id(store, id).await?.1)
+}
+
 pub async fn revoke_key(store: &RespStore, id: &str) -> Result<KeyRecord, AdminError> {
     let (hash, mut record) = record_by_id(store, id).await?;
     record.status = KeyStatus::Revoked;

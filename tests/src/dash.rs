@@ -24,6 +24,14 @@ pub struct Dashboard {
 
 /// Seeds the demo configuration and the first operator, then serves the dashboard.
 pub async fn start_dashboard(redis: &RedisServer) -> Dashboard {
+    start_dashboard_with(redis, vec![]).await
+}
+
+/// As [`start_dashboard`], believing `X-Forwarded-For` from `trusted_proxies`.
+pub async fn start_dashboard_with(
+    redis: &RedisServer,
+    trusted_proxies: Vec<ipnet::IpNet>,
+) -> Dashboard {
     let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
         .await
         .expect("connect to redis");
@@ -37,7 +45,8 @@ pub async fn start_dashboard(redis: &RedisServer) -> Dashboard {
         store,
         site_root().to_str().expect("a UTF-8 path"),
         false,
-    );
+    )
+    .trusting(trusted_proxies);
     let (url, stop) = crate::serve(floodgate_dashboard::server::router(state)).await;
     Dashboard { url, _stop: stop }
 }
