@@ -1,7 +1,11 @@
 //! The pages. Rendered whole on the server (`SsrMode::Async`: the content is in the
-//! HTML, readable without JavaScript), then hydrated; every form is an `ActionForm`
-//! over a server function, so it is a plain POST before (or without) the wasm, and
-//! its errors come back on the page (Leptos carries them in the redirect).
+//! HTML, readable without JavaScript) as Leptos islands: only the parts that move
+//! are hydrated (`#[island]`: the traffic charts' refresh, the policy form with its
+//! backtest, the effective-limits tool, key creation with its copy button, the keys
+//! table with live usage, local times), so the browser bundle carries only them.
+//! Every form is an `ActionForm` over a server function: a plain POST without the
+//! wasm (or outside an island), whose errors come back on the page (Leptos carries
+//! them in the redirect); inside an island, a call that reloads the page once saved.
 
 use std::time::Duration;
 
@@ -29,7 +33,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta name="color-scheme" content="light dark"/>
                 <link rel="icon" href="/favicon.ico" type="image/x-icon"/>
                 <style>{STYLE}</style>
-                <HydrationScripts options/>
+                <HydrationScripts options islands=true/>
                 <MetaTags/>
             </head>
             <body>
@@ -95,13 +99,6 @@ ul.changes { margin:0; padding-left:1rem; } ul.changes code { font-size:.85rem; 
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    // Marks the page once hydrated (the browser tests wait for it).
-    #[cfg(feature = "hydrate")]
-    Effect::new(|_| {
-        if let Some(body) = document().body() {
-            let _ = body.set_attribute("data-hydrated", "1");
-        }
-    });
     view! {
         <Title text="Floodgate"/>
         <Router>
@@ -253,6 +250,31 @@ fn hydrated() -> RwSignal<bool> {
     done
 }
 
+/// Counts a hydrated island on `<body data-islands>` (the browser tests wait for
+/// every `<leptos-island>` of a page to be counted).
+fn island_ready() {
+    Effect::new(|_| {
+        #[cfg(feature = "hydrate")]
+        if let Some(body) = document().body() {
+            let n: u32 = body
+                .get_attribute("data-islands")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let _ = body.set_attribute("data-islands", &(n + 1).to_string());
+        }
+    });
+}
+
+/// Loads `path` afresh (after a save, so every part of the page shows it).
+fn reload(path: &str) {
+    #[cfg(feature = "hydrate")]
+    {
+        let _ = window().location().assign(path);
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = path;
+}
+
 /// Runs `f` every `every` in the browser (never on the server).
 fn every(every: Duration, f: impl Fn() + Clone + 'static) {
     Effect::new(move |_| {
@@ -275,29 +297,32 @@ fn when(secs: i64, ready: RwSignal<bool>) -> impl IntoView {
     }
 }
 
+/// [`when`] as an island of its own, for pages that are otherwise static.
+#[island]
+fn LocalTime(secs: i64) -> impl IntoView {
+    island_ready();
+    when(secs, hydrated())
+}
+
 // ----- traffic --------------------------------------------------------------------
 
 #[component]
 fn TrafficPage() -> impl IntoView {
     let query = use_query_map();
-    let range = Memo::new(move |_| {
+    let range = query
+        .read_untracked()
+        .get("range")
+        .and_then(|r| Range::parse(&r))
+        .unwrap_or(Range::Minutes15);
+    let resolution = range.resolution(
         query
-            .read()
-            .get("range")
-            .and_then(|r| Range::parse(&r))
-            .unwrap_or(Range::Minutes15)
-    });
-    let resolution = Memo::new(move |_| {
-        range
-            .get()
-            .resolution(query.read().get("res").and_then(|r| Resolution::parse(&r)))
-    });
-    let tick = RwSignal::new(0u64);
-    // refresh on its own (in the browser only)
-    every(Duration::from_secs(3), move || tick.update(|t| *t += 1));
+            .read_untracked()
+            .get("res")
+            .and_then(|r| Resolution::parse(&r)),
+    );
     let data = Resource::new(
-        move || (range.get(), resolution.get(), tick.get()),
-        |(r, res, _)| traffic_stats(r.code().to_string(), res.code().to_string()),
+        || (),
+        move |_| traffic_stats(range.code().to_string(), resolution.code().to_string()),
     );
     view! {
         <Title text="Floodgate — traffic"/>
@@ -305,28 +330,40 @@ fn TrafficPage() -> impl IntoView {
         <nav class="ranges" aria-label="Time range and resolution">
             <span class="muted">"Range:"</span>
             {Range::ALL.into_iter().map(|r| view! {
-                <a href=format!("/?range={}", r.code()) aria-current=move || (range.get() == r).then_some("true")>{r.label()}</a>
+                <a href=format!("/?range={}", r.code()) aria-current=(range == r).then_some("true")>{r.label()}</a>
             }).collect_view()}
             <span class="muted">" Resolution:"</span>
-            {move || {
-                let r = range.get();
-                r.resolutions().iter().map(|res| {
-                    let res = *res;
-                    view! {
-                        <a href=format!("/?range={}&res={}", r.code(), res.code()) aria-current=move || (resolution.get() == res).then_some("true")>{res.label()}</a>
-                    }
-                }).collect_view()
-            }}
+            {range.resolutions().iter().map(|res| view! {
+                <a href=format!("/?range={}&res={}", range.code(), res.code()) aria-current=(resolution == *res).then_some("true")>{res.label()}</a>
+            }).collect_view()}
         </nav>
         {patterns()}
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
-                match data.await {
-                    Ok(t) => traffic_view(t).into_any(),
-                    Err(e) => error_view(e),
-                }
+                let initial = data.await;
+                view! { <TrafficLive range=range resolution=resolution initial=initial/> }
             })}
-        </Transition>
+        </Suspense>
+    }
+}
+
+/// The traffic data, refreshed every 3 s in the browser.
+#[island]
+fn TrafficLive(
+    range: Range,
+    resolution: Resolution,
+    initial: Result<Traffic, AppError>,
+) -> impl IntoView {
+    island_ready();
+    let data = RwSignal::new(initial);
+    every(Duration::from_secs(3), move || {
+        leptos::task::spawn_local(async move {
+            data.set(traffic_stats(range.code().to_string(), resolution.code().to_string()).await);
+        });
+    });
+    move || match data.get() {
+        Ok(t) => traffic_view(t).into_any(),
+        Err(e) => error_view(e),
     }
 }
 
@@ -666,7 +703,8 @@ fn degraded_view(t: &Traffic) -> impl IntoView + use<> {
 #[component]
 fn PoliciesPage() -> impl IntoView {
     let session = expect_context::<SessionResource>();
-    let save_policy = ServerAction::<SavePolicy>::new();
+    // plain forms (outside islands): a post, then the page again, with any error
+    // next to its field
     let delete_policy = ServerAction::<DeletePolicy>::new();
     let save_plan = ServerAction::<SavePlan>::new();
     let delete_plan = ServerAction::<DeletePlan>::new();
@@ -676,51 +714,14 @@ fn PoliciesPage() -> impl IntoView {
     let delete_override = ServerAction::<DeleteOverride>::new();
     let save_ip = ServerAction::<SaveIpPolicies>::new();
     let save_headers = ServerAction::<SaveHeaders>::new();
-    // a saved limit reloads the configuration; a backtest or a refused form does
-    // not (the form keeps what was typed)
-    let limits_saved = RwSignal::new(0u32);
-    let config = Resource::new(
-        move || {
-            (
-                limits_saved.get(),
-                delete_policy.version().get(),
-                save_plan.version().get(),
-                delete_plan.version().get(),
-                save_route.version().get(),
-                delete_route.version().get(),
-                save_override.version().get(),
-                delete_override.version().get(),
-                save_ip.version().get(),
-                save_headers.version().get(),
-            )
-        },
-        |_| get_config(),
-    );
-    let editing = RwSignal::new(None::<PolicyForm>);
-    let editing_plan = RwSignal::new(None::<(String, String)>);
-    let editing_route = RwSignal::new(None::<(String, String, String)>);
-    // a saved edit closes its form (it shows the stored values once reloaded)
-    let saved = |v: Option<Result<Saved, AppError>>| matches!(v, Some(Ok(Saved::Ok(_))));
-    Effect::new(move |_| {
-        if saved(save_policy.value().get()) {
-            editing.set(None);
-            limits_saved.update(|n| *n += 1);
-        }
-    });
-    Effect::new(move |_| {
-        if saved(save_plan.value().get()) {
-            editing_plan.set(None);
-        }
-    });
-    Effect::new(move |_| {
-        if saved(save_route.value().get()) {
-            editing_route.set(None);
-        }
-    });
+    let config = Resource::new(|| (), |_| get_config());
+    // which item's form is filled in (`Edit` is a link)
+    let query = use_query_map();
+    let editing = move |k: &str| query.read_untracked().get(k);
     view! {
         <Title text="Floodgate — policies"/>
         <h1>"Policies"</h1>
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let (s, c) = match (session.await, config.await) {
                     (Ok(s), Ok(c)) => (s, c),
@@ -732,16 +733,16 @@ fn PoliciesPage() -> impl IntoView {
                 view! {
                     <p>"Configuration version " <code id="config-version">{if version.is_empty() { "(none stored)".to_string() } else { version[..12.min(version.len())].to_string() }}</code>
                        ". The edge picks up a saved change within its cache TTL (5 s by default)."</p>
-                    {policy_section(&spec, &csrf, &version, save_policy, delete_policy, editing)}
-                    {plan_section(&spec, &csrf, &version, save_plan, delete_plan, editing_plan)}
-                    {route_section(&spec, &csrf, &version, save_route, delete_route, editing_route)}
+                    {policy_section(&spec, &csrf, &version, delete_policy, editing("edit"))}
+                    {plan_section(&spec, &csrf, &version, save_plan, delete_plan, editing("edit_plan"))}
+                    {route_section(&spec, &csrf, &version, save_route, delete_route, editing("edit_route"))}
                     {override_section(&spec, &csrf, &version, save_override, delete_override, save_ip)}
                     {headers_section(&spec, &csrf, &version, save_headers)}
                     <EffectiveLimitsTool/>
                 }
                 .into_any()
             })}
-        </Transition>
+        </Suspense>
     }
 }
 
@@ -765,9 +766,8 @@ fn policy_section(
     spec: &ConfigSpec,
     csrf: &str,
     version: &str,
-    save: ServerAction<SavePolicy>,
     delete: ServerAction<DeletePolicy>,
-    editing: RwSignal<Option<PolicyForm>>,
+    editing: Option<String>,
 ) -> impl IntoView + use<> {
     let rows = spec
         .policies
@@ -779,13 +779,14 @@ fn policy_section(
             let (csrf, version) = (csrf.to_string(), version.to_string());
             view! {
                 <tr data-policy=row>
-                    <td>{name}</td>
+                    <td>{name.clone()}</td>
                     <td>{form.dimensions.clone()}</td>
                     <td class="limit">{describe_quota(p)}</td>
                     <td>{p.cost}</td>
                     <td>{form.failure_mode.clone()}{form.shadow.then_some(" · shadow (not enforced)")}</td>
                     <td>
-                        <button type="button" on:click=move |_| editing.set(Some(form.clone()))>"Edit"</button>
+                        <a class="edit" href=format!("/policies?edit={name}#policy-form")>"Edit"</a>
+                        " "
                         <ActionForm action=delete attr:style="display:inline">
                             {hidden(&csrf, &version)}
                             <input type="hidden" name="name" value=field_name/>
@@ -796,8 +797,11 @@ fn policy_section(
             }
         })
         .collect_view();
-    let (csrf, version) = (csrf.to_string(), version.to_string());
-    let fields: &'static [&'static str] = &POLICY_FIELDS;
+    let edited = editing.and_then(|name| spec.policies.iter().find(|p| p.name == name));
+    let (form, original) = match edited {
+        Some(p) => (PolicyForm::from_spec(p), p.name.clone()),
+        None => (PolicyForm::default(), String::new()),
+    };
     view! {
         <h2>"Limits"</h2>
         <table id="policies">
@@ -805,61 +809,84 @@ fn policy_section(
             <tbody>{rows}</tbody>
         </table>
         {outcome(val(delete), saved_message, &[])}
-        {move || {
-            let (csrf, version) = (csrf.clone(), version.clone());
-            let f = editing.get().unwrap_or_default();
-            let original = if editing.get().is_some() { f.name.clone() } else { String::new() };
-            let title = if original.is_empty() { "New limit".to_string() } else { format!("Edit limit {original}") };
-            let dims = f.dimensions.clone();
-            let mode = f.failure_mode.clone();
-            let algo = if f.algorithm.is_empty() { "token_bucket".to_string() } else { f.algorithm.clone() };
-            view! {
-                <ActionForm action=save attr:class="card" attr:id="policy-form">
-                    <strong>{title}</strong><br/>
-                    {hidden(&csrf, &version)}
-                    <input type="hidden" name="original" value=original/>
-                    <label>"Name" <input name="name" value=f.name.clone()/>{field_error(val(save), "name")}</label>
-                    <label>"Keyed by"
-                        <select name="dimensions">
-                            {DIMENSION_CHOICES.iter().map(|d| view! { <option value=*d selected=dims == *d>{d.replace(',', " + ")}</option> }).collect_view()}
-                        </select>
-                        {field_error(val(save), "dimensions")}
-                    </label>
-                    <label>"Capacity (burst)" <input name="capacity" inputmode="numeric" value=f.capacity.clone()/>{field_error(val(save), "quota.capacity")}</label>
-                    <label>"Per period" <input name="period" placeholder="1m" value=f.period.clone()/>{field_error(val(save), "quota.period")}</label>
-                    <label>"Refill per period (default = capacity)" <input name="refill" inputmode="numeric" value=f.refill.clone()/>{field_error(val(save), "quota.refill")}</label>
-                    <label>"Cost per request" <input name="cost" inputmode="numeric" placeholder="1" value=f.cost.clone()/>{field_error(val(save), "cost")}</label>
-                    <label>"If Redis fails"
-                        <select name="failure_mode">
-                            <option value="fail_closed" selected=mode != "fail_open">"fail closed (503)"</option>
-                            <option value="fail_open" selected=mode == "fail_open">"fail open (allow, marked)"</option>
-                            <option value="local_fallback" selected=mode == "local_fallback">"local fallback (a share per instance)"</option>
-                        </select>
-                        {field_error(val(save), "failure_mode")}
-                    </label>
-                    <label>"Local share % (local fallback)" <input name="local_share_percent" inputmode="numeric" value=f.local_share_percent.clone()/>{field_error(val(save), "local_share_percent")}</label>
-                    <label>"Max in flight (optional)" <input name="max_in_flight" inputmode="numeric" value=f.max_in_flight.clone()/>{field_error(val(save), "max_in_flight")}</label>
-                    <label>"Algorithm"
-                        <select name="algorithm">
-                            {ALGORITHMS.iter().map(|(v, label)| view! { <option value=*v selected=algo == *v>{*label}</option> }).collect_view()}
-                        </select>
-                        {field_error(val(save), "algorithm")}
-                    </label>
-                    <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
-                    <br/>
-                    <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
-                    " "
-                    <button type="submit" id="save-limit">"Save limit"</button>
-                    " "
-                    <button type="button" on:click=move |_| editing.set(None)>"New"</button>
-                    {outcome(val(save), saved_message, fields)}
-                    {move || match save.value().get() {
-                        Some(Ok(Saved::Preview(b))) => Some(backtest_view(b)),
-                        _ => None,
-                    }}
-                </ActionForm>
-            }
-        }}
+        <PolicyEditor form=form original=original csrf=csrf.to_string() version=version.to_string()/>
+    }
+}
+
+/// The form of a new or edited limit, with its backtest; a save reloads the page.
+#[island]
+fn PolicyEditor(
+    form: PolicyForm,
+    original: String,
+    csrf: String,
+    version: String,
+) -> impl IntoView {
+    island_ready();
+    let save = ServerAction::<SavePolicy>::new();
+    Effect::new(move |_| {
+        if matches!(save.value().get(), Some(Ok(Saved::Ok(_)))) {
+            reload("/policies");
+        }
+    });
+    let f = form;
+    let title = if original.is_empty() {
+        "New limit".to_string()
+    } else {
+        format!("Edit limit {original}")
+    };
+    let dims = f.dimensions.clone();
+    let mode = f.failure_mode.clone();
+    let algo = if f.algorithm.is_empty() {
+        "token_bucket".to_string()
+    } else {
+        f.algorithm.clone()
+    };
+    let fields: &'static [&'static str] = &POLICY_FIELDS;
+    view! {
+        <ActionForm action=save attr:class="card" attr:id="policy-form">
+            <strong>{title}</strong><br/>
+            {hidden(&csrf, &version)}
+            <input type="hidden" name="original" value=original.clone()/>
+            <label>"Name" <input name="name" value=f.name.clone()/>{field_error(val(save), "name")}</label>
+            <label>"Keyed by"
+                <select name="dimensions">
+                    {DIMENSION_CHOICES.iter().map(|d| view! { <option value=*d selected=dims == *d>{d.replace(',', " + ")}</option> }).collect_view()}
+                </select>
+                {field_error(val(save), "dimensions")}
+            </label>
+            <label>"Capacity (burst)" <input name="capacity" inputmode="numeric" value=f.capacity.clone()/>{field_error(val(save), "quota.capacity")}</label>
+            <label>"Per period" <input name="period" placeholder="1m" value=f.period.clone()/>{field_error(val(save), "quota.period")}</label>
+            <label>"Refill per period (default = capacity)" <input name="refill" inputmode="numeric" value=f.refill.clone()/>{field_error(val(save), "quota.refill")}</label>
+            <label>"Cost per request" <input name="cost" inputmode="numeric" placeholder="1" value=f.cost.clone()/>{field_error(val(save), "cost")}</label>
+            <label>"If Redis fails"
+                <select name="failure_mode">
+                    <option value="fail_closed" selected=mode != "fail_open">"fail closed (503)"</option>
+                    <option value="fail_open" selected=mode == "fail_open">"fail open (allow, marked)"</option>
+                    <option value="local_fallback" selected=mode == "local_fallback">"local fallback (a share per instance)"</option>
+                </select>
+                {field_error(val(save), "failure_mode")}
+            </label>
+            <label>"Local share % (local fallback)" <input name="local_share_percent" inputmode="numeric" value=f.local_share_percent.clone()/>{field_error(val(save), "local_share_percent")}</label>
+            <label>"Max in flight (optional)" <input name="max_in_flight" inputmode="numeric" value=f.max_in_flight.clone()/>{field_error(val(save), "max_in_flight")}</label>
+            <label>"Algorithm"
+                <select name="algorithm">
+                    {ALGORITHMS.iter().map(|(v, label)| view! { <option value=*v selected=algo == *v>{*label}</option> }).collect_view()}
+                </select>
+                {field_error(val(save), "algorithm")}
+            </label>
+            <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
+            <br/>
+            <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
+            " "
+            <button type="submit" id="save-limit">"Save limit"</button>
+            " "
+            <a href="/policies#policy-form">"New limit"</a>
+            {outcome(val(save), saved_message, fields)}
+            {move || match save.value().get() {
+                Some(Ok(Saved::Preview(b))) => Some(backtest_view(b)),
+                _ => None,
+            }}
+        </ActionForm>
     }
 }
 
@@ -938,21 +965,21 @@ fn plan_section(
     version: &str,
     save: ServerAction<SavePlan>,
     delete: ServerAction<DeletePlan>,
-    editing: RwSignal<Option<(String, String)>>,
+    editing: Option<String>,
 ) -> impl IntoView + use<> {
     let rows = spec
         .plans
         .iter()
         .map(|(name, policies)| {
             let list = policies.join(", ");
-            let (n, l) = (name.clone(), list.clone());
             let (name, field_name, row) = (name.clone(), name.clone(), name.clone());
             let (csrf, version) = (csrf.to_string(), version.to_string());
             view! {
                 <tr data-plan=row>
-                    <td>{name}</td><td>{list}</td>
+                    <td>{name.clone()}</td><td>{list}</td>
                     <td>
-                        <button type="button" on:click=move |_| editing.set(Some((n.clone(), l.clone())))>"Edit"</button>
+                        <a class="edit" href=format!("/policies?edit_plan={name}#plan-form")>"Edit"</a>
+                        " "
                         <ActionForm action=delete attr:style="display:inline">
                             {hidden(&csrf, &version)}
                             <input type="hidden" name="name" value=field_name/>
@@ -963,26 +990,23 @@ fn plan_section(
             }
         })
         .collect_view();
+    let (name, list) = editing
+        .and_then(|n| spec.plans.get(&n).map(|l| (n, l.join(", "))))
+        .unwrap_or_default();
+    let original = name.clone();
     let (csrf, version) = (csrf.to_string(), version.to_string());
     view! {
         <h2>"Plans (per-key limits every key on the plan gets)"</h2>
         <table id="plans"><thead><tr><th scope="col">"Plan"</th><th scope="col">"Limits"</th><th scope="col">"Actions"</th></tr></thead><tbody>{rows}</tbody></table>
         {outcome(val(delete), saved_message, &[])}
-        {move || {
-            let (csrf, version) = (csrf.clone(), version.clone());
-            let (name, list) = editing.get().unwrap_or_default();
-            let original = name.clone();
-            view! {
-                <ActionForm action=save attr:class="card" attr:id="plan-form">
-                    {hidden(&csrf, &version)}
-                    <input type="hidden" name="original" value=original/>
-                    <label>"Plan" <input name="name" value=name/>{field_error(val(save), "name")}</label>
-                    <label>"Limits (comma-separated)" <input name="policies" value=list/>{field_error(val(save), "policies")}</label>
-                    <button type="submit">"Save plan"</button>
-                    {outcome(val(save), saved_message, &["name", "policies"])}
-                </ActionForm>
-            }
-        }}
+        <ActionForm action=save attr:class="card" attr:id="plan-form">
+            {hidden(&csrf, &version)}
+            <input type="hidden" name="original" value=original/>
+            <label>"Plan" <input name="name" value=name/>{field_error(val(save), "name")}</label>
+            <label>"Limits (comma-separated)" <input name="policies" value=list/>{field_error(val(save), "policies")}</label>
+            <button type="submit">"Save plan"</button>
+            {outcome(val(save), saved_message, &["name", "policies"])}
+        </ActionForm>
     }
 }
 
@@ -992,22 +1016,22 @@ fn route_section(
     version: &str,
     save: ServerAction<SaveRoute>,
     delete: ServerAction<DeleteRoute>,
-    editing: RwSignal<Option<(String, String, String)>>,
+    editing: Option<String>,
 ) -> impl IntoView + use<> {
     let rows = spec
         .routes
         .iter()
         .map(|r| {
             let list = r.policies.join(", ");
-            let e = (r.name.clone(), r.pattern.clone(), list.clone());
             let (name, field_name, pattern) = (r.name.clone(), r.name.clone(), r.pattern.clone());
             let row = name.clone();
             let (csrf, version) = (csrf.to_string(), version.to_string());
             view! {
                 <tr data-route=row>
-                    <td><code>{pattern}</code></td><td>{name}</td><td>{list}</td>
+                    <td><code>{pattern}</code></td><td>{name.clone()}</td><td>{list}</td>
                     <td>
-                        <button type="button" on:click=move |_| editing.set(Some(e.clone()))>"Edit"</button>
+                        <a class="edit" href=format!("/policies?edit_route={name}#route-form")>"Edit"</a>
+                        " "
                         <ActionForm action=delete attr:style="display:inline">
                             {hidden(&csrf, &version)}
                             <input type="hidden" name="name" value=field_name/>
@@ -1018,28 +1042,26 @@ fn route_section(
             }
         })
         .collect_view();
+    let (name, pattern, list) = editing
+        .and_then(|n| spec.routes.iter().find(|r| r.name == n))
+        .map(|r| (r.name.clone(), r.pattern.clone(), r.policies.join(", ")))
+        .unwrap_or_default();
+    let original = name.clone();
     let (csrf, version) = (csrf.to_string(), version.to_string());
     view! {
         <h2>"Endpoints (routes and their per-key, per-endpoint limits)"</h2>
         <p class="muted">{format!("Requests matching no pattern are counted as “{UNMATCHED}”.")}</p>
         <table id="routes"><thead><tr><th scope="col">"Path pattern"</th><th scope="col">"Route"</th><th scope="col">"Limits"</th><th scope="col">"Actions"</th></tr></thead><tbody>{rows}</tbody></table>
         {outcome(val(delete), saved_message, &[])}
-        {move || {
-            let (csrf, version) = (csrf.clone(), version.clone());
-            let (name, pattern, list) = editing.get().unwrap_or_default();
-            let original = name.clone();
-            view! {
-                <ActionForm action=save attr:class="card" attr:id="route-form">
-                    {hidden(&csrf, &version)}
-                    <input type="hidden" name="original" value=original/>
-                    <label>"Route" <input name="name" value=name/>{field_error(val(save), "name")}</label>
-                    <label>"Pattern" <input name="pattern" placeholder="/v1/users/:id" value=pattern/>{field_error(val(save), "pattern")}</label>
-                    <label>"Limits (comma-separated)" <input name="policies" value=list/>{field_error(val(save), "policies")}</label>
-                    <button type="submit">"Save route"</button>
-                    {outcome(val(save), saved_message, &["name", "pattern", "policies"])}
-                </ActionForm>
-            }
-        }}
+        <ActionForm action=save attr:class="card" attr:id="route-form">
+            {hidden(&csrf, &version)}
+            <input type="hidden" name="original" value=original/>
+            <label>"Route" <input name="name" value=name/>{field_error(val(save), "name")}</label>
+            <label>"Pattern" <input name="pattern" placeholder="/v1/users/:id" value=pattern/>{field_error(val(save), "pattern")}</label>
+            <label>"Limits (comma-separated)" <input name="policies" value=list/>{field_error(val(save), "policies")}</label>
+            <button type="submit">"Save route"</button>
+            {outcome(val(save), saved_message, &["name", "pattern", "policies"])}
+        </ActionForm>
     }
 }
 
@@ -1116,8 +1138,9 @@ fn headers_section(
     }
 }
 
-#[component]
-fn EffectiveLimitsTool() -> impl IntoView + use<> {
+#[island]
+fn EffectiveLimitsTool() -> impl IntoView {
+    island_ready();
     let query = ServerAction::<EffectiveLimits>::new();
     view! {
         <h2>"Effective limits of a key on an endpoint"</h2>
@@ -1158,81 +1181,107 @@ type LiveUsage = RwSignal<std::collections::BTreeMap<String, (u64, u64, u64, Opt
 #[component]
 fn KeysPage() -> impl IntoView {
     let session = expect_context::<SessionResource>();
-    let create = ServerAction::<CreateKey>::new();
-    let update = ServerAction::<UpdateKey>::new();
-    let revoke = ServerAction::<RevokeKey>::new();
-    let keys = Resource::new(
-        move || {
-            (
-                create.version().get(),
-                update.version().get(),
-                revoke.version().get(),
-            )
-        },
-        |_| list_keys(),
-    );
+    let keys = Resource::new(|| (), |_| list_keys());
     let config = Resource::new(|| (), |_| get_config());
-    let ready = hydrated();
-    // usage refreshes on its own without re-rendering the rows (and their forms)
-    let live: LiveUsage = RwSignal::new(Default::default());
-    let now = RwSignal::new(None::<i64>);
-    every(Duration::from_secs(5), move || {
-        leptos::task::spawn_local(async move {
-            if let Ok(rows) = list_keys().await {
-                live.set(
-                    rows.into_iter()
-                        .map(|k| (k.id, (k.allowed, k.throttled, k.degraded, k.last_used)))
-                        .collect(),
-                );
-                now.set(Some(time::now_secs()));
-            }
-        });
-    });
     view! {
         <Title text="Floodgate — API keys"/>
         <h1>"API keys"</h1>
-        {move || create.value().get().and_then(Result::ok).map(new_secret)}
-        <Transition fallback=|| view! { <p>"Loading…"</p> }>
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let (s, k, c) = match (session.await, keys.await, config.await) {
                     (Ok(s), Ok(k), Ok(c)) => (s, k, c),
                     (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return error_view(e),
                 };
                 let plans: Vec<String> = c.spec.map(|s| s.plans.into_keys().collect()).unwrap_or_default();
-                let csrf = s.csrf.clone();
-                let rendered_at = time::now_secs();
-                let rows = k
-                    .into_iter()
-                    .map(|k| key_row(k, &plans, &csrf, update, revoke, live, now, rendered_at, ready))
-                    .collect_view();
-                view! {
-                    <ActionForm action=create attr:class="card" attr:id="create-key">
-                        <strong>"New key"</strong><br/>
-                        <input type="hidden" name="csrf" value=csrf.clone()/>
-                        <label>"Label" <input name="label"/>{field_error(val(create), "label")}</label>
-                        <label>"Plan"
-                            <select name="plan">
-                                {plans.iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}
-                            </select>
-                            {field_error(val(create), "plan")}
-                        </label>
-                        <button type="submit">"Create key"</button>
-                        {outcome(val(create), |k: &CreatedKey| Some(format!("Created key {}", k.id)), &["label", "plan"])}
-                    </ActionForm>
-                    {outcome(val(update), saved_message, &[])}
-                    {outcome(val(revoke), saved_message, &[])}
-                    <p class="muted">"Usage: decisions over the last hour, refreshed every 5 s. A revoked key is refused by the edge within its cache TTL, and is read-only here."</p>
-                    <table id="keys">
-                        <thead><tr>
-                            <th scope="col">"Key id"</th><th scope="col">"Label"</th><th scope="col">"Plan"</th><th scope="col">"Status"</th>
-                            <th scope="col">"Created"</th><th scope="col">"Last used"</th><th scope="col">"Usage (1 h)"</th><th scope="col">"Actions"</th>
-                        </tr></thead>
-                        <tbody>{rows}</tbody>
-                    </table>
-                }
-                .into_any()
+                view! { <KeysPanel rows=k plans=plans csrf=s.csrf rendered_at=time::now_secs()/> }.into_any()
             })}
-        </Transition>
+        </Suspense>
+    }
+}
+
+/// Key creation (the secret shown once, with a copy button), and the keys with
+/// their usage refreshed every 5 s; edits and revocations reload the list.
+#[island]
+fn KeysPanel(
+    rows: Vec<KeyRow>,
+    plans: Vec<String>,
+    csrf: String,
+    rendered_at: i64,
+) -> impl IntoView {
+    island_ready();
+    let create = ServerAction::<CreateKey>::new();
+    let update = ServerAction::<UpdateKey>::new();
+    let revoke = ServerAction::<RevokeKey>::new();
+    let keys = RwSignal::new(rows);
+    let ready = hydrated();
+    // usage refreshes on its own without re-rendering the rows (and their forms)
+    let live: LiveUsage = RwSignal::new(Default::default());
+    let now = RwSignal::new(None::<i64>);
+    let refresh = move |whole: bool| {
+        leptos::task::spawn_local(async move {
+            match list_keys().await {
+                Ok(rows) => {
+                    live.set(
+                        rows.iter()
+                            .map(|k| {
+                                (
+                                    k.id.clone(),
+                                    (k.allowed, k.throttled, k.degraded, k.last_used),
+                                )
+                            })
+                            .collect(),
+                    );
+                    now.set(Some(time::now_secs()));
+                    if whole {
+                        keys.set(rows);
+                    }
+                }
+                Err(AppError::SignedOut) => go_to_sign_in(),
+                Err(_) => {}
+            }
+        });
+    };
+    every(Duration::from_secs(5), move || refresh(false));
+    Effect::new(move |_| {
+        let done = |v: Option<bool>| v == Some(true);
+        if done(create.value().get().map(|r| r.is_ok()))
+            | done(update.value().get().map(|r| r.is_ok()))
+            | done(revoke.value().get().map(|r| r.is_ok()))
+        {
+            refresh(true);
+        }
+    });
+    let csrf_rows = csrf.clone();
+    let plan_options = plans.clone();
+    view! {
+        {move || create.value().get().and_then(Result::ok).map(new_secret)}
+        <ActionForm action=create attr:class="card" attr:id="create-key">
+            <strong>"New key"</strong><br/>
+            <input type="hidden" name="csrf" value=csrf.clone()/>
+            <label>"Label" <input name="label"/>{field_error(val(create), "label")}</label>
+            <label>"Plan"
+                <select name="plan">
+                    {plan_options.iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}
+                </select>
+                {field_error(val(create), "plan")}
+            </label>
+            <button type="submit">"Create key"</button>
+            {outcome(val(create), |k: &CreatedKey| Some(format!("Created key {}", k.id)), &["label", "plan"])}
+        </ActionForm>
+        {outcome(val(update), saved_message, &[])}
+        {outcome(val(revoke), saved_message, &[])}
+        <p class="muted">"Usage: decisions over the last hour, refreshed every 5 s. A revoked key is refused by the edge within its cache TTL, and is read-only here."</p>
+        <table id="keys">
+            <thead><tr>
+                <th scope="col">"Key id"</th><th scope="col">"Label"</th><th scope="col">"Plan"</th><th scope="col">"Status"</th>
+                <th scope="col">"Created"</th><th scope="col">"Last used"</th><th scope="col">"Usage (1 h)"</th><th scope="col">"Actions"</th>
+            </tr></thead>
+            <tbody>
+                {move || keys.get().into_iter()
+                    .map(|k| key_row(k, &plans, &csrf_rows, update, revoke, live, now, rendered_at, ready))
+                    .collect_view()}
+            </tbody>
+        </table>
     }
 }
 
@@ -1354,7 +1403,6 @@ fn key_row(
 #[component]
 fn AuditPage() -> impl IntoView {
     let entries = Resource::new(|| (), |_| audit_entries());
-    let ready = hydrated();
     view! {
         <Title text="Floodgate — audit log"/>
         <h1>"Audit log"</h1>
@@ -1369,7 +1417,7 @@ fn AuditPage() -> impl IntoView {
                             <tbody>
                                 {list.into_iter().map(|e| view! {
                                     <tr>
-                                        <td class="when">{when(e.at, ready)}</td>
+                                        <td class="when"><LocalTime secs=e.at/></td>
                                         <td>{e.user.clone()}</td>
                                         <td>{e.action.clone()} " " <code>{e.target.clone()}</code></td>
                                         <td class="change">{change_view(&e)}</td>

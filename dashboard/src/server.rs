@@ -39,7 +39,8 @@ pub const SESSION_TTL_SECS: u64 = 12 * 3600;
 pub const SESSION_COOKIE: &str = "fg_session";
 /// Marks a browser that signed in before (`docs/dashboard.md`, the threat model).
 pub const DEVICE_COOKIE: &str = "fg_device";
-/// Sign-in attempts allowed per client address (every attempt counts).
+/// Sign-in attempts allowed per client address (every attempt counts), and per
+/// browser that signed in before (its device cookie).
 pub const LOGIN_ADDRESS_QUOTA: &str = "10/1m";
 /// Sign-in attempts allowed per user name from clients that never signed in as
 /// that user (new addresses without the user's device cookie).
@@ -272,6 +273,9 @@ mod login_keys {
     pub fn device(token: &str) -> String {
         format!("fg:{{dash-login}}:device:{}", h(&[token]))
     }
+    pub fn device_tries(token: &str) -> String {
+        format!("fg:{{dash-login}}:device-tries:{}", h(&[token]))
+    }
 }
 
 /// A successful sign-in: the session token, and the browser's device token (its
@@ -282,28 +286,48 @@ pub struct SignedIn {
     pub device: String,
 }
 
-/// Whether this client signed in as `user` before: from this address, or from this
-/// browser (its device cookie names `user`). Trusted clients skip the per-user
-/// bucket, so nobody else's failures can lock them out.
-async fn trusted(
+/// How well the sign-in limiter knows a client for a user name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trust {
+    /// The browser's device cookie names the user (it signed in from it before).
+    Device,
+    /// The user signed in from this address before.
+    Address,
+    None,
+}
+
+/// Whether this client signed in as `user` before: from this browser (its device
+/// cookie names `user`) or from this address, within [`TRUST_TTL_SECS`].
+async fn trust(
     store: &RespStore,
     user: &str,
     client: Option<IpAddr>,
     device: Option<&str>,
-) -> Result<bool, DashError> {
+) -> Result<Trust, DashError> {
     let mut keys = vec![login_keys::trusted(user, client)];
     if let Some(d) = device {
         keys.push(login_keys::device(d));
     }
     let found = get_strings(store, &keys).await?;
-    Ok(found[0].is_some() || found.get(1).is_some_and(|u| u.as_deref() == Some(user)))
+    Ok(
+        if found.get(1).is_some_and(|u| u.as_deref() == Some(user)) {
+            Trust::Device
+        } else if found[0].is_some() {
+            Trust::Address
+        } else {
+            Trust::None
+        },
+    )
 }
 
 /// Signs `user` in from `client` (its address as [`client_address`] found it) with
 /// the browser's `device` cookie, if any. The limiter answers before the password
-/// is checked: every attempt costs a token of the address's bucket and, unless the
-/// client is trusted for `user`, of the user name's bucket, in one atomic call
-/// (Floodgate's own token-bucket script). `docs/dashboard.md` has the threat model.
+/// is checked, in one atomic call (Floodgate's own token-bucket script), with the
+/// buckets of how well it knows the client: a browser that signed in as `user`
+/// before has a bucket of its own; an address `user` signed in from, its address's;
+/// any other client both its address's and the user name's, which only such
+/// clients share — so nobody else's guesses can lock a known client out.
+/// `docs/dashboard.md` has the threat model.
 pub async fn sign_in(
     core: &Core,
     user: &str,
@@ -314,13 +338,22 @@ pub async fn sign_in(
     let address_quota = Quota::parse_short(LOGIN_ADDRESS_QUOTA).expect("a valid quota");
     let user_quota = Quota::parse_short(LOGIN_USER_QUOTA).expect("a valid quota");
     let known_user = validate_user(user).is_ok();
-    let is_trusted = known_user && trusted(&core.store, user, client, device).await?;
+    let trust = if known_user {
+        trust(&core.store, user, client, device).await?
+    } else {
+        Trust::None
+    };
     let address_key = login_keys::address(client);
     let user_key = login_keys::user(user);
-    let mut checks = vec![Check::new(&address_key, &address_quota, 1)];
-    if !is_trusted {
-        checks.push(Check::new(&user_key, &user_quota, 1));
-    }
+    let device_key = device.map(login_keys::device_tries).unwrap_or_default();
+    let checks = match trust {
+        Trust::Device => vec![Check::new(&device_key, &address_quota, 1)],
+        Trust::Address => vec![Check::new(&address_key, &address_quota, 1)],
+        Trust::None => vec![
+            Check::new(&address_key, &address_quota, 1),
+            Check::new(&user_key, &user_quota, 1),
+        ],
+    };
     let verdict = core.store.check(&checks, None).await?;
     if !verdict.admitted {
         let wait = verdict.headline().retry_after_secs().unwrap_or(60);
@@ -364,7 +397,7 @@ pub async fn sign_in(
     .await?;
     // remember this address and this browser for the user
     let device = device
-        .filter(|d| is_trusted && d.len() == 64)
+        .filter(|_| trust == Trust::Device)
         .map_or_else(|| random_hex(32), str::to_string);
     set_ex(
         &core.store,
@@ -1003,10 +1036,10 @@ fn outage_page(e: &StoreError) -> Response {
     let html = format!(
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" \
          content=\"width=device-width, initial-scale=1\"><meta name=\"color-scheme\" content=\"light dark\">\
-         <meta http-equiv=\"refresh\" content=\"5\"><title>Floodgate — store unavailable</title>\
-         <style>{}</style></head><body><main><h1>Floodgate</h1><div class=\"banner\" role=\"alert\" \
-         id=\"outage\"><strong>Store unavailable.</strong> {}</div><p>This page reloads every 5 s; \
-         <a href=\"\">reload now</a>.</p></main></body></html>",
+         <title>Floodgate — store unavailable</title><style>{}</style></head><body><main>\
+         <h1>Floodgate</h1><div class=\"banner\" role=\"alert\" id=\"outage\"><strong>Store \
+         unavailable.</strong> {}</div><p><a href=\"\">Reload this page</a> to try again.</p></main>\
+         </body></html>",
         crate::app::STYLE,
         html_escape(&message)
     );

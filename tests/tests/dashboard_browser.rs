@@ -44,12 +44,13 @@ async fn statuses(edge: &str, secret: &str, n: usize) -> Vec<u16> {
     out
 }
 
-/// Waits for the page's hydration, so forms submit through the server-function
-/// client (the app marks `<body data-hydrated="1">`).
+/// Waits for the page's hydration, so forms in islands submit through the
+/// server-function client (the app marks `<body data-hydrated="1">` and counts
+/// each hydrated island in `data-islands`).
 async fn hydrated(b: &Browser) {
     b.wait_until(
         "hydrated",
-        "return document.body.dataset.hydrated === '1';",
+        "return document.body.dataset.hydrated === '1' && Number(document.body.dataset.islands || 0) >= document.querySelectorAll('leptos-island').length;",
         WAIT,
     )
     .await;
@@ -109,10 +110,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     sign_in(&b, &dash.url, "not the password").await;
     let err = b.wait_for("p.error", WAIT).await;
     assert!(b.text(&err).await.contains("Wrong user name or password"));
-    let pass = b.find("#login input[name=password]").await.unwrap();
-    b.fill(&pass, ADMIN_PASSWORD).await;
-    b.click(&b.find("#login button[type=submit]").await.unwrap())
-        .await;
+    sign_in(&b, &dash.url, ADMIN_PASSWORD).await;
     b.wait_for("#user", WAIT).await;
     b.screenshot("01-signed-in").await;
 
@@ -181,11 +179,10 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
         WAIT,
     )
     .await;
+    let last = text_of(&b, &format!("{row} td.last-used")).await;
     assert!(
-        text_of(&b, &format!("{row} td.last-used"))
-            .await
-            .contains("ago"),
-        "last used, live"
+        (last.contains("ago") || last.starts_with("just now")) && last.ends_with("UTC)"),
+        "last used, live: {last}"
     );
     accessible(&b, "/keys").await;
 
@@ -193,10 +190,9 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.goto(&format!("{}/policies", dash.url)).await;
     hydrated(&b).await;
     accessible(&b, "/policies").await;
-    let edit = b
-        .wait_for("tr[data-policy='search'] button[type=button]", WAIT)
-        .await;
+    let edit = b.wait_for("tr[data-policy='search'] a.edit", WAIT).await;
     b.click(&edit).await;
+    hydrated(&b).await;
     b.wait_until(
         "the form shows the search policy",
         "return document.querySelector('#policy-form input[name=name]').value === 'search';",

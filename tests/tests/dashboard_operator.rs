@@ -72,6 +72,15 @@ async fn an_attacker_elsewhere_cannot_lock_the_operator_out() {
     assert_eq!(res.status(), 429);
     let e: AppError = res.json().await.unwrap();
     assert!(matches!(e, AppError::TooManyAttempts { .. }), "{e:?}");
+    // an attacker sharing the operator's address (one NAT) spends that address's
+    // attempts; the operator's browser has its own
+    for _ in 0..12 {
+        post_login_from(&d.url, ip(2), ADMIN, "guess-guess-guess", None).await;
+    }
+    let res = post_login_from(&d.url, ip(2), ADMIN, ADMIN_PASSWORD, None).await;
+    assert_eq!(res.status(), 429, "the shared address is spent");
+    let res = post_login_from(&d.url, ip(2), ADMIN, ADMIN_PASSWORD, Some(&device)).await;
+    assert!(signed_in(&res), "the operator's browser: {}", res.status());
     // a device cookie is the user's: another name gains nothing from it
     let res = post_login_from(
         &d.url,
