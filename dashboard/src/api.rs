@@ -466,6 +466,12 @@ pub async fn delete_policy(
     name: String,
 ) -> Result<Saved, AppError> {
     ctx::change_config(&csrf, &version, "delete policy", &name.clone(), move |c| {
+        if let Some(field) = policy_user(c, &name) {
+            return Err(floodgate_shared::policy::PolicyError::new(
+                field,
+                format!("still uses the limit {name:?}: take it out there first"),
+            ));
+        }
         let i = c.policies.iter().position(|p| p.name == name);
         ctx::deleted(
             i.map(|i| c.policies.remove(i)),
@@ -473,6 +479,35 @@ pub async fn delete_policy(
         )
     })
     .await
+}
+
+/// The first place that uses policy `name`, as a validation error names it
+/// (`plans.free[0]`, `routes[1].policies[0]`, ...).
+#[cfg(feature = "ssr")]
+fn policy_user(c: &floodgate_shared::config::ConfigSpec, name: &str) -> Option<String> {
+    let at = |list: &[String]| list.iter().position(|n| n == name);
+    let lists = c
+        .plans
+        .iter()
+        .map(|(p, l)| (format!("plans.{p}"), l))
+        .chain(
+            c.routes
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("routes[{i}].policies"), &r.policies)),
+        )
+        .chain(
+            c.key_overrides
+                .iter()
+                .map(|(k, l)| (format!("key_overrides.{k}"), l)),
+        )
+        .chain(std::iter::once(("ip_policies".to_string(), &c.ip_policies)));
+    for (field, list) in lists {
+        if let Some(j) = at(list) {
+            return Some(format!("{field}[{j}]"));
+        }
+    }
+    None
 }
 
 #[server(endpoint = "save_plan")]

@@ -98,6 +98,7 @@ impl Browser {
         };
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chrome,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
@@ -235,6 +236,31 @@ impl Browser {
             Some(json!({"cmd": cmd, "params": params})),
         )
         .await
+    }
+
+    /// The browser console's messages since the last call (`LEVEL message` lines).
+    pub async fn console(&self) -> Vec<String> {
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                "/se/log",
+                Some(json!({"type": "browser"})),
+            )
+            .await;
+        v.as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{} {}",
+                            e["level"].as_str().unwrap_or(""),
+                            e["message"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Lets pages of `origin` write (and the test read) the clipboard.
