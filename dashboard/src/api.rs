@@ -84,6 +84,25 @@ mod ctx {
         }
     }
 
+    /// Appends the audit record of a key operation (`before` is `None` for a key
+    /// just created).
+    pub async fn audit_key(
+        core: &Core,
+        session: &Session,
+        action: &str,
+        before: Option<&floodgate_shared::apikeys::KeyRecord>,
+        after: &floodgate_shared::apikeys::KeyRecord,
+    ) -> Result<(), AppError> {
+        let record = entry(
+            &session.user,
+            action,
+            &after.id,
+            before.map(|b| b.to_json()),
+            Some(after.to_json()),
+        );
+        Ok(server::audit(&core.store, &record).await?)
+    }
+
     pub fn json<T: serde::Serialize>(v: &T) -> String {
         serde_json::to_string(v).unwrap_or_default()
     }
@@ -869,17 +888,7 @@ pub async fn create_key(
     let (record, secret) =
         floodgate_edge::admin::create_key(&core.store, label.trim(), plan.trim(), ctx::now_secs())
             .await?;
-    crate::server::audit(
-        &core.store,
-        &ctx::entry(
-            &session.user,
-            "create key",
-            &record.id,
-            None,
-            Some(record.to_json()),
-        ),
-    )
-    .await?;
+    ctx::audit_key(&core, &session, "create key", None, &record).await?;
     Ok(CreatedKey {
         id: record.id,
         secret,
@@ -938,17 +947,7 @@ pub async fn update_key(
         r.plan = plan;
     })
     .await?;
-    crate::server::audit(
-        &core.store,
-        &ctx::entry(
-            &session.user,
-            "edit key",
-            &after.id,
-            Some(before.to_json()),
-            Some(after.to_json()),
-        ),
-    )
-    .await?;
+    ctx::audit_key(&core, &session, "edit key", Some(&before), &after).await?;
     Ok(Saved::Ok(format!("Saved key {}", after.id)))
 }
 
@@ -975,17 +974,7 @@ pub async fn revoke_key(
         ));
     }
     let after = floodgate_edge::admin::revoke_key(&core.store, id.trim()).await?;
-    crate::server::audit(
-        &core.store,
-        &ctx::entry(
-            &session.user,
-            "revoke key",
-            &after.id,
-            Some(before.to_json()),
-            Some(after.to_json()),
-        ),
-    )
-    .await?;
+    ctx::audit_key(&core, &session, "revoke key", Some(&before), &after).await?;
     Ok(Saved::Ok(format!("Revoked key {}", after.id)))
 }
 

@@ -64,32 +64,32 @@ fn with_leaf(what: String, leaf: &str) -> String {
     }
 }
 
+/// The names of one list of a configuration (its policies, its routes).
+type Names = fn(&ConfigSpec) -> Vec<&str>;
+
 /// A validation error's field as an operator reads it; `spec` (the configuration
 /// the error is about) turns list indexes into names.
 pub fn describe_field(field: &str, spec: Option<&ConfigSpec>) -> String {
-    if let Some(rest) = field.strip_prefix("policies") {
-        if let Some((i, leaf)) = index(rest) {
-            let name = spec
-                .and_then(|s| s.policies.get(i))
-                .map(|p| p.name.as_str());
-            let what = match name {
-                Some(n) => format!("Limit {n:?}"),
-                None => format!("Limit #{}", i + 1),
+    let names = |list: Names, i: usize| spec.and_then(|s| list(s).get(i).map(|n| n.to_string()));
+    let lists: [(&str, &str, Names); 2] = [
+        ("policies", "Limit", |s| {
+            s.policies.iter().map(|p| p.name.as_str()).collect()
+        }),
+        ("routes", "Route", |s| {
+            s.routes.iter().map(|r| r.name.as_str()).collect()
+        }),
+    ];
+    for (prefix, item, list) in lists {
+        if let Some(rest) = field.strip_prefix(prefix) {
+            let Some((i, leaf)) = index(rest) else {
+                return format!("{item}s");
+            };
+            let what = match names(list, i) {
+                Some(n) => format!("{item} {n:?}"),
+                None => format!("{item} #{}", i + 1),
             };
             return with_leaf(what, leaf);
         }
-        return "Limits".to_string();
-    }
-    if let Some(rest) = field.strip_prefix("routes") {
-        if let Some((i, leaf)) = index(rest) {
-            let name = spec.and_then(|s| s.routes.get(i)).map(|r| r.name.as_str());
-            let what = match name {
-                Some(n) => format!("Route {n:?}"),
-                None => format!("Route #{}", i + 1),
-            };
-            return with_leaf(what, leaf);
-        }
-        return "Routes".to_string();
     }
     if let Some(rest) = field.strip_prefix("plans.") {
         let plan = strip_index(rest);

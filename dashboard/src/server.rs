@@ -166,14 +166,27 @@ async fn get_string(store: &RespStore, key: &str) -> Result<Option<String>, Dash
     bulk_string(store.command(&[b"GET", key.as_bytes()]).await?)
 }
 
-/// The values of `keys` (one batched round trip).
-async fn get_strings(store: &RespStore, keys: &[String]) -> Result<Vec<Option<String>>, DashError> {
+/// The replies of `command key extra…` for each of `keys` (one batched round trip).
+async fn per_key(
+    store: &RespStore,
+    command: &[u8],
+    keys: &[String],
+    extra: &[&[u8]],
+) -> Result<Vec<Reply>, DashError> {
     let commands: Vec<Vec<Vec<u8>>> = keys
         .iter()
-        .map(|k| vec![b"GET".to_vec(), k.as_bytes().to_vec()])
+        .map(|k| {
+            let mut c = vec![command.to_vec(), k.as_bytes().to_vec()];
+            c.extend(extra.iter().map(|e| e.to_vec()));
+            c
+        })
         .collect();
-    store
-        .batch(&commands)
+    Ok(store.batch(&commands).await?)
+}
+
+/// The values of `keys` (one batched round trip).
+async fn get_strings(store: &RespStore, keys: &[String]) -> Result<Vec<Option<String>>, DashError> {
+    per_key(store, b"GET", keys, &[])
         .await?
         .into_iter()
         .map(bulk_string)
@@ -701,32 +714,17 @@ pub async fn hashes(
     store: &RespStore,
     keys: &[String],
 ) -> Result<Vec<Vec<(String, u64)>>, DashError> {
-    let commands: Vec<Vec<Vec<u8>>> = keys
-        .iter()
-        .map(|k| vec![b"HGETALL".to_vec(), k.as_bytes().to_vec()])
-        .collect();
-    store
-        .batch(&commands)
+    per_key(store, b"HGETALL", keys, &[])
         .await?
         .into_iter()
         .map(fields)
         .collect()
 }
 
-/// Field `field` of each hash `keys` (0 when absent; one batched round trip).
+/// Field `field` of each hash `keys`, summed (0 when absent; one batched round trip).
 async fn hash_field(store: &RespStore, keys: &[String], field: &str) -> Result<u64, DashError> {
-    let commands: Vec<Vec<Vec<u8>>> = keys
-        .iter()
-        .map(|k| {
-            vec![
-                b"HGET".to_vec(),
-                k.as_bytes().to_vec(),
-                field.as_bytes().to_vec(),
-            ]
-        })
-        .collect();
     let mut total = 0;
-    for r in store.batch(&commands).await? {
+    for r in per_key(store, b"HGET", keys, &[field.as_bytes()]).await? {
         total += bulk_string(r)?
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);

@@ -209,3 +209,20 @@ impl Operator {
         (res.status(), res.text().await.unwrap_or_default())
     }
 }
+
+/// The statuses the edge at `edge` answers `n` searches (`GET /v1/search?q=x`) by
+/// the key `secret`, in order.
+pub async fn search_statuses(edge: &str, secret: &str, n: usize) -> Vec<u16> {
+    let http = reqwest::Client::new();
+    let mut out = vec![];
+    for _ in 0..n {
+        let res = http
+            .get(format!("{edge}/v1/search?q=x"))
+            .bearer_auth(secret)
+            .send()
+            .await
+            .expect("the edge answers");
+        out.push(res.status().as_u16());
+    }
+    out
+}

@@ -12,7 +12,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use floodgate_edge::demo_upstream::{self, Seen};
-use floodgate_tests::dash::{ADMIN, ADMIN_PASSWORD, post_login_from, site_root, start_dashboard};
+use floodgate_tests::dash::{
+    ADMIN, ADMIN_PASSWORD, post_login_from, search_statuses, site_root, start_dashboard,
+};
 use floodgate_tests::webdriver::Browser;
 use floodgate_tests::{EdgeKind, RedisServer, serve, start_edge};
 use serde_json::{Value, json};
@@ -27,21 +29,6 @@ fn bundle_is_built() {
         site_root().join("pkg/floodgate_dashboard_bg.wasm").exists(),
         "the dashboard's browser bundle is not built: run scripts/dashboard build (scripts/test does)"
     );
-}
-
-async fn statuses(edge: &str, secret: &str, n: usize) -> Vec<u16> {
-    let http = reqwest::Client::new();
-    let mut out = vec![];
-    for _ in 0..n {
-        let res = http
-            .get(format!("{edge}/v1/search?q=x"))
-            .bearer_auth(secret)
-            .send()
-            .await
-            .expect("the edge answers");
-        out.push(res.status().as_u16());
-    }
-    out
 }
 
 /// Waits for the page's hydration, so forms in islands submit through the
@@ -187,7 +174,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     // the key works at the edge with the demo limit (100/min on /v1/search), and
     // the open page shows its usage on its own (no reload: the marker survives)
     js(&b, "window.__still_here = 1; return 1;").await;
-    assert_eq!(statuses(&edge.url, &secret, 12).await, [200; 12]);
+    assert_eq!(search_statuses(&edge.url, &secret, 12).await, [200; 12]);
     b.wait_until(
         "usage updates live",
         &format!(
@@ -279,7 +266,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     // the edge enforces it once its config cache (200 ms here) expires; the bucket
     // already holds the 12 earlier requests' debt at the old rate (7.2 s), so 4 fit
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let got = statuses(&edge.url, &secret, 10).await;
+    let got = search_statuses(&edge.url, &secret, 10).await;
     let admitted = got.iter().filter(|s| **s == 200).count();
     let throttled = got.iter().filter(|s| **s == 429).count();
     assert_eq!(admitted + throttled, 10, "{got:?}");
@@ -370,7 +357,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
         read["main"].as_f64().unwrap(),
     );
     assert!(width >= main * 0.9, "full width: {width} of {main}");
-    let more = statuses(&edge.url, &secret, 4).await;
+    let more = search_statuses(&edge.url, &secret, 4).await;
     let more_throttled = more.iter().filter(|s| **s == 429).count();
     // the 12 requests made at the old rate (a token per 0.6 s) leave 7.2 s of debt
     // that repays one admission at most; the new rate adds none (a token per 12 min)
@@ -476,7 +463,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     assert_eq!(text_of(&b, &format!("{row} td.status")).await, "revoked");
     b.screenshot("07-key-revoked").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(statuses(&edge.url, &secret, 2).await, [401, 401]);
+    assert_eq!(search_statuses(&edge.url, &secret, 2).await, [401, 401]);
 
     // the audit log: who, what, when (UTC and local), and the fields changed; the
     // reader is in India (UTC+05:30)
@@ -548,7 +535,7 @@ async fn without_javascript_every_page_reads_and_forms_still_post() {
         .await;
     let secret = key["secret"].as_str().unwrap();
     let key_id = key["id"].as_str().unwrap().to_string();
-    statuses(&edge.url, secret, 3).await;
+    search_statuses(&edge.url, secret, 3).await;
     let b = Browser::start_with("dashboard-nojs", false).await;
     // sign-in is a plain form post; a wrong password comes back on the page
     b.goto(&format!("{}/login", dash.url)).await;

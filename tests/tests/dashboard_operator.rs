@@ -12,8 +12,8 @@ use floodgate_dashboard::model::AppError;
 use floodgate_edge::demo_upstream::{self, Seen};
 use floodgate_shared::stats::{Counted, Endpoint, Outcome, StatsField, minute_key, ten_second_key};
 use floodgate_tests::dash::{
-    ADMIN, ADMIN_PASSWORD, Operator, client, post_login_from, set_cookie, start_dashboard,
-    start_dashboard_with,
+    ADMIN, ADMIN_PASSWORD, Operator, client, post_login_from, search_statuses, set_cookie,
+    start_dashboard, start_dashboard_with,
 };
 use floodgate_tests::{EdgeKind, RedisServer, serve, start_edge};
 use serde_json::Value;
@@ -174,19 +174,23 @@ fn total(t: &Value, endpoint: &str, outcome: &str) -> u64 {
     })
 }
 
-async fn search_statuses(edge: &str, secret: &str, n: usize) -> Vec<u16> {
-    let http = reqwest::Client::new();
-    let mut out = vec![];
-    for _ in 0..n {
-        let res = http
-            .get(format!("{edge}/v1/search?q=x"))
-            .bearer_auth(secret)
-            .send()
-            .await
-            .expect("the edge answers");
-        out.push(res.status().as_u16());
-    }
-    out
+/// The policy form of the demo's `search` limit with `capacity` per `period`.
+fn search_policy<'a>(
+    version: &'a str,
+    capacity: &'a str,
+    period: &'a str,
+) -> [(&'a str, &'a str); 9] {
+    [
+        ("version", version),
+        ("original", "search"),
+        ("name", "search"),
+        ("dimensions", "api_key,endpoint"),
+        ("capacity", capacity),
+        ("period", period),
+        ("refill", ""),
+        ("cost", ""),
+        ("failure_mode", "fail_closed"),
+    ]
 }
 
 /// Issue 16, item 2: the deny cache's 429s were counted on the traffic page but
@@ -219,23 +223,9 @@ async fn the_backtest_at_todays_limits_agrees_with_the_traffic_page(kind: EdgeKi
     let version = op.version().await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let row = loop {
-        let v = op
-            .json(
-                "save_policy",
-                &[
-                    ("version", &version),
-                    ("original", "search"),
-                    ("name", "search"),
-                    ("dimensions", "api_key,endpoint"),
-                    ("capacity", "100"),
-                    ("period", "1m"),
-                    ("refill", ""),
-                    ("cost", ""),
-                    ("failure_mode", "fail_closed"),
-                    ("preview", "1"),
-                ],
-            )
-            .await;
+        let mut form = search_policy(&version, "100", "1m").to_vec();
+        form.push(("preview", "1"));
+        let v = op.json("save_policy", &form).await;
         let row = v["Preview"]["rows"]
             .as_array()
             .unwrap()
@@ -408,23 +398,28 @@ async fn every_page_is_whole_in_the_html_and_forms_work_as_plain_posts() {
     }
     // a plain form post (no JavaScript: Accept text/html, no JSON): a bad field
     // comes back to the page, next to its field
-    let res = op
-        .http
-        .post(format!("{}/api/save_plan", d.url))
-        .header("origin", &d.url)
-        .header("cookie", &op.cookie)
-        .header("accept", "text/html")
-        .header("referer", format!("{}/policies", d.url))
-        .form(&[
-            ("csrf", op.csrf.as_str()),
-            ("version", &op.version().await),
-            ("original", ""),
-            ("name", "Bad Name"),
-            ("policies", "default"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let plain_post = |version: String, name: &'static str| {
+        let op = &op;
+        async move {
+            op.http
+                .post(format!("{}/api/save_plan", op.url))
+                .header("origin", &op.url)
+                .header("cookie", &op.cookie)
+                .header("accept", "text/html")
+                .header("referer", format!("{}/policies", op.url))
+                .form(&[
+                    ("csrf", op.csrf.as_str()),
+                    ("version", &version),
+                    ("original", ""),
+                    ("name", name),
+                    ("policies", "default"),
+                ])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let res = plain_post(op.version().await, "Bad Name").await;
     assert!(res.status().is_redirection(), "{}", res.status());
     let back = res.headers()["location"].to_str().unwrap().to_string();
     assert!(
@@ -440,23 +435,7 @@ async fn every_page_is_whole_in_the_html_and_forms_work_as_plain_posts() {
     );
     // and a good one is saved
     let version = op.version().await;
-    let res = op
-        .http
-        .post(format!("{}/api/save_plan", d.url))
-        .header("origin", &d.url)
-        .header("cookie", &op.cookie)
-        .header("accept", "text/html")
-        .header("referer", format!("{}/policies", d.url))
-        .form(&[
-            ("csrf", op.csrf.as_str()),
-            ("version", &version),
-            ("original", ""),
-            ("name", "gold"),
-            ("policies", "default"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let res = plain_post(version.clone(), "gold").await;
     assert!(res.status().is_redirection());
     assert_ne!(op.version().await, version, "saved without JavaScript");
 }
@@ -694,20 +673,7 @@ async fn the_audit_log_reads_who_what_when_and_the_fields_changed() {
     let op = Operator::sign_in(&d.url).await;
     let version = op.version().await;
     let v = op
-        .json(
-            "save_policy",
-            &[
-                ("version", &version),
-                ("original", "search"),
-                ("name", "search"),
-                ("dimensions", "api_key,endpoint"),
-                ("capacity", "5"),
-                ("period", "1h"),
-                ("refill", ""),
-                ("cost", ""),
-                ("failure_mode", "fail_closed"),
-            ],
-        )
+        .json("save_policy", &search_policy(&version, "5", "1h"))
         .await;
     assert!(v["Ok"].is_string(), "{v}");
     let (_, html) = op.page("/audit").await;
