@@ -139,10 +139,19 @@ async fn behind_a_trusted_proxy_the_forwarded_address_is_the_client() {
     assert_eq!(statuses[10], 429, "{statuses:?}");
 }
 
-/// Polls the traffic page's data until `done` holds (the edges flush every second).
-async fn traffic_until(op: &Operator, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+/// Polls the traffic page's data until `done` holds. The edge at `edge` flushes its
+/// counters at most once a second, and the Worker only when a request comes (it has
+/// no timer of its own): each poll sends it one without an API key, answered 401
+/// and counted nowhere.
+async fn traffic_until(
+    op: &Operator,
+    edge: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
+        nudge(edge).await;
         let t = op
             .json("traffic", &[("range", "15m"), ("resolution", "10s")])
             .await;
@@ -152,6 +161,13 @@ async fn traffic_until(op: &Operator, what: &str, done: impl Fn(&Value) -> bool)
         assert!(Instant::now() < deadline, "{what}: {t}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A request without an API key: the edge answers 401, counts nothing, and flushes
+/// what it holds if a flush is due.
+async fn nudge(edge: &str) {
+    let res = reqwest::get(format!("{edge}/v1/search")).await.unwrap();
+    assert_eq!(res.status(), 401);
 }
 
 /// The series of `endpoint` (`route:search`, `unmatched`) in the traffic data.
@@ -210,7 +226,7 @@ async fn the_backtest_at_todays_limits_agrees_with_the_traffic_page(kind: EdgeKi
     let got = search_statuses(&edge.url, secret, 150).await;
     assert_eq!(got.iter().filter(|s| **s == 200).count(), 100);
     assert_eq!(got.iter().filter(|s| **s == 429).count(), 50);
-    let t = traffic_until(&op, "150 decisions on the traffic page", |t| {
+    let t = traffic_until(&op, &edge.url, "150 decisions on the traffic page", |t| {
         total(t, "route:search", "allowed") + total(t, "route:search", "throttled") == 150
     })
     .await;
@@ -223,6 +239,7 @@ async fn the_backtest_at_todays_limits_agrees_with_the_traffic_page(kind: EdgeKi
     let version = op.version().await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let row = loop {
+        nudge(&edge.url).await;
         let mut form = search_policy(&version, "100", "1m").to_vec();
         form.push(("preview", "1"));
         let v = op.json("save_policy", &form).await;
@@ -296,7 +313,7 @@ async fn routes_named_like_counter_fields_count_as_themselves() {
             assert_eq!(res.status(), 200, "{path}");
         }
     }
-    let t = traffic_until(&op, "15 decisions", |t| {
+    let t = traffic_until(&op, &edge.url, "15 decisions", |t| {
         [
             "route:mode",
             "route:lat",
