@@ -347,7 +347,8 @@ fn TrafficPage() -> impl IntoView {
     }
 }
 
-/// The traffic data, refreshed every 3 s in the browser.
+/// The traffic data, refreshed in the browser (every 3 s; 30 s over 24 hours, which
+/// reads 1,440 per-minute hashes).
 #[island]
 fn TrafficLive(
     range: Range,
@@ -356,7 +357,7 @@ fn TrafficLive(
 ) -> impl IntoView {
     island_ready();
     let data = RwSignal::new(initial);
-    every(Duration::from_secs(3), move || {
+    every(Duration::from_secs(range.refresh_secs()), move || {
         leptos::task::spawn_local(async move {
             data.set(traffic_stats(range.code().to_string(), resolution.code().to_string()).await);
         });
@@ -437,8 +438,8 @@ fn traffic_view(t: Traffic) -> impl IntoView {
         .collect_view();
     view! {
         <p class="muted">
-            {format!("The last {}, one bar per {}, ending {} (times in UTC). Updates every 3 s.",
-                t.range.label(), t.resolution.label(), time::utc(t.start + step * t.bars as i64))}
+            {format!("The last {}, one bar per {}, ending {} (times in UTC). Updates every {} s.",
+                t.range.label(), t.resolution.label(), time::utc(t.start + step * t.bars as i64), t.range.refresh_secs())}
         </p>
         {legend()}
         {empty.then(|| view! { <p id="no-traffic">"No traffic recorded in this range yet."</p> })}

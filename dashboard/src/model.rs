@@ -296,6 +296,14 @@ impl Range {
         Range::ALL.into_iter().find(|r| r.code() == code)
     }
 
+    /// How often the traffic page refreshes this range (seconds).
+    pub fn refresh_secs(self) -> u64 {
+        match self {
+            Range::Minutes15 | Range::Hour1 => 3,
+            Range::Hours24 => 30,
+        }
+    }
+
     /// The resolutions offered for this range, the default first.
     pub fn resolutions(self) -> &'static [Resolution] {
         match self {
