@@ -48,7 +48,7 @@ use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
 use crate::fallback::LocalBuckets;
-use crate::stats::{Outcome, Stats};
+use crate::stats::{Outcome, Stats, StatsField};
 use crate::store::{BucketStore, MaybeSend, MaybeSync, RecordStore, StoreError, StoreErrorKind};
 use crate::sync::lock;
 use crate::timer::{Raced, race};
@@ -431,7 +431,7 @@ where
         if let Some(t) = moved {
             (self.settings.log)(&t.to_string());
             if (t.from, t.to) == (Phase::Closed, Phase::Open) {
-                self.stats.bump(t.at, "breaker|opened".into(), 1);
+                self.stats.bump(t.at, StatsField::BreakerOpened, 1);
             }
         }
     }
@@ -583,7 +583,7 @@ where
             let ms = (degraded - *counted) / 1_000;
             if ms > 0 {
                 *counted += ms * 1_000;
-                self.stats.bump(now, "breaker|open_ms".into(), ms as u64);
+                self.stats.bump(now, StatsField::BreakerOpenMs, ms as u64);
             }
         }
         if self.breaker.phase() != Phase::Closed {
@@ -612,6 +612,8 @@ where
         let (record, config) = self.caller(secret, req).await?;
         let ctx = self.policies(&config, record, req)?;
         if ctx.policies.is_empty() {
+            // a plan without policies: admitted, and counted like any decision
+            self.count(&ctx, Outcome::Allowed, None);
             return Ok(Gate::forward(
                 &ctx.record.id,
                 ctx.route_name(),
@@ -619,12 +621,6 @@ where
                 vec![],
             ));
         }
-        self.stats.sample(
-            ctx.started,
-            &ctx.record.id,
-            &ctx.record.plan,
-            ctx.route_name(),
-        );
         self.deny_cached(&ctx)?;
         let owned: Arc<Vec<OwnedCheck>> = Arc::new(
             ctx.policies
@@ -828,7 +824,7 @@ where
         let route_name = route.map(|r| r.name.as_str());
         match FailureMode::strictest(candidates.iter().map(|p| p.failure_mode())) {
             FailureMode::FailOpen => {
-                self.degraded(FailureMode::FailOpen, route_name);
+                self.degraded(None, FailureMode::FailOpen, route_name);
                 Gate::Forward {
                     key_id: None,
                     route: route_name.map(str::to_string),
@@ -843,11 +839,15 @@ where
         }
     }
 
-    /// Counts a degraded answer under `mode` (per route too).
-    fn degraded(&self, mode: FailureMode, route: Option<&str>) {
+    /// Counts a degraded answer under `mode` (per route too; per key and in the
+    /// sample when the caller is known).
+    fn degraded(&self, record: Option<&KeyRecord>, mode: FailureMode, route: Option<&str>) {
         let now = self.clock.now();
-        self.stats.record(now, route, None, Outcome::Degraded, None);
-        self.stats.record_degraded_mode(now, route, mode.name());
+        match record {
+            Some(r) => self.stats.record(now, route, r, Outcome::Degraded, None),
+            None => self.stats.record_unkeyed(now, route, Outcome::Degraded),
+        }
+        self.stats.record_degraded_mode(now, route, mode);
         match mode {
             FailureMode::FailOpen => &self.totals.fail_open,
             FailureMode::FailClosed => &self.totals.fail_closed,
@@ -858,16 +858,7 @@ where
 
     /// 503, marked fail-closed and counted: the limiter could not decide.
     fn degraded_refusal(&self, ctx: Option<&Ctx<'_>>, route: Option<&str>, why: &str) -> Gate {
-        let now = self.clock.now();
-        if let Some(ctx) = ctx {
-            self.stats
-                .record(now, route, Some(&ctx.record.id), Outcome::Degraded, None);
-            self.stats
-                .record_degraded_mode(now, route, FailureMode::FailClosed.name());
-            self.totals.fail_closed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.degraded(FailureMode::FailClosed, route);
-        }
+        self.degraded(ctx.map(|c| &c.record), FailureMode::FailClosed, route);
         Gate::unavailable(why).with_header(DEGRADED_HEADER, "fail-closed")
     }
 
@@ -909,7 +900,7 @@ where
         self.stats.record(
             self.clock.now(),
             ctx.route_name(),
-            Some(&ctx.record.id),
+            &ctx.record,
             outcome,
             latency,
         );
@@ -1077,13 +1068,13 @@ where
                 (g, true)
             }
             FailureMode::FailOpen => {
-                self.count_degraded(ctx, mode);
+                self.degraded(Some(&ctx.record), mode, ctx.route_name());
                 let g = Gate::forward(&ctx.record.id, route, vec![], vec![])
                     .with_header(DEGRADED_HEADER, "fail-open");
                 (g, false)
             }
             FailureMode::LocalFallback => {
-                self.count_degraded(ctx, mode);
+                self.degraded(Some(&ctx.record), mode, ctx.route_name());
                 let local: Vec<(&str, &Quota, u32)> = ctx
                     .enforced()
                     .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
@@ -1103,25 +1094,6 @@ where
                 }
             }
         }
-    }
-
-    fn count_degraded(&self, ctx: &Ctx<'_>, mode: FailureMode) {
-        let now = self.clock.now();
-        self.stats.record(
-            now,
-            ctx.route_name(),
-            Some(&ctx.record.id),
-            Outcome::Degraded,
-            None,
-        );
-        self.stats
-            .record_degraded_mode(now, ctx.route_name(), mode.name());
-        match mode {
-            FailureMode::FailOpen => &self.totals.fail_open,
-            FailureMode::FailClosed => &self.totals.fail_closed,
-            FailureMode::LocalFallback => &self.totals.local_fallback,
-        }
-        .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Phase 6: the verdict's answer: the quota headers to add when admitted, or
