@@ -29,7 +29,7 @@ const OPTIONAL = [
   "IDENTITY_HEADER",
   "NEGATIVE_CACHE_TTL_MS",
   "UNKNOWN_KEYS_PER_IP_PER_MIN",
-  "UNKNOWN_KEYS_PER_SEC",
+  "UNKNOWN_KEYS_PER_MIN",
 ];
 const optional = Object.fromEntries(
   OPTIONAL.filter((name) => process.env[name]).map((name) => [name, process.env[name]]),
