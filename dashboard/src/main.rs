@@ -3,7 +3,11 @@
 //! ```text
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //!                     [--site-root target/site] [--secure-cookies]
+//!                     [--trusted-proxy CIDR]...
 //! ```
+//! The client address (for the sign-in limiter) is the connection's peer; with
+//! `--trusted-proxy` (an address or CIDR, repeatable), a request from such a proxy
+//! is attributed to the nearest address in its `X-Forwarded-For` that is not one.
 //! The first operator comes from `FLOODGATE_ADMIN_USER` and
 //! `FLOODGATE_ADMIN_PASSWORD` (or `FLOODGATE_ADMIN_PASSWORD_FILE`); it is created
 //! at start unless an operator of that name exists (the password is never
@@ -18,7 +22,7 @@ use floodgate_edge::store::resp::RespStore;
 fn usage(message: &str) -> ! {
     eprintln!("floodgate-dashboard: {message}");
     eprintln!(
-        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--site-root DIR] [--secure-cookies]"
+        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--site-root DIR] [--secure-cookies] [--trusted-proxy CIDR]..."
     );
     std::process::exit(2)
 }
@@ -29,6 +33,7 @@ async fn main() {
     let mut redis = "redis://127.0.0.1:6379".to_string();
     let mut site_root = "target/site".to_string();
     let mut secure_cookies = false;
+    let mut trusted_proxies: Vec<ipnet::IpNet> = vec![];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -44,6 +49,14 @@ async fn main() {
             "--redis" => redis = value(),
             "--site-root" => site_root = value(),
             "--secure-cookies" => secure_cookies = true,
+            "--trusted-proxy" => {
+                let v = value();
+                let net = v
+                    .parse::<ipnet::IpNet>()
+                    .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .unwrap_or_else(|e| usage(&format!("--trusted-proxy {v:?}: {e}")));
+                trusted_proxies.push(net);
+            }
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
@@ -74,7 +87,7 @@ async fn main() {
         ),
         (None, None) => {}
     }
-    let state = app_state(store, &site_root, secure_cookies);
+    let state = app_state(store, &site_root, secure_cookies).trusting(trusted_proxies);
     let app = floodgate_dashboard::server::router(state);
     let listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -433,3 +433,46 @@ async fn regions_on_credit_and_leases_together_stay_within_the_bound() {
         );
     }
 }
+
+/// Each bounded policy's counters reach the stats hashes the dashboard reads:
+/// requests decided locally and exactly, refills, and the tokens outstanding at
+/// each refill (never more than the leases may hold).
+#[tokio::test]
+async fn a_bounded_policy_counts_its_local_share_refills_and_outstanding_tokens() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    for _ in 0..100 {
+        advance(clock, store, 60_000);
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    p.flush_stats(0).await.unwrap();
+    let writes = store.writes.lock().unwrap().clone();
+    let sum = |field: &str| -> u64 {
+        writes
+            .iter()
+            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
+            .map(|c| c[3].parse::<u64>().unwrap())
+            .sum()
+    };
+    let (local, exact) = (sum("policy:b|local"), sum("policy:b|exact"));
+    let (refills, outstanding) = (sum("policy:b|refills"), sum("policy:b|outstanding"));
+    assert_eq!(local + exact, 100, "every request counted once");
+    assert_eq!(local, p.health().leased);
+    assert_eq!(refills as usize, leases_taken(store), "one per lease take");
+    assert!(
+        local >= 90 && refills >= 10,
+        "{local} local, {refills} refills"
+    );
+    // the leases hold at most the bound (8) at any refill
+    assert!(
+        outstanding > 0 && outstanding <= 8 * refills,
+        "{outstanding} over {refills} refills"
+    );
+    assert_eq!(
+        sum("policy:e|local") + sum("policy:e|exact"),
+        0,
+        "exact policies are not counted"
+    );
+}

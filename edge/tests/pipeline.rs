@@ -437,20 +437,64 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     p.flush_stats(0).await.unwrap();
     let writes = store.writes.lock().unwrap().clone();
+    // per minute (the endpoint's outcome is also counted per 10 seconds)
     let sum = |field: &str| -> u64 {
         writes
             .iter()
-            .filter(|c| c[0] == "HINCRBY" && c[2] == field)
+            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
             .map(|c| c[3].parse::<u64>().unwrap())
             .sum()
     };
-    assert_eq!(sum("mode|fail_open"), 8);
-    assert_eq!(sum("_|degraded|fail_open"), 8);
-    assert_eq!(sum("_|degraded"), 8, "the existing field is unchanged");
-    assert_eq!(sum("breaker|opened"), 1);
-    let open_ms = sum("breaker|open_ms");
+    assert_eq!(sum("mode:fail_open"), 8);
+    assert_eq!(sum("unmatched|degraded:fail_open"), 8);
+    assert_eq!(sum("unmatched|degraded"), 8, "the modes sum to the outcome");
+    assert_eq!(sum("breaker:opened"), 1);
+    let open_ms = sum("breaker:open_ms");
     assert!((2_500..=2_600).contains(&open_ms), "open_ms {open_ms}");
-    assert_eq!(sum("mode|fail_closed"), 0);
+    assert_eq!(sum("mode:fail_closed"), 0);
+}
+
+/// The backtest replays the sample: every decision must be in it with what the
+/// edge answered, the deny cache's 429s and the degraded answers included.
+#[tokio::test]
+async fn every_decision_is_sampled_with_its_outcome_deny_cache_and_degraded_included() {
+    use floodgate_shared::stats::{Endpoint, Outcome, SampleEntry};
+    let store = mem();
+    let auth = setup(store, "free"); // 3 per minute, fail_closed
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    let statuses = futures_statuses(&p, &auth, 10).await;
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429, 429, 429]);
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst),
+        4,
+        "the deny cache answered the last 6"
+    );
+    advance(&clock, store, 60 * MICROS_PER_SEC);
+    store.down.store(true, Ordering::SeqCst);
+    assert_eq!(futures_statuses(&p, &auth, 2).await, [503, 503]);
+    p.flush_stats(0).await.unwrap();
+    let writes = store.writes.lock().unwrap().clone();
+    let sample: Vec<SampleEntry> = writes
+        .iter()
+        .filter(|c| c[0] == "LPUSH" && c[1] == floodgate_shared::stats::SAMPLE_KEY)
+        .flat_map(|c| c[2..].iter().map(|e| e.parse().unwrap()))
+        .collect();
+    let count = |o: Outcome| sample.iter().filter(|e| e.outcome == o).count();
+    assert_eq!(sample.len(), 12, "{sample:?}");
+    assert_eq!(
+        (
+            count(Outcome::Allowed),
+            count(Outcome::Throttled),
+            count(Outcome::Degraded)
+        ),
+        (3, 7, 2)
+    );
+    assert!(
+        sample
+            .iter()
+            .all(|e| e.endpoint == Endpoint::Unmatched && e.plan == "free")
+    );
 }
 
 /// A bucket check that misses its deadline is answered with the failure mode at

@@ -296,7 +296,7 @@ pub enum Dimension {
 }
 
 /// What the edge does when Redis cannot give a decision (see `docs/failure.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureMode {
     /// Admit the request (marked as degraded).
@@ -323,7 +323,7 @@ impl FailureMode {
             .unwrap_or(FailureMode::FailOpen)
     }
 
-    /// The name used in JSON and in the per-minute counters (`mode|<name>`).
+    /// The name used in JSON and in the counters (`mode:<name>`, see [`crate::stats`]).
     pub fn name(self) -> &'static str {
         match self {
             FailureMode::FailOpen => "fail_open",

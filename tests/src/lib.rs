@@ -373,7 +373,9 @@ impl Drop for Endpoint {
 /// `tests/node` with its npm packages installed (`npm ci` on first use).
 pub fn node_modules() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node");
-    if !dir.join("node_modules/@upstash/redis").exists() {
+    if !dir.join("node_modules/@upstash/redis").exists()
+        || !dir.join("node_modules/axe-core").exists()
+    {
         let status = Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(&dir)

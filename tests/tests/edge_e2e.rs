@@ -276,12 +276,19 @@ async fn random_paths_and_hostile_requests_create_no_redis_keys(kind: EdgeKind) 
     let s = stack(kind, 5_000).await;
     let c = client();
     let mut conn = s.redis.connection();
-    // every key but the per-minute counters (one hash a minute, whatever the paths)
+    // every key but the counters (a few hashes a minute, whatever the paths)
     let buckets = |conn: &mut redis::Connection| -> usize {
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).unwrap();
-        // per-minute counters and the one bounded decision sample are not buckets
+        // the traffic counters, the keys' last use and the one bounded decision
+        // sample are not buckets
         keys.iter()
-            .filter(|k| !k.starts_with("fg:stats:") && k.as_str() != "fg:sample")
+            .filter(|k| {
+                !k.starts_with("fg:stats:")
+                    && !k.starts_with("fg:stats10:")
+                    && !k.starts_with("fg:keystats:")
+                    && k.as_str() != floodgate_shared::stats::SAMPLE_KEY
+                    && k.as_str() != floodgate_shared::stats::LAST_USED_KEY
+            })
             .count()
     };
     let before = buckets(&mut conn);

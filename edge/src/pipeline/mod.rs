@@ -54,7 +54,7 @@ use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
 use crate::fallback::LocalBuckets;
-use crate::stats::{Outcome, Stats};
+use crate::stats::{Leasing, Outcome, Stats, StatsField};
 use crate::store::{BucketStore, MaybeSend, MaybeSync, RecordStore, StoreError, StoreErrorKind};
 use crate::sync::lock;
 use crate::timer::{Raced, Stopwatch, race};
@@ -487,7 +487,7 @@ where
         if let Some(t) = moved {
             (self.settings.log)(&t.to_string());
             if (t.from, t.to) == (Phase::Closed, Phase::Open) {
-                self.stats.bump(t.at, "breaker|opened".into(), 1);
+                self.stats.bump(t.at, StatsField::BreakerOpened, 1);
             }
         }
     }
@@ -650,7 +650,7 @@ where
             let ms = (degraded - *counted) / 1_000;
             if ms > 0 {
                 *counted += ms * 1_000;
-                self.stats.bump(now, "breaker|open_ms".into(), ms as u64);
+                self.stats.bump(now, StatsField::BreakerOpenMs, ms as u64);
             }
         }
         if self.breaker.phase() != Phase::Closed {
@@ -679,6 +679,8 @@ where
         let (record, config) = self.caller(secret, req).await?;
         let ctx = self.policies(&config, record, req)?;
         if ctx.policies.is_empty() {
+            // a plan without policies: admitted, and counted like any decision
+            self.count(&ctx, Outcome::Allowed, None);
             return Ok(Gate::forward(
                 &ctx.record.id,
                 ctx.route_name(),
@@ -686,12 +688,6 @@ where
                 vec![],
             ));
         }
-        self.stats.sample(
-            ctx.started,
-            &ctx.record.id,
-            &ctx.record.plan,
-            ctx.route_name(),
-        );
         if let Some(gate) = self.leased(&ctx, later).await {
             return Ok(gate);
         }
@@ -898,7 +894,7 @@ where
         let route_name = route.map(|r| r.name.as_str());
         match FailureMode::strictest(candidates.iter().map(|p| p.failure_mode())) {
             FailureMode::FailOpen => {
-                self.degraded(FailureMode::FailOpen, route_name);
+                self.degraded(None, FailureMode::FailOpen, route_name);
                 Gate::Forward {
                     key_id: None,
                     route: route_name.map(str::to_string),
@@ -913,11 +909,15 @@ where
         }
     }
 
-    /// Counts a degraded answer under `mode` (per route too).
-    fn degraded(&self, mode: FailureMode, route: Option<&str>) {
+    /// Counts a degraded answer under `mode` (per route too; per key and in the
+    /// sample when the caller is known).
+    fn degraded(&self, record: Option<&KeyRecord>, mode: FailureMode, route: Option<&str>) {
         let now = self.clock.now();
-        self.stats.record(now, route, None, Outcome::Degraded, None);
-        self.stats.record_degraded_mode(now, route, mode.name());
+        match record {
+            Some(r) => self.stats.record(now, route, r, Outcome::Degraded, None),
+            None => self.stats.record_unkeyed(now, route, Outcome::Degraded),
+        }
+        self.stats.record_degraded_mode(now, route, mode);
         match mode {
             FailureMode::FailOpen => &self.totals.fail_open,
             FailureMode::FailClosed => &self.totals.fail_closed,
@@ -928,16 +928,7 @@ where
 
     /// 503, marked fail-closed and counted: the limiter could not decide.
     fn degraded_refusal(&self, ctx: Option<&Ctx<'_>>, route: Option<&str>, why: &str) -> Gate {
-        let now = self.clock.now();
-        if let Some(ctx) = ctx {
-            self.stats
-                .record(now, route, Some(&ctx.record.id), Outcome::Degraded, None);
-            self.stats
-                .record_degraded_mode(now, route, FailureMode::FailClosed.name());
-            self.totals.fail_closed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.degraded(FailureMode::FailClosed, route);
-        }
+        self.degraded(ctx.map(|c| &c.record), FailureMode::FailClosed, route);
         Gate::unavailable(why).with_header(DEGRADED_HEADER, "fail-closed")
     }
 
@@ -979,7 +970,7 @@ where
         self.stats.record(
             self.clock.now(),
             ctx.route_name(),
-            Some(&ctx.record.id),
+            &ctx.record,
             outcome,
             latency,
         );
@@ -992,6 +983,37 @@ where
     /// in-flight-limited policy, the regional store unreachable). Leases are
     /// refilled ahead in the background.
     async fn leased(&self, ctx: &Ctx<'_>, later: &mut Vec<Task>) -> Option<Gate> {
+        let gate = self.try_leased(ctx, later).await;
+        let how = if gate.is_some() {
+            Leasing::Local
+        } else {
+            Leasing::Exact
+        };
+        for (_, p) in ctx.policies.iter() {
+            if p.consistency() != Consistency::Exact {
+                let field = StatsField::Leasing(p.name().to_string(), how);
+                self.stats.bump(ctx.started, field, 1);
+            }
+        }
+        gate
+    }
+
+    /// Counts a refill of `key` of `policy` about to be sent, with the tokens its
+    /// leases had outstanding when last heard of.
+    fn count_refill(&self, key: &str, policy: &Policy) {
+        let now = self.clock.now();
+        let name = policy.name().to_string();
+        self.stats
+            .bump(now, StatsField::Leasing(name.clone(), Leasing::Refills), 1);
+        let outstanding = self.leases.outstanding(key);
+        self.stats.bump(
+            now,
+            StatsField::Leasing(name, Leasing::Outstanding),
+            outstanding,
+        );
+    }
+
+    async fn try_leased(&self, ctx: &Ctx<'_>, later: &mut Vec<Task>) -> Option<Gate> {
         let now = ctx.started;
         if ctx.policies.iter().any(|(_, p)| {
             p.shadow() || p.max_in_flight().is_some() || p.consistency() == Consistency::Exact
@@ -1013,6 +1035,7 @@ where
             None => {
                 for r in self.leases.refills_due(&buckets, ctx.config.regions(), now) {
                     if let Some((_, p)) = buckets.iter().find(|(k, _)| *k == r.key) {
+                        self.count_refill(&r.key, p);
                         later.push(self.lease_refill(r, p, ctx.config.regions()));
                     }
                 }
@@ -1094,6 +1117,7 @@ where
         let taken = PoolTaken::from_reply(&reply, n).ok().flatten()?;
         for (i, (k, p)) in buckets.iter().enumerate() {
             if taken.refill[i] {
+                self.count_refill(k, p);
                 let r =
                     self.leases
                         .pool_refill(k, p, regions, &taken.retire[i], taken.unconfirmed[i]);
@@ -1358,13 +1382,13 @@ where
                 (g, true)
             }
             FailureMode::FailOpen => {
-                self.count_degraded(ctx, mode);
+                self.degraded(Some(&ctx.record), mode, ctx.route_name());
                 let g = Gate::forward(&ctx.record.id, route, vec![], vec![])
                     .with_header(DEGRADED_HEADER, "fail-open");
                 (g, false)
             }
             FailureMode::LocalFallback => {
-                self.count_degraded(ctx, mode);
+                self.degraded(Some(&ctx.record), mode, ctx.route_name());
                 let local: Vec<(&str, &Quota, u32)> = ctx
                     .enforced()
                     .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
@@ -1384,25 +1408,6 @@ where
                 }
             }
         }
-    }
-
-    fn count_degraded(&self, ctx: &Ctx<'_>, mode: FailureMode) {
-        let now = self.clock.now();
-        self.stats.record(
-            now,
-            ctx.route_name(),
-            Some(&ctx.record.id),
-            Outcome::Degraded,
-            None,
-        );
-        self.stats
-            .record_degraded_mode(now, ctx.route_name(), mode.name());
-        match mode {
-            FailureMode::FailOpen => &self.totals.fail_open,
-            FailureMode::FailClosed => &self.totals.fail_closed,
-            FailureMode::LocalFallback => &self.totals.local_fallback,
-        }
-        .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Phase 6: the verdict's answer: the quota headers to add when admitted, or
