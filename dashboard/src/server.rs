@@ -838,7 +838,8 @@ pub fn summarize(
                 StatsField::Latency(b) => hist[i].push((b, *count)),
                 StatsField::BreakerOpened => opened += count,
                 StatsField::BreakerOpenMs => open_ms += count,
-                StatsField::SampleDropped => {}
+                // per-policy consistency figures: not shown yet
+                StatsField::SampleDropped | StatsField::Leasing(..) => {}
             }
         }
     }

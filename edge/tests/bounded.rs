@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use common::{T0, advance, head, header, mem, retry_after, seed, settle, status};
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
-use floodgate_shared::lease::{LEASE_TAKE, POOL_TAKE};
+use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, POOL_TAKE};
 use floodgate_shared::time::{FakeClock, Micros};
 
 /// 20 per second (a token every 50 ms); `b` bounded by 8 tokens, `e` exact, `a`
@@ -204,6 +204,44 @@ async fn auto_turns_bounded_only_for_a_hot_key() {
         assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     }
     assert!(p.health().leased >= 30, "{:?}", p.health());
+    // 1/s: cool again, exact; the lease it held goes back to the global bucket
+    let returns = || {
+        store
+            .runs
+            .lock()
+            .unwrap()
+            .get(LEASE_RETURN.sha1)
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(returns(), 0);
+    let leased = p.health().leased;
+    for _ in 0..5 {
+        advance(clock, store, 1_000_000);
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    assert!(p.health().leased <= leased + 1, "{:?}", p.health());
+    let given = returns();
+    assert!(
+        (1..=2).contains(&given),
+        "its live leases given back: {given}"
+    );
+    // off the books at once: the bound is free for other holders (its tokens are
+    // refunded only as far as the bucket still owes them: here, after a second of
+    // refill at 20/s, nothing)
+    let on_books: usize = store
+        .leases
+        .lock()
+        .unwrap()
+        .values()
+        .map(|c| c.leases.len())
+        .sum();
+    assert_eq!(on_books, 0, "no lease left on the books");
+    for _ in 0..5 {
+        advance(clock, store, 1_000_000);
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    assert_eq!(returns(), given, "nothing more to give back");
 }
 
 #[tokio::test]

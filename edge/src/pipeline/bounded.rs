@@ -181,6 +181,24 @@ pub struct Leases {
     pub local: AtomicU64,
     /// The last call to the global store (a refill or an exact check) failed.
     global_failing: std::sync::atomic::AtomicBool,
+    /// Leases of `auto` keys that cooled, to give back (bounded: beyond
+    /// [`MAX_GIVE_BACKS`] they simply lapse).
+    given_back: Mutex<Vec<GiveBack>>,
+}
+
+/// The most given-up leases waiting to go back to the global store.
+const MAX_GIVE_BACKS: usize = 1_000;
+
+/// A lease an `auto` key gave up when it cooled on this instance: its unspent
+/// tokens go back to the global bucket (`lua/lease_return.lua`, which never
+/// returns more than the bucket still owes), instead of lapsing unused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GiveBack {
+    pub key: String,
+    pub member: String,
+    pub unused: u64,
+    /// The bucket's emission interval (µs per token).
+    pub emission: Micros,
 }
 
 impl Leases {
@@ -199,6 +217,7 @@ impl Leases {
             next: AtomicU64::new(1),
             local: AtomicU64::new(0),
             global_failing: std::sync::atomic::AtomicBool::new(false),
+            given_back: Mutex::new(Vec::new()),
         }
     }
 
@@ -250,11 +269,36 @@ impl Leases {
             }
             Consistency::Auto => {
                 let cfg = self.settings.for_policy(policy, 0);
-                self.with(key, now, |h| {
-                    h.switch.observe(&cfg, now, u64::from(policy.cost()))
-                }) == Mode::Leased
+                let (mode, gave_up) = self.with(key, now, |h| {
+                    let was = h.switch.mode;
+                    let mode = h.switch.observe(&cfg, now, u64::from(policy.cost()));
+                    let gave_up = if was == Mode::Leased && mode == Mode::Exact {
+                        std::mem::take(&mut h.leases)
+                    } else {
+                        vec![]
+                    };
+                    (mode, gave_up)
+                });
+                let emission = policy.quota().emission_interval();
+                let mut given_back = lock(&self.given_back);
+                for l in gave_up.into_iter().filter(|l| l.live(now) && l.tokens > 0) {
+                    if given_back.len() < MAX_GIVE_BACKS {
+                        given_back.push(GiveBack {
+                            key: key.to_string(),
+                            member: l.member,
+                            unused: l.tokens,
+                            emission,
+                        });
+                    }
+                }
+                mode == Mode::Leased
             }
         }
+    }
+
+    /// The leases given up since the last call, to send back.
+    pub fn take_given_back(&self) -> Vec<GiveBack> {
+        std::mem::take(&mut *lock(&self.given_back))
     }
 
     /// Spends every bucket's cost from this instance's leases, all or none: the

@@ -39,8 +39,8 @@ use floodgate_shared::apikeys::{
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
 use floodgate_shared::lease::{
-    LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, Taken, leases_key, pool_keys,
-    pool_take_args,
+    LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, Taken,
+    leases_key, pool_keys, pool_take_args,
 };
 use floodgate_shared::policy::{Consistency, FailureMode, Policy, Quota};
 use floodgate_shared::routes::Route;
@@ -48,7 +48,7 @@ use floodgate_shared::script::{Check, Verdict, When};
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
 
 pub use self::answer::{DEGRADED_HEADER, Gate, Slot};
-use self::bounded::{LeaseSettings, Leases, Refill};
+use self::bounded::{GiveBack, LeaseSettings, Leases, Refill};
 use self::deny::{Denied, DenyCache};
 use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
@@ -984,6 +984,9 @@ where
     /// refilled ahead in the background.
     async fn leased(&self, ctx: &Ctx<'_>, later: &mut Vec<Task>) -> Option<Gate> {
         let gate = self.try_leased(ctx, later).await;
+        for g in self.leases.take_given_back() {
+            later.push(self.give_back(g));
+        }
         let how = if gate.is_some() {
             Leasing::Local
         } else {
@@ -996,6 +999,22 @@ where
             }
         }
         gate
+    }
+
+    /// Gives a cooled `auto` key's lease back to the global bucket, in the
+    /// background (Redis' clock: the lease's times are Redis').
+    fn give_back(&self, g: GiveBack) -> Task {
+        let store = self.store.clone();
+        boxed(async move {
+            let args = [
+                String::new(),
+                g.emission.to_string(),
+                g.member,
+                g.unused.to_string(),
+            ];
+            let held = leases_key(&g.key);
+            let _ = store.run(&LEASE_RETURN, &[&g.key, &held], &args).await;
+        })
     }
 
     /// Counts a refill of `key` of `policy` about to be sent, with the tokens its

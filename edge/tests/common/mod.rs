@@ -13,7 +13,7 @@ use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, r
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::lease::{
-    Central, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
+    Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
 };
 use floodgate_shared::script::{Check, LuaScript, Verdict, When, interpret_token_bucket};
 use floodgate_shared::time::{FakeClock, Micros};
@@ -41,6 +41,8 @@ pub struct MemStore {
     pub pools: Mutex<HashMap<String, Pool>>,
     /// Script calls, per script's SHA-1.
     pub runs: Mutex<HashMap<&'static str, usize>>,
+    /// Tokens given back by lease returns.
+    pub returned: Mutex<u64>,
 }
 
 /// A store that lives as long as the test process (the pipeline's background
@@ -102,6 +104,21 @@ impl BucketStore for &MemStore {
                 got.expires_at,
                 got.outstanding as i64,
             ]);
+        }
+        if script.sha1 == LEASE_RETURN.sha1 {
+            let mut buckets = self.buckets.lock().unwrap();
+            let mut leases = self.leases.lock().unwrap();
+            let central = leases.entry(keys[0].to_string()).or_default();
+            central.full_at = buckets.get(keys[0]).map_or(0, |b| b.full_at);
+            let refunded = central.give_back(now, num(1), &args[2], num(3) as u64);
+            buckets.insert(
+                keys[0].to_string(),
+                BucketState {
+                    full_at: central.full_at,
+                },
+            );
+            *self.returned.lock().unwrap() += refunded;
+            return Ok(vec![refunded as i64, now, central.full_at]);
         }
         if script.sha1 == POOL_TAKE.sha1 {
             let n = keys.len() / 3;
