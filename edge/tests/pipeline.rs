@@ -460,7 +460,7 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
 async fn every_decision_is_sampled_with_its_outcome_deny_cache_and_degraded_included() {
     use floodgate_shared::stats::{Endpoint, Outcome, SampleEntry};
     let store = mem();
-    let auth = setup(store, "free"); // 3 per minute, fail_closed
+    let auth = seed(store, CONFIG, "free"); // 3 per minute, fail_closed
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     let statuses = futures_statuses(&p, &auth, 10).await;
