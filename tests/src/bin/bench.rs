@@ -26,6 +26,8 @@ use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_tests::RedisServer;
 use rand::{Rng, SeedableRng};
 
+#[path = "bench/clients.rs"]
+mod clients;
 #[path = "bench/scale.rs"]
 mod scale;
 
@@ -72,6 +74,10 @@ struct Args {
     /// `hotkey`: the scale-out sections, `bench/scale.rs`, only when named).
     only_rest: bool,
     only_edge: bool,
+    /// `decisions`: only our client vs redis-benchmark (1 and 50 callers).
+    only_decisions: bool,
+    /// `clients`: candidate Redis clients side by side (`bench/clients.rs`).
+    only_clients: bool,
 }
 
 fn main() {
@@ -79,6 +85,8 @@ fn main() {
         quick: std::env::args().any(|a| a == "--quick"),
         only_rest: std::env::args().any(|a| a == "rest"),
         only_edge: std::env::args().any(|a| a == "edge"),
+        only_decisions: std::env::args().any(|a| a == "decisions"),
+        only_clients: std::env::args().any(|a| a == "clients"),
     };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
@@ -135,45 +143,16 @@ fn main() {
         bench_edge(&server, &rt, scale);
         return;
     }
-
-    println!("\n## Decisions/s: our RESP client vs redis-benchmark, same script, same server");
-    println!(
-        "(random bucket keys from a 1,000,000-key space; redis-benchmark at pipeline 1; median of 3 alternating rounds)"
-    );
-    println!(
-        "| callers | client | decisions/s | p50 µs | p99 µs | server µs/call | ours ÷ redis-benchmark |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for callers in [1usize, 50] {
-        // Three alternating rounds each; the median round of each client is reported,
-        // so drift of the machine or the server's growing key space favours neither.
-        let n = if callers == 1 { 20_000 } else { 100_000 } / scale;
-        let (mut ours, mut rb) = (vec![], vec![]);
-        for _ in 0..3 {
-            reset_stats(&mut conn);
-            let r = rt.block_on(our_client(&server.url(), callers, n));
-            ours.push((r, usec_per_call(&mut conn, "evalsha")));
-            reset_stats(&mut conn);
-            let r = redis_benchmark(server.port(), callers, 1, n, &sha);
-            rb.push((r, usec_per_call(&mut conn, "evalsha")));
-        }
-        let median = |v: &mut Vec<(Rate, f64)>| {
-            v.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
-            v.swap_remove(1)
-        };
-        let ((ours, ours_us), (rb, rb_us)) = (median(&mut ours), median(&mut rb));
-        println!(
-            "| {callers} | floodgate | {:.0} | {:.1} | {:.1} | {ours_us:.2} | **{:.2}** |",
-            ours.rate,
-            ours.p50_us,
-            ours.p99_us,
-            ours.rate / rb.rate
-        );
-        println!(
-            "| {callers} | redis-benchmark | {:.0} | {:.1} | {:.1} | {rb_us:.2} | |",
-            rb.rate, rb.p50_us, rb.p99_us
-        );
+    if args.only_decisions {
+        bench_decisions(&server, &mut conn, &rt, scale, &sha);
+        return;
     }
+    if args.only_clients {
+        clients::run(&server, &mut conn, &rt, scale, &sha);
+        return;
+    }
+
+    bench_decisions(&server, &mut conn, &rt, scale, &sha);
 
     println!(
         "\n## Redis server CPU per call, side by side (redis-benchmark, 50 clients, pipeline 16)"
@@ -242,6 +221,55 @@ fn main() {
         "\nbucket state shown in the reference layout, e.g.: {:?}",
         example_view()
     );
+}
+
+/// Decisions/s of our client vs `redis-benchmark` (same script, same server), at 1
+/// and 50 callers: the decision path's figure of merit (`scripts/bench decisions`).
+fn bench_decisions(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+    sha: &str,
+) {
+    println!("\n## Decisions/s: our RESP client vs redis-benchmark, same script, same server");
+    println!(
+        "(random bucket keys from a 1,000,000-key space; redis-benchmark at pipeline 1; median of 3 alternating rounds)"
+    );
+    println!(
+        "| callers | client | decisions/s | p50 µs | p99 µs | server µs/call | ours ÷ redis-benchmark |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for callers in [1usize, 50] {
+        // Three alternating rounds each; the median round of each client is reported,
+        // so drift of the machine or the server's growing key space favours neither.
+        let n = if callers == 1 { 20_000 } else { 100_000 } / scale;
+        let (mut ours, mut rb) = (vec![], vec![]);
+        for _ in 0..3 {
+            reset_stats(conn);
+            let r = rt.block_on(our_client(&server.url(), callers, n));
+            ours.push((r, usec_per_call(conn, "evalsha")));
+            reset_stats(conn);
+            let r = redis_benchmark(server.port(), callers, 1, n, sha);
+            rb.push((r, usec_per_call(conn, "evalsha")));
+        }
+        let median = |v: &mut Vec<(Rate, f64)>| {
+            v.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
+            v.swap_remove(1)
+        };
+        let ((ours, ours_us), (rb, rb_us)) = (median(&mut ours), median(&mut rb));
+        println!(
+            "| {callers} | floodgate | {:.0} | {:.1} | {:.1} | {ours_us:.2} | **{:.2}** |",
+            ours.rate,
+            ours.p50_us,
+            ours.p99_us,
+            ours.rate / rb.rate
+        );
+        println!(
+            "| {callers} | redis-benchmark | {:.0} | {:.1} | {:.1} | {rb_us:.2} | |",
+            rb.rate, rb.p50_us, rb.p99_us
+        );
+    }
 }
 
 fn redis_version() -> String {
