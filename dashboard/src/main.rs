@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
-//!                     [--site-root target/site] [--secure-cookies]
+//!                     [--redis-ca-file ca.pem] [--site-root target/site] [--secure-cookies]
 //! ```
+//! `--redis` takes any store URL: `rediss://user:password@host:port` (TLS, ACL
+//! user; the CA file also from `FLOODGATE_REDIS_CA_FILE`), `redis+sentinel://`,
+//! `redis+cluster://`, or the deployment's `https://` REST URL (its token in
+//! `FLOODGATE_REST_TOKEN` or `UPSTASH_REDIS_REST_TOKEN`).
 //! The first operator comes from `FLOODGATE_ADMIN_USER` and
 //! `FLOODGATE_ADMIN_PASSWORD` (or `FLOODGATE_ADMIN_PASSWORD_FILE`); it is created
 //! at start unless an operator of that name exists (the password is never
@@ -13,12 +17,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use floodgate_dashboard::server::{app_state, ensure_operator};
-use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::{NativeStore, StoreOptions};
 
 fn usage(message: &str) -> ! {
     eprintln!("floodgate-dashboard: {message}");
     eprintln!(
-        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--site-root DIR] [--secure-cookies]"
+        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--redis-ca-file PEM] [--site-root DIR] [--secure-cookies]"
     );
     std::process::exit(2)
 }
@@ -29,6 +33,7 @@ async fn main() {
     let mut redis = "redis://127.0.0.1:6379".to_string();
     let mut site_root = "target/site".to_string();
     let mut secure_cookies = false;
+    let mut ca_file = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -42,14 +47,22 @@ async fn main() {
                     .unwrap_or_else(|e| usage(&format!("--listen: {e}")))
             }
             "--redis" => redis = value(),
+            "--redis-ca-file" => ca_file = Some(std::path::PathBuf::from(value())),
             "--site-root" => site_root = value(),
             "--secure-cookies" => secure_cookies = true,
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
-    let store = RespStore::connect(&redis, Duration::from_secs(2))
-        .await
-        .unwrap_or_else(|e| usage(&format!("cannot reach Redis at {redis}: {e}")));
+    let mut options = StoreOptions::from_env(&redis, Duration::from_secs(2));
+    if ca_file.is_some() {
+        options.ca_file = ca_file;
+    }
+    let store = NativeStore::connect(&options).await.unwrap_or_else(|e| {
+        usage(&format!(
+            "cannot reach Redis at {}: {e}",
+            floodgate_edge::store::resp::redact(&redis)
+        ))
+    });
     let user = std::env::var("FLOODGATE_ADMIN_USER").ok();
     let password = std::env::var("FLOODGATE_ADMIN_PASSWORD").ok().or_else(|| {
         std::env::var("FLOODGATE_ADMIN_PASSWORD_FILE")

@@ -14,10 +14,10 @@ use axum::extract::{FromRef, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::resp::wire::Reply;
-use floodgate_edge::store::{BucketStore, StoreError, StoreErrorKind};
-use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
+use floodgate_edge::admin::{self, AdminError};
+use floodgate_edge::store::{NativeStore, SetOptions, Store, StoreError};
+use floodgate_shared::audit::SaveOutcome;
+use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 use leptos::config::LeptosOptions;
@@ -28,8 +28,7 @@ use crate::model::{AuditEntry, Series, Traffic, histogram_quantile};
 
 pub const OPERATOR_PREFIX: &str = "fg:dash:operator:";
 pub const SESSION_PREFIX: &str = "fg:dash:session:";
-pub const AUDIT_KEY: &str = "fg:audit";
-pub const AUDIT_KEEP: usize = 1000;
+pub use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY};
 pub const SESSION_TTL_SECS: u64 = 12 * 3600;
 pub const SESSION_COOKIE: &str = "fg_session";
 /// Sign-in attempts allowed per client address and per user name.
@@ -37,14 +36,9 @@ pub const LOGIN_QUOTA: &str = "10/1m";
 /// The largest request body accepted (forms carry at most a few KB; 1 MB
 /// strings are refused with a field error, larger bodies with 413).
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
-/// The audit copy of an item is cut to this many bytes.
-const AUDIT_ITEM_MAX: usize = 4096;
-
-const CONFIG_CAS: &str = include_str!("../../lua/config_cas.lua");
-
 /// What every request handler shares.
 pub struct Core {
-    pub store: RespStore,
+    pub store: NativeStore,
     /// Adds `Secure` to the session cookie (set behind TLS).
     pub secure_cookies: bool,
 }
@@ -77,6 +71,15 @@ pub enum DashError {
     Refused(String),
 }
 
+impl From<AdminError> for DashError {
+    fn from(e: AdminError) -> Self {
+        match e {
+            AdminError::Store(e) => DashError::Store(e),
+            other => DashError::Refused(other.to_string()),
+        }
+    }
+}
+
 fn sha256_hex(data: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(data);
@@ -98,26 +101,8 @@ pub fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
-fn unexpected(reply: &Reply) -> DashError {
-    DashError::Store(StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("unexpected reply {reply:?}"),
-    ))
-}
-
-fn check_reply(reply: Reply) -> Result<Reply, DashError> {
-    match reply {
-        Reply::Error(e) => Err(StoreError::new(StoreErrorKind::Redis, e).into()),
-        r => Ok(r),
-    }
-}
-
-async fn get_string(store: &RespStore, key: &str) -> Result<Option<String>, DashError> {
-    match check_reply(store.command(&[b"GET", key.as_bytes()]).await?)? {
-        Reply::Bulk(Some(b)) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
-        Reply::Bulk(None) => Ok(None),
-        other => Err(unexpected(&other)),
-    }
+async fn get_string(store: &NativeStore, key: &str) -> Result<Option<String>, DashError> {
+    Ok(store.get_text(key).await?)
 }
 
 // ----- operators -------------------------------------------------------------
@@ -146,7 +131,7 @@ fn hash_password(password: &str) -> Result<String, DashError> {
 /// Creates the operator unless one of that name exists (the first start's
 /// credentials from the environment). Returns whether it was created.
 pub async fn ensure_operator(
-    store: &RespStore,
+    store: &NativeStore,
     user: &str,
     password: &str,
 ) -> Result<bool, DashError> {
@@ -161,12 +146,7 @@ pub async fn ensure_operator(
         .await
         .map_err(|e| DashError::Refused(e.to_string()))??;
     let key = format!("{OPERATOR_PREFIX}{user}");
-    let reply = check_reply(
-        store
-            .command(&[b"SET", key.as_bytes(), phc.as_bytes(), b"NX"])
-            .await?,
-    )?;
-    Ok(matches!(reply, Reply::Simple(_)))
+    Ok(store.set(&key, phc.as_bytes(), SetOptions::NX).await?)
 }
 
 /// A hash to verify against when the user does not exist, so that unknown and
@@ -249,17 +229,13 @@ pub async fn sign_in(
     }
     let token = random_hex(32);
     let session = serde_json::json!({"user": user, "csrf": random_hex(32)}).to_string();
-    check_reply(
-        core.store
-            .command(&[
-                b"SET",
-                format!("{SESSION_PREFIX}{}", sha256_hex(token.as_bytes())).as_bytes(),
-                session.as_bytes(),
-                b"EX",
-                SESSION_TTL_SECS.to_string().as_bytes(),
-            ])
-            .await?,
-    )?;
+    core.store
+        .set(
+            &format!("{SESSION_PREFIX}{}", sha256_hex(token.as_bytes())),
+            session.as_bytes(),
+            SetOptions::default().expire(std::time::Duration::from_secs(SESSION_TTL_SECS)),
+        )
+        .await?;
     Ok(token)
 }
 
@@ -310,142 +286,53 @@ pub async fn lookup_session(
 }
 
 pub async fn sign_out(core: &Core, session: &Session) -> Result<(), DashError> {
-    check_reply(
-        core.store
-            .command(&[
-                b"DEL",
-                format!("{SESSION_PREFIX}{}", session.token_hash).as_bytes(),
-            ])
-            .await?,
-    )?;
+    core.store
+        .del(&[&format!("{SESSION_PREFIX}{}", session.token_hash)])
+        .await?;
     Ok(())
 }
 
 // ----- configuration and audit ---------------------------------------------------
 
 /// The stored configuration text and its version (SHA-1 hex; "" when absent).
-pub async fn load_config(store: &RespStore) -> Result<(String, Option<String>), DashError> {
-    let text = get_string(store, CONFIG_KEY).await?;
-    let version = text
-        .as_deref()
-        .map(|t| sha1_smol::Sha1::from(t.as_bytes()).digest().to_string())
-        .unwrap_or_default();
-    Ok((version, text))
+pub async fn load_config(store: &NativeStore) -> Result<(String, Option<String>), DashError> {
+    Ok(admin::load_config(store).await?)
 }
 
 /// Cuts an item's text for the audit log.
-pub fn audit_item(text: &str) -> String {
-    if text.len() <= AUDIT_ITEM_MAX {
-        return text.to_string();
-    }
-    let mut end = AUDIT_ITEM_MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
+pub use floodgate_edge::admin::audit_item;
 
 /// Saves `config` if the stored one is still `based_on`, with its audit record, in
 /// one atomic script. `Ok(Err(current))` when someone else saved first.
 pub async fn save_config(
-    store: &RespStore,
+    store: &NativeStore,
     based_on: &str,
     config: &EdgeConfig,
     entry: &AuditEntry,
 ) -> Result<Result<String, String>, DashError> {
-    let entry = serde_json::to_string(entry).expect("an entry serializes");
-    let reply = check_reply(
-        store
-            .command(&[
-                b"EVAL",
-                CONFIG_CAS.as_bytes(),
-                b"2",
-                CONFIG_KEY.as_bytes(),
-                AUDIT_KEY.as_bytes(),
-                based_on.as_bytes(),
-                config.to_json().as_bytes(),
-                entry.as_bytes(),
-                AUDIT_KEEP.to_string().as_bytes(),
-            ])
-            .await?,
-    )?;
-    match &reply {
-        Reply::Array(Some(items)) if items.len() == 2 => {
-            let version = match &items[1] {
-                Reply::Bulk(Some(v)) => String::from_utf8_lossy(v).into_owned(),
-                _ => return Err(unexpected(&reply)),
-            };
-            match items[0] {
-                Reply::Int(1) => Ok(Ok(version)),
-                Reply::Int(0) => Ok(Err(version)),
-                _ => Err(unexpected(&reply)),
-            }
-        }
-        _ => Err(unexpected(&reply)),
-    }
+    Ok(
+        match admin::save_config(store, based_on, config, entry).await? {
+            SaveOutcome::Saved { version } => Ok(version),
+            SaveOutcome::Conflict { current } => Err(current),
+        },
+    )
 }
 
 /// Appends an audit record (key operations; configuration changes record theirs
 /// inside the compare-and-set).
-pub async fn audit(store: &RespStore, entry: &AuditEntry) -> Result<(), DashError> {
-    let entry = serde_json::to_string(entry).expect("an entry serializes");
-    let replies = store
-        .batch(&[
-            vec![b"LPUSH".to_vec(), AUDIT_KEY.into(), entry.into_bytes()],
-            vec![
-                b"LTRIM".to_vec(),
-                AUDIT_KEY.into(),
-                b"0".to_vec(),
-                (AUDIT_KEEP - 1).to_string().into_bytes(),
-            ],
-        ])
-        .await?;
-    for r in replies {
-        check_reply(r)?;
-    }
-    Ok(())
+pub async fn audit(store: &NativeStore, entry: &AuditEntry) -> Result<(), DashError> {
+    Ok(admin::audit(store, entry).await?)
 }
 
-/// The elements of a list in `start..=stop` (a missing key is an empty list).
-async fn lrange(
-    store: &RespStore,
-    key: &str,
-    start: i64,
-    stop: i64,
-) -> Result<Vec<Vec<u8>>, DashError> {
-    match check_reply(
-        store
-            .command(&[
-                b"LRANGE",
-                key.as_bytes(),
-                start.to_string().as_bytes(),
-                stop.to_string().as_bytes(),
-            ])
-            .await?,
-    )? {
-        Reply::Array(Some(items)) => Ok(items
-            .into_iter()
-            .filter_map(|i| match i {
-                Reply::Bulk(Some(b)) => Some(b),
-                _ => None,
-            })
-            .collect()),
-        Reply::Array(None) => Ok(vec![]),
-        other => Err(unexpected(&other)),
-    }
-}
-
-pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
-    let items = lrange(store, AUDIT_KEY, 0, count.max(1) as i64 - 1).await?;
-    Ok(items
-        .iter()
-        .filter_map(|b| serde_json::from_slice(b).ok())
-        .collect())
+pub async fn audit_log(store: &NativeStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
+    Ok(admin::audit_log(store, count).await?)
 }
 
 /// The edge's sample of recent decisions (newest first).
-pub async fn sample(store: &RespStore) -> Result<Vec<String>, DashError> {
-    let items = lrange(store, floodgate_edge::stats::SAMPLE_KEY, 0, -1).await?;
+pub async fn sample(store: &NativeStore) -> Result<Vec<String>, DashError> {
+    let items = store
+        .lrange(floodgate_edge::stats::SAMPLE_KEY, 0, -1)
+        .await?;
     Ok(items
         .into_iter()
         .filter_map(|b| String::from_utf8(b).ok())
@@ -457,32 +344,13 @@ pub async fn sample(store: &RespStore) -> Result<Vec<String>, DashError> {
 /// Reads the edge's per-minute counters for the `window` minutes ending at
 /// `now_minute` (one batched round trip).
 pub async fn traffic(
-    store: &RespStore,
+    store: &NativeStore,
     now_minute: i64,
     window: usize,
 ) -> Result<Traffic, DashError> {
     let minutes: Vec<i64> = (0..window as i64).rev().map(|i| now_minute - i).collect();
     let hashes = stats_hashes(store, &minutes).await?;
     Ok(summarize(&minutes, &hashes))
-}
-
-fn fields(reply: Reply) -> Result<Vec<(String, u64)>, DashError> {
-    match reply {
-        Reply::Array(Some(items)) => {
-            let mut out = vec![];
-            let mut it = items.into_iter();
-            while let (Some(Reply::Bulk(Some(k))), Some(Reply::Bulk(Some(v)))) =
-                (it.next(), it.next())
-            {
-                if let Ok(n) = String::from_utf8_lossy(&v).parse::<u64>() {
-                    out.push((String::from_utf8_lossy(&k).into_owned(), n));
-                }
-            }
-            Ok(out)
-        }
-        Reply::Array(None) => Ok(vec![]),
-        other => Err(unexpected(&other)),
-    }
 }
 
 /// Turns per-minute hashes into the series the charts draw (pure).
@@ -577,23 +445,27 @@ pub fn key_usage(hashes: &[Vec<(String, u64)>]) -> BTreeMap<String, (u64, u64, u
 /// The edge's per-minute counter hashes of `minutes`, in that order (one batched
 /// round trip).
 pub async fn stats_hashes(
-    store: &RespStore,
+    store: &NativeStore,
     minutes: &[i64],
 ) -> Result<Vec<Vec<(String, u64)>>, DashError> {
-    let commands: Vec<Vec<Vec<u8>>> = minutes
+    let keys: Vec<String> = minutes
         .iter()
-        .map(|m| {
-            vec![
-                b"HGETALL".to_vec(),
-                floodgate_edge::stats::stats_key(*m).into_bytes(),
-            ]
-        })
+        .map(|m| floodgate_edge::stats::stats_key(*m))
         .collect();
-    let mut out = Vec::with_capacity(minutes.len());
-    for r in store.batch(&commands).await? {
-        out.push(fields(check_reply(r)?)?);
-    }
-    Ok(out)
+    Ok(store
+        .hgetall_many(&keys)
+        .await?
+        .into_iter()
+        .map(|pairs| {
+            pairs
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    let n = String::from_utf8_lossy(&v).parse::<u64>().ok()?;
+                    Some((String::from_utf8_lossy(&k).into_owned(), n))
+                })
+                .collect()
+        })
+        .collect())
 }
 
 // ----- the guard -----------------------------------------------------------------
@@ -688,7 +560,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
 
 /// The state of a dashboard serving the hydration bundle from `site_root` (its
 /// `pkg/` holds `floodgate_dashboard.js` and `floodgate_dashboard_bg.wasm`).
-pub fn app_state(store: RespStore, site_root: &str, secure_cookies: bool) -> AppState {
+pub fn app_state(store: NativeStore, site_root: &str, secure_cookies: bool) -> AppState {
     let options = LeptosOptions::builder()
         .output_name("floodgate_dashboard")
         .site_root(site_root)

@@ -13,50 +13,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use floodgate_shared::lease::{
-    LEASE_RETURN, LEASE_TAKE, LeaseConfig, LocalLease, Mode, ModeSwitch, Taken, leases_key,
-};
+use floodgate_shared::lease::{LeaseConfig, LocalLease, Mode, ModeSwitch};
 use floodgate_shared::policy::Quota;
-use floodgate_shared::script::{LuaScript, TOKEN_BUCKET};
+use floodgate_shared::script::TOKEN_BUCKET;
 use floodgate_shared::time::Clock;
 use floodgate_shared::{Micros, Policy};
 
-use crate::store::cluster::ClusterStore;
-use crate::store::resp::RespStore;
-use crate::store::{StoreError, StoreErrorKind};
-
-/// A store that runs a script replying with integers.
-#[allow(async_fn_in_trait)]
-pub trait ScriptStore {
-    async fn run(
-        &self,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Vec<i64>, StoreError>;
-}
-
-impl ScriptStore for RespStore {
-    async fn run(
-        &self,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        self.eval_script(script, keys, args).await
-    }
-}
-
-impl ScriptStore for ClusterStore {
-    async fn run(
-        &self,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        self.eval_script(script, keys, args).await
-    }
-}
+use crate::store::{Store, StoreError, lock};
 
 /// Which mode a [`Leaser`] decides in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,11 +105,7 @@ pub struct Leaser<S, C> {
     to_exact: AtomicU64,
 }
 
-fn protocol(e: String) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, e)
-}
-
-impl<S: ScriptStore, C: Clock> Leaser<S, C> {
+impl<S: Store, C: Clock> Leaser<S, C> {
     /// `instance` names this instance's leases (unique per instance).
     pub fn new(store: S, clock: C, config: LeaseConfig, mode: LeaseMode, instance: &str) -> Self {
         Self {
@@ -177,9 +136,7 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
 
     /// The mode `key` is in now (Exact for a key never seen).
     pub fn mode_of(&self, key: &str) -> Mode {
-        self.keys
-            .lock()
-            .expect("lease state")
+        lock(&self.keys)
             .get(key)
             .map_or(Mode::Exact, |s| s.switch.mode)
     }
@@ -199,7 +156,7 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
     ) -> Result<Outcome, StoreError> {
         let now = self.clock.now();
         let (mode, give_back, gate) = {
-            let mut keys = self.keys.lock().expect("lease state");
+            let mut keys = lock(&self.keys);
             let state = keys.entry(key.to_string()).or_default();
             let before = state.switch.mode;
             let mode = match self.mode {
@@ -243,10 +200,14 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
                     burst.to_string(),
                     (cost as i64 * t).to_string(),
                 ];
-                let reply = self.store.run(&TOKEN_BUCKET, &[key], &args).await?;
+                let reply = self.store.run_ints(&TOKEN_BUCKET, &[key], &args).await?;
                 match reply.as_slice() {
                     [a, n, f] => (*a == 1, *n, *f),
-                    other => return Err(protocol(format!("token bucket reply {other:?}"))),
+                    other => {
+                        return Err(StoreError::protocol(format!(
+                            "token bucket reply {other:?}"
+                        )));
+                    }
                 }
             }
             Mode::Leased => {
@@ -255,7 +216,7 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
                 let _one_take = gate.lock().await;
                 let (spent, per_sec) = {
                     let now = self.clock.now();
-                    let mut keys = self.keys.lock().expect("lease state");
+                    let mut keys = lock(&self.keys);
                     let state = keys.entry(key.to_string()).or_default();
                     if let Some(o) = state.local(mode, now, cost) {
                         return Ok(o);
@@ -277,14 +238,12 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
                 let args = self
                     .config
                     .take_args(None, burst, t, cost, want, &id, spent.as_deref());
-                let leases = leases_key(key);
                 self.calls.fetch_add(1, Ordering::Relaxed);
                 self.takes.fetch_add(1, Ordering::Relaxed);
                 let sent = self.clock.now();
-                let reply = self.store.run(&LEASE_TAKE, &[key, &leases], &args).await?;
-                let taken = Taken::from_reply(&reply).map_err(protocol)?;
+                let taken = self.store.take_lease(key, &args).await?;
                 if taken.leased > 0 {
-                    let mut keys = self.keys.lock().expect("lease state");
+                    let mut keys = lock(&self.keys);
                     let state = keys.entry(key.to_string()).or_default();
                     // sent at `sent`: the lease ends no later than Redis' expiry
                     state.lease = Some(LocalLease {
@@ -299,7 +258,7 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
         if !admitted {
             // room for `cost` again at full_at + cost·T − burst (Redis clock)
             let wait = (full_at.max(redis_now) + cost as i64 * t - burst - redis_now).max(0);
-            let mut keys = self.keys.lock().expect("lease state");
+            let mut keys = lock(&self.keys);
             let state = keys.entry(key.to_string()).or_default();
             state.denied_until = state.denied_until.max(now + wait);
         }
@@ -320,18 +279,14 @@ impl<S: ScriptStore, C: Clock> Leaser<S, C> {
             l.member.clone(),
             l.tokens.to_string(),
         ];
-        let leases = leases_key(key);
-        self.store
-            .run(&LEASE_RETURN, &[key, &leases], &args)
-            .await
-            .map(|_| ())
+        self.store.return_lease(key, &args).await
     }
 
     /// Gives back every live lease (shutdown).
     pub async fn give_back_all(&self, quotas: impl Fn(&str) -> Option<Quota>) {
         let now = self.clock.now();
         let leases: Vec<(String, LocalLease)> = {
-            let mut keys = self.keys.lock().expect("lease state");
+            let mut keys = lock(&self.keys);
             keys.iter_mut()
                 .filter_map(|(k, s)| Some((k.clone(), s.lease.take()?)))
                 .filter(|(_, l)| l.live(now) && l.tokens > 0)

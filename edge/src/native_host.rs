@@ -23,82 +23,9 @@ use floodgate_shared::routes::MAX_PATH_LEN;
 use floodgate_shared::time::SystemClock;
 
 use crate::pipeline::{Gate, Pipeline, RequestHead, Slot};
-use crate::store::resp::RespStore;
-use crate::store::rest::RestStore;
-use crate::store::{BucketStore, RecordStore, StoreError};
-use floodgate_shared::Micros;
-use floodgate_shared::script::{Check, Verdict};
-
-/// The store a native host talks to: Redis directly, or a REST endpoint.
-#[derive(Clone)]
-pub enum NativeStore {
-    Resp(RespStore),
-    Rest(RestStore),
-    /// Redis Cluster (`redis+cluster://host:port[,host:port]`).
-    Cluster(crate::store::cluster::ClusterStore),
-}
-
-impl BucketStore for NativeStore {
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        now: Option<Micros>,
-    ) -> Result<Verdict, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.check(checks, now).await,
-            NativeStore::Rest(s) => s.check(checks, now).await,
-            NativeStore::Cluster(s) => s.check(checks, now).await,
-        }
-    }
-
-    async fn acquire_slot(
-        &self,
-        key: &str,
-        id: &str,
-        limit: u32,
-        ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
-            NativeStore::Rest(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
-            NativeStore::Cluster(s) => s.acquire_slot(key, id, limit, ttl_ms).await,
-        }
-    }
-
-    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.release_slot(key, id).await,
-            NativeStore::Rest(s) => s.release_slot(key, id).await,
-            NativeStore::Cluster(s) => s.release_slot(key, id).await,
-        }
-    }
-}
-
-impl RecordStore for NativeStore {
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.write_batch(commands).await,
-            NativeStore::Rest(s) => s.write_batch(commands).await,
-            NativeStore::Cluster(s) => s.write_batch(commands).await,
-        }
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.get(key).await,
-            NativeStore::Rest(s) => s.get(key).await,
-            NativeStore::Cluster(s) => s.get(key).await,
-        }
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.ping().await,
-            NativeStore::Rest(s) => s.ping().await,
-            NativeStore::Cluster(s) => s.ping().await,
-        }
-    }
-}
+/// The store a native host talks to (moved to [`crate::store`], where every
+/// native binary chooses its store by URL).
+pub use crate::store::NativeStore;
 
 /// How the host proxies.
 #[derive(Debug, Clone)]

@@ -27,7 +27,7 @@ use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
 use crate::fallback::LocalBuckets;
 use crate::stats::{Outcome, Stats};
-use crate::store::{BucketStore, RecordStore, StoreError};
+use crate::store::{Store, StoreError};
 
 /// What the pipeline needs to know about a request.
 #[derive(Debug, Clone, Copy)]
@@ -333,7 +333,7 @@ fn unavailable(why: &str) -> Gate {
     g
 }
 
-impl<S: BucketStore + RecordStore, C: Clock> Pipeline<S, C> {
+impl<S: Store, C: Clock> Pipeline<S, C> {
     pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
         let slot_ids = SlotIds::new(clock.now());
         Self {

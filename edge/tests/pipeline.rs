@@ -6,11 +6,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
-use floodgate_edge::store::{BucketStore, RecordStore, StoreError, StoreErrorKind};
+use floodgate_edge::store::{Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::script::{Check, Verdict, interpret_token_bucket};
+use floodgate_shared::script::{Check, LuaScript, Verdict, interpret_token_bucket};
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC, Micros};
 
 const T0: Micros = 1_764_000_000_000_000;
@@ -27,7 +27,21 @@ struct MemStore {
     writes: Mutex<Vec<Vec<String>>>,
 }
 
-impl BucketStore for &MemStore {
+/// The pipeline only checks buckets, reads records and writes counters: the
+/// in-memory store overrides those; the raw primitives are not needed.
+impl Store for &MemStore {
+    async fn run(&self, _: &LuaScript, _: &[&str], _: &[String]) -> Result<Value, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    }
+
+    async fn command(&self, _: &[&[u8]]) -> Result<Value, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    }
+
+    async fn pipeline(&self, _: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    }
+
     async fn check(
         &self,
         checks: &[Check<'_>],
@@ -55,9 +69,11 @@ impl BucketStore for &MemStore {
         reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
         Ok(interpret_token_bucket(checks, &reply).unwrap())
     }
-}
 
-impl RecordStore for &MemStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.get("fg:ping").await.map(|_| ())
+    }
+
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
         self.writes.lock().unwrap().extend(commands);
         Ok(())

@@ -6,6 +6,7 @@
 //! them ([`script`]). Builds for native targets and for wasm32.
 
 pub mod apikeys;
+pub mod audit;
 pub mod bucket;
 pub mod config;
 pub mod contract;

@@ -240,6 +240,23 @@ impl RedisCluster {
         }
     }
 
+    /// How many error replies with `code` (`MOVED`, `ASK`, `TRYAGAIN`) the
+    /// masters have sent so far (`INFO errorstats`): what the cluster asked of its
+    /// clients, counted by the servers, whatever the client.
+    pub fn errors_sent(&self, code: &str) -> u64 {
+        let prefix = format!("errorstat_{code}:count=");
+        self.nodes[..self.masters]
+            .iter()
+            .map(|n| {
+                let info: String = query(&mut n.connection(), &["INFO", "errorstats"]);
+                info.lines()
+                    .find_map(|l| l.strip_prefix(&prefix))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
     /// Moves `slot` and every key in it at once.
     pub fn move_slot(&self, slot: u16, from: usize, to: usize) {
         self.begin_migration(slot, from, to);

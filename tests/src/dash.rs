@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::{NativeStore, StoreOptions};
 use serde_json::Value;
 
 use crate::RedisServer;
@@ -24,9 +24,14 @@ pub struct Dashboard {
 
 /// Seeds the demo configuration and the first operator, then serves the dashboard.
 pub async fn start_dashboard(redis: &RedisServer) -> Dashboard {
-    let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+    start_dashboard_with(&StoreOptions::new(redis.url(), Duration::from_secs(2))).await
+}
+
+/// [`start_dashboard`] over any store (`rediss://`, Cluster, REST).
+pub async fn start_dashboard_with(options: &StoreOptions) -> Dashboard {
+    let store = NativeStore::connect(options)
         .await
-        .expect("connect to redis");
+        .expect("connect to the store");
     floodgate_edge::admin::set_config(&store, crate::DEMO_CONFIG)
         .await
         .expect("seed the config");

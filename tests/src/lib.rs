@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod http;
 pub mod scale;
 pub mod webdriver;
 
@@ -337,8 +338,9 @@ impl Endpoint {
             .await
             .expect("endpoint connects to redis");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = config.clone();
         tokio::spawn(async move {
-            axum_serve(listener, router, async {
+            axum_serve(listener, router, serving, async {
                 let _ = stopped.await;
             })
             .await
@@ -354,9 +356,10 @@ impl Endpoint {
 async fn axum_serve(
     listener: tokio::net::TcpListener,
     router: floodgate_edge::rest_endpoint::Router,
+    config: floodgate_edge::rest_endpoint::EndpointConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    floodgate_edge::rest_endpoint::serve_router(listener, router, stop)
+    floodgate_edge::rest_endpoint::serve_router(listener, router, &config, stop)
         .await
         .expect("endpoint serves");
 }
@@ -381,6 +384,18 @@ pub fn node_modules() -> PathBuf {
         assert!(status.success(), "npm ci in {} failed", dir.display());
     }
     dir
+}
+
+/// A command's words as the byte slices `Store::command` takes.
+pub fn args<'a>(words: &[&'a str]) -> Vec<&'a [u8]> {
+    words.iter().map(|w| w.as_bytes()).collect()
+}
+
+/// Commands' words as `Store::pipeline` takes them.
+pub fn commands(cmds: &[&[&str]]) -> Vec<Vec<Vec<u8>>> {
+    cmds.iter()
+        .map(|c| c.iter().map(|w| w.as_bytes().to_vec()).collect())
+        .collect()
 }
 
 /// Hex SHA-1, as Redis names scripts.

@@ -3,7 +3,9 @@
 //! ```text
 //! floodgate-edge --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
 //!                [--redis redis://127.0.0.1:6379/ | --rest-url http://127.0.0.1:8079]
-//!                (or --redis redis+cluster://host:port[,host:port] for Redis Cluster)
+//!                [--redis-ca-file ca.pem]
+//!                (--redis takes rediss://user:password@host:port for TLS and ACL users,
+//!                redis+sentinel://host:port/master, redis+cluster://host:port[,host:port])
 //!                [--key-header authorization] [--forward-key] [--identity-header x-floodgate-key-id]
 //!                [--cache-ttl-ms 5000] [--deadline-ms 3] [--no-limit]
 //!                [--breaker-threshold 5] [--breaker-cool-down-ms 1000]
@@ -13,7 +15,9 @@
 //! breaker for `--breaker-cool-down-ms`, then one `PING` decides whether it closes.
 //! Breaker transitions are logged to stderr.
 //! With `--rest-url`, the token comes from `FLOODGATE_REST_TOKEN` (or
-//! `UPSTASH_REDIS_REST_TOKEN`). `--no-limit` proxies without limiting (a baseline
+//! `UPSTASH_REDIS_REST_TOKEN`). `--redis-ca-file` (or `FLOODGATE_REDIS_CA_FILE`)
+//! names the PEM CA certificates that sign the Redis servers' TLS certificates,
+//! trusted instead of the system roots. `--no-limit` proxies without limiting (a baseline
 //! for benchmarks). Ctrl-C or SIGTERM stops it after requests in flight.
 
 use std::net::SocketAddr;
@@ -22,8 +26,7 @@ use std::time::Duration;
 
 use floodgate_edge::native_host::{HostConfig, NativeStore, router};
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
-use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::rest::RestStore;
+use floodgate_edge::store::StoreOptions;
 use floodgate_shared::time::SystemClock;
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn run() -> Result<(), String> {
     let mut upstream = None;
     let mut redis = "redis://127.0.0.1:6379/".to_string();
     let mut rest_url = None;
+    let mut ca_file = None;
     let mut host = HostConfig::new("");
     let mut settings = PipelineConfig::default();
     let mut deadline = None;
@@ -52,6 +56,7 @@ fn run() -> Result<(), String> {
             "--upstream" => upstream = Some(value()?),
             "--redis" => redis = value()?,
             "--rest-url" => rest_url = Some(value()?),
+            "--redis-ca-file" => ca_file = Some(std::path::PathBuf::from(value()?)),
             "--key-header" => {
                 let v = value()?;
                 host.key_header = v.parse().map_err(|_| format!("bad header name {v:?}"))?;
@@ -107,34 +112,19 @@ fn run() -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let store = match &rest_url {
-            Some(url) => {
-                let token = std::env::var("FLOODGATE_REST_TOKEN")
-                    .or_else(|_| std::env::var("UPSTASH_REDIS_REST_TOKEN"))
-                    .map_err(
-                        |_| "--rest-url needs FLOODGATE_REST_TOKEN or UPSTASH_REDIS_REST_TOKEN",
-                    )?;
-                // a REST endpoint is an HTTP hop, usually remote: a wider default
-                let deadline = deadline.unwrap_or(Duration::from_millis(1000));
-                NativeStore::Rest(RestStore::new(url, &token, deadline).map_err(|e| e.to_string())?)
-            }
-            None if redis.starts_with("redis+cluster://") => NativeStore::Cluster(
-                floodgate_edge::store::cluster::ClusterStore::connect(
-                    &redis,
-                    deadline.unwrap_or(floodgate_edge::store::resp::DEFAULT_DEADLINE),
-                )
-                .await
-                .map_err(|e| e.to_string())?,
-            ),
-            None => NativeStore::Resp(
-                RespStore::connect(
-                    &redis,
-                    deadline.unwrap_or(floodgate_edge::store::resp::DEFAULT_DEADLINE),
-                )
-                .await
-                .map_err(|e| e.to_string())?,
-            ),
-        };
+        // a REST endpoint is an HTTP hop, usually remote: a wider default deadline
+        let deadline = deadline.unwrap_or(if rest_url.is_some() {
+            Duration::from_millis(1000)
+        } else {
+            floodgate_edge::store::resp::DEFAULT_DEADLINE
+        });
+        let mut options = StoreOptions::from_env(rest_url.as_deref().unwrap_or(&redis), deadline);
+        if ca_file.is_some() {
+            options.ca_file = ca_file;
+        }
+        let store = NativeStore::connect(&options)
+            .await
+            .map_err(|e| e.to_string())?;
         let pipeline = Pipeline::new(store, SystemClock, settings);
         let app = router(pipeline, host.clone());
         let listener = tokio::net::TcpListener::bind(&listen)
@@ -145,7 +135,7 @@ fn run() -> Result<(), String> {
             listener.local_addr().map_err(|e| e.to_string())?,
             host.upstream,
             if host.limiter { "on" } else { "OFF" },
-            rest_url.as_deref().unwrap_or(&redis)
+            floodgate_edge::store::resp::redact(rest_url.as_deref().unwrap_or(&redis))
         );
         axum::serve(
             listener,

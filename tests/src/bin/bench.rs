@@ -17,11 +17,13 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_edge::store::BucketStore;
 use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::{Store, StoreError};
+use floodgate_shared::Micros;
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::keys::{Subject, bucket_key};
 use floodgate_shared::policy::{Policy, Quota};
+use floodgate_shared::script::Verdict;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_tests::RedisServer;
 use rand::{Rng, SeedableRng};
@@ -324,18 +326,34 @@ async fn our_client(url: &str, callers: usize, total: usize) -> Rate {
     drive(store, callers, total).await
 }
 
+/// What the benchmark drives: a store, or a bare client (`bench/clients.rs`).
+#[allow(async_fn_in_trait)]
+pub trait Decide {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Micros>,
+    ) -> Result<Verdict, StoreError>;
+}
+
+impl<S: Store> Decide for S {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Micros>,
+    ) -> Result<Verdict, StoreError> {
+        self.check(checks, now).await
+    }
+}
+
 /// `callers` concurrent tasks make `total` decisions through `store` on random
 /// bucket keys (1,000/min quota, as every side of the benchmark uses).
-async fn drive<S: BucketStore + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
+async fn drive<S: Decide + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
     let local = tokio::task::LocalSet::new();
     local.run_until(drive_local(store, callers, total)).await
 }
 
-async fn drive_local<S: BucketStore + Clone + 'static>(
-    store: S,
-    callers: usize,
-    total: usize,
-) -> Rate {
+async fn drive_local<S: Decide + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
     let quota = Quota::per_minute(1000).unwrap();
     // warm-up, untimed (connections, script cache), as the Node side does
     let warm: Vec<_> = (0..callers.min(50))
@@ -345,7 +363,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                 for i in 0..10 {
                     let key = format!("fg:{{k:warm-{c}-{i}}}:default");
                     store
-                        .check(
+                        .decide(
                             &[Check {
                                 key: &key,
                                 quota: &quota,
@@ -375,7 +393,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                 let key = format!("fg:{{k:{}}}:default", rng.random_range(0..1_000_000u32));
                 let t = Instant::now();
                 let v = store
-                    .check(
+                    .decide(
                         &[Check {
                             key: &key,
                             quota: &quota,

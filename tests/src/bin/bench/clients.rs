@@ -1,29 +1,31 @@
-//! `scripts/bench clients`: Redis clients side by side on the decision path (the
-//! token-bucket script by EVALSHA, one check per call), each against
-//! `redis-benchmark` at the same concurrency, in alternating rounds of one run:
-//! Floodgate's own pipelined RESP connection, redis-rs's multiplexed connection
-//! and fred's client. The figures chose the client (README, "The Redis client").
+//! `scripts/bench clients`: the decision path through Floodgate's RESP store
+//! (redis-rs 1.x with our auto-pipelining of script calls) next to redis-rs' own
+//! multiplexed connection used plainly (one request per call) and
+//! `redis-benchmark`, each at the same concurrency, in alternating rounds of one
+//! run. The comparison that chose the client (with Floodgate's former
+//! hand-written connection and fred 10) is in the README, "The Redis client".
 
 use std::time::Duration;
 
 use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::{BucketStore, StoreError, StoreErrorKind};
+use floodgate_edge::store::{StoreError, StoreErrorKind};
 use floodgate_shared::Micros;
 use floodgate_shared::script::{Check, Verdict, interpret, script_call};
 use floodgate_tests::RedisServer;
 
-use crate::{Rate, drive, redis_benchmark, reset_stats, usec_per_call};
+use crate::{Decide, Rate, drive, redis_benchmark, reset_stats, usec_per_call};
 
 fn failed(e: impl std::fmt::Display) -> StoreError {
     StoreError::new(StoreErrorKind::Connect, e.to_string())
 }
 
-/// redis-rs 1.x: one multiplexed connection shared by every caller.
+/// redis-rs 1.x: one multiplexed connection shared by every caller, one request
+/// per call.
 #[derive(Clone)]
 struct RedisRs(redis::aio::MultiplexedConnection);
 
-impl BucketStore for RedisRs {
-    async fn check(
+impl Decide for RedisRs {
+    async fn decide(
         &self,
         checks: &[Check<'_>],
         now: Option<Micros>,
@@ -40,89 +42,9 @@ impl BucketStore for RedisRs {
     }
 }
 
-type Waiter = tokio::sync::oneshot::Sender<redis::Value>;
-
-/// redis-rs 1.x with auto-pipelining: the calls that callers start while one is
-/// being prepared go together as ONE redis-rs pipeline (each its own EVALSHA).
-#[derive(Clone)]
-struct RedisRsBatched {
-    conn: redis::aio::MultiplexedConnection,
-    queue: std::sync::Arc<std::sync::Mutex<Vec<(redis::Cmd, Waiter)>>>,
-}
-
-impl BucketStore for RedisRsBatched {
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        now: Option<Micros>,
-    ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha1).arg(checks.len());
-        for c in checks {
-            cmd.arg(c.key);
-        }
-        cmd.arg(&args);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let leader = {
-            let mut q = self.queue.lock().unwrap();
-            q.push((cmd, tx));
-            q.len() == 1
-        };
-        if leader {
-            tokio::task::yield_now().await;
-            let batch = std::mem::take(&mut *self.queue.lock().unwrap());
-            let mut conn = self.conn.clone();
-            if batch.len() == 1 {
-                let (cmd, tx) = batch.into_iter().next().unwrap();
-                let v: redis::Value = cmd.query_async(&mut conn).await.map_err(failed)?;
-                let _ = tx.send(v);
-            } else {
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
-                let mut waiters = Vec::with_capacity(batch.len());
-                for (cmd, tx) in batch {
-                    pipe.add_command(cmd);
-                    waiters.push(tx);
-                }
-                let values: Vec<redis::Value> =
-                    pipe.query_async(&mut conn).await.map_err(failed)?;
-                for (tx, v) in waiters.into_iter().zip(values) {
-                    let _ = tx.send(v);
-                }
-            }
-        }
-        let v = rx.await.map_err(failed)?;
-        let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(v).map_err(failed)?;
-        Ok(interpret(checks, &reply)?)
-    }
-}
-
-/// fred 10: one client (one connection) shared by every caller.
-#[derive(Clone)]
-struct Fred(fred::clients::Client);
-
-impl BucketStore for Fred {
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        now: Option<Micros>,
-    ) -> Result<Verdict, StoreError> {
-        use fred::interfaces::LuaInterface;
-        let (script, args) = script_call(checks, now)?;
-        let keys: Vec<String> = checks.iter().map(|c| c.key.to_string()).collect();
-        let reply: Vec<i64> = self
-            .0
-            .evalsha(script.sha1, keys, args)
-            .await
-            .map_err(failed)?;
-        Ok(interpret(checks, &reply)?)
-    }
-}
-
-async fn redis_rs(url: &str, timeout: Option<Duration>) -> RedisRs {
+async fn redis_rs(url: &str) -> RedisRs {
     let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(timeout)
+        .set_response_timeout(Some(Duration::from_secs(5)))
         .set_pipeline_buffer_size(1024);
     let client = redis::Client::open(url).unwrap();
     RedisRs(
@@ -131,14 +53,6 @@ async fn redis_rs(url: &str, timeout: Option<Duration>) -> RedisRs {
             .await
             .unwrap(),
     )
-}
-
-async fn fred(url: &str) -> Fred {
-    use fred::interfaces::ClientLike;
-    let config = fred::types::config::Config::from_url(url).unwrap();
-    let client = fred::types::Builder::from_config(config).build().unwrap();
-    client.init().await.unwrap();
-    Fred(client)
 }
 
 /// Alternating rounds per client; the median is reported.
@@ -165,51 +79,30 @@ pub fn run(
     for callers in [1usize, 50] {
         let n = if callers == 1 { 20_000 } else { 100_000 } / scale;
         let mut rows: Vec<(&str, Vec<(Rate, f64)>)> = [
-            "floodgate pipe",
-            "redis-rs 1.x",
-            "redis-rs 1.x, no timer",
-            "redis-rs 1.x, auto-pipelined",
-            "fred 10",
+            "floodgate RespStore (redis-rs, auto-pipelined)",
+            "redis-rs 1.x, one request per call",
             "redis-benchmark",
         ]
         .into_iter()
         .map(|name| (name, vec![]))
         .collect();
         for _ in 0..ROUNDS {
-            for (name, results) in rows.iter_mut() {
+            for (i, (_, results)) in rows.iter_mut().enumerate() {
                 reset_stats(conn);
-                let r = match *name {
-                    "floodgate pipe" => rt.block_on(async {
+                let r = match i {
+                    0 => rt.block_on(async {
                         let s = RespStore::connect(&url, Duration::from_secs(5))
                             .await
                             .unwrap();
                         drive(s, callers, n).await
                     }),
-                    "redis-rs 1.x" => rt.block_on(async {
-                        drive(
-                            redis_rs(&url, Some(Duration::from_secs(5))).await,
-                            callers,
-                            n,
-                        )
-                        .await
-                    }),
-                    "redis-rs 1.x, no timer" => {
-                        rt.block_on(async { drive(redis_rs(&url, None).await, callers, n).await })
-                    }
-                    "redis-rs 1.x, auto-pipelined" => rt.block_on(async {
-                        let s = RedisRsBatched {
-                            conn: redis_rs(&url, Some(Duration::from_secs(5))).await.0,
-                            queue: Default::default(),
-                        };
-                        drive(s, callers, n).await
-                    }),
-                    "fred 10" => rt.block_on(async { drive(fred(&url).await, callers, n).await }),
+                    1 => rt.block_on(async { drive(redis_rs(&url).await, callers, n).await }),
                     _ => redis_benchmark(server.port(), callers, 1, n, sha),
                 };
                 results.push((r, usec_per_call(conn, "evalsha")));
             }
         }
-        let mut medians: Vec<(&str, Rate, f64)> = rows
+        let medians: Vec<(&str, Rate, f64)> = rows
             .into_iter()
             .map(|(name, mut v)| {
                 v.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
@@ -218,7 +111,7 @@ pub fn run(
             })
             .collect();
         let base = medians.last().map(|m| m.1.rate).unwrap();
-        for (name, r, us) in medians.drain(..) {
+        for (name, r, us) in medians {
             println!(
                 "| {callers} | {name} | {:.0} | {:.1} | {:.1} | {us:.2} | **{:.2}** |",
                 r.rate,
