@@ -355,3 +355,66 @@ async fn a_slot_migration_under_load_admits_nothing_above_quota() {
     );
     assert_eq!(errors.load(Ordering::Relaxed), 0, "no call failed");
 }
+
+/// A cluster whose every node requires a password: the store authenticates to
+/// every node it discovers (routing, MOVED to a node never named in the URL),
+/// admin writes (the audited configuration save, keys) work on it, and a wrong
+/// password fails fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_nodes_require_a_password_is_served_by_every_node() {
+    use floodgate_edge::admin::{self, Basis};
+    let cluster = RedisCluster::start_with_password(3, 0, "cluster-s3cret");
+    let only_seed = cluster.url().split(',').next().unwrap().to_string();
+    let e = ClusterStore::connect(
+        &only_seed.replace("cluster-s3cret", "wrong"),
+        Duration::from_secs(1),
+    )
+    .await
+    .err()
+    .expect("a wrong password is refused");
+    assert_eq!(e.kind, StoreErrorKind::Auth, "{e}");
+    // one seed only: the other masters are found, and authenticated to, by the client
+    let store = ClusterStore::connect(&only_seed, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let q = Quota::per_minute(10).unwrap();
+    let mut owners = std::collections::HashSet::new();
+    for i in 0..30 {
+        let key = format!("fg:{{k:auth{i}}}:p");
+        assert!(
+            store
+                .check(&[check(&key, &q)], None)
+                .await
+                .unwrap()
+                .admitted
+        );
+        owners.insert(cluster.owner(key_slot(&key)));
+    }
+    assert_eq!(owners.len(), 3, "every master served some");
+    // a MOVED to another node, on the password cluster
+    let hot = "fg:{k:auth0}:p";
+    let slot = key_slot(hot);
+    let from = cluster.owner(slot);
+    cluster.move_slot(slot, from, (from + 1) % 3);
+    let v = store.check(&[check(hot, &q)], None).await.unwrap();
+    assert_eq!(v.decisions[0].remaining, 10 - 2, "state moved along");
+
+    // the admin paths over the cluster
+    let (config, version) = admin::replace_config(
+        &store,
+        floodgate_tests::DEMO_CONFIG,
+        Basis::Unversioned,
+        "test",
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(config.has_plan("free"));
+    let (current, text) = admin::load_config(&store).await.unwrap();
+    assert_eq!(current, version);
+    assert!(text.is_some());
+    let (record, _) = admin::create_key(&store, "acme", "free", 1).await.unwrap();
+    assert_eq!(admin::list_keys(&store).await.unwrap()[0].id, record.id);
+    admin::revoke_key(&store, &record.id).await.unwrap();
+    assert_eq!(admin::audit_log(&store, 10).await.unwrap().len(), 1);
+}

@@ -54,6 +54,38 @@ async fn the_official_upstash_client_passes_against_the_endpoint() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_client_passes_against_the_endpoint() {
+    let redis = RedisServer::start();
+    let ep = endpoint(&redis).await;
+    let python = tokio::task::spawn_blocking(floodgate_tests::python_env)
+        .await
+        .unwrap();
+    let script = format!("{}/python/conformance.py", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .env("UPSTASH_REDIS_REST_URL", &ep.url)
+        .env("UPSTASH_REDIS_REST_TOKEN", &ep.token)
+        .env("FLOODGATE_SCRIPT", lua_file())
+        .output()
+        .await
+        .expect("python runs");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "the upstash-redis (Python) conformance suite failed:\n{report}"
+    );
+    assert!(
+        report.contains("pass 5") && report.contains("fail 0"),
+        "expected 5 passing cases:\n{report}"
+    );
+}
+
 #[tokio::test]
 async fn our_rest_client_passes_the_same_cases() {
     let redis = RedisServer::start();

@@ -7,6 +7,7 @@
 use std::io::Write;
 use std::time::Duration;
 
+use floodgate_edge::rest_endpoint::EndpointConfig;
 use floodgate_tests::http::{closed_within, connect, exchange, read_response};
 use floodgate_tests::{Endpoint, RedisServer, unique_key};
 use serde_json::{Value, json};
@@ -396,4 +397,117 @@ async fn head_does_not_run_the_command() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 401, "HEAD still needs the token");
+}
+
+/// The command policy's allow list lets exactly what it names through.
+#[tokio::test]
+async fn the_allow_list_enables_what_it_names_and_nothing_else() {
+    let redis = RedisServer::start();
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.allow = vec!["FLUSHDB".into(), "script flush".into()];
+    let ep = Endpoint::start_with(config).await;
+    for (cmd, status) in [
+        (r#"["FLUSHDB"]"#, 200),
+        (r#"["SCRIPT","FLUSH"]"#, 200),
+        (r#"["SCRIPT","KILL"]"#, 400),
+        (r#"["FLUSHALL"]"#, 400),
+        (r#"["CONFIG","GET","maxmemory"]"#, 400),
+        (r#"["MULTI"]"#, 400),
+    ] {
+        let (got, v) = post(&ep, "", cmd).await;
+        assert_eq!(got, status, "{cmd}: {v}");
+    }
+}
+
+/// A reply larger than the configured bound fails its own request (400, saying
+/// so); requests alongside it and after it are served on the same connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_over_the_configured_bound_fails_alone() {
+    let redis = RedisServer::start();
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.max_reply = 1024 * 1024;
+    config.pool = 1;
+    let ep = std::sync::Arc::new(Endpoint::start_with(config).await);
+    let big = unique_key("big");
+    let _: () = redis::cmd("SETRANGE")
+        .arg(&big)
+        .arg(2 * 1024 * 1024)
+        .arg("z")
+        .query(&mut redis.connection())
+        .unwrap();
+    let bystander = {
+        let ep = ep.clone();
+        tokio::spawn(async move {
+            for _ in 0..50 {
+                let (status, v) = post(&ep, "", r#"["PING"]"#).await;
+                assert_eq!(status, 200, "{v}");
+            }
+        })
+    };
+    for _ in 0..5 {
+        let (status, v) = post(&ep, "", json!(["GET", &big]).to_string()).await;
+        assert_eq!(status, 400, "{v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("limit of 1048576 bytes"),
+            "{v}"
+        );
+        let (status, v) = post(&ep, "", json!(["STRLEN", &big]).to_string()).await;
+        assert_eq!((status, &v["result"]), (200, &json!(2 * 1024 * 1024 + 1)));
+    }
+    bystander.await.unwrap();
+}
+
+/// At most `max_connections` client connections are open at once; more wait in
+/// the listen backlog and are served as soon as one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_are_capped() {
+    let redis = RedisServer::start();
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.max_connections = 8;
+    config.header_timeout = Duration::from_secs(60);
+    let ep = Endpoint::start_with(config).await;
+    let url = ep.url.clone();
+    let served = tokio::task::spawn_blocking(move || {
+        let idle: Vec<_> = (0..8).map(|_| connect(&url)).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let ping = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 8\r\n\r\n[\"PING\"]"
+        );
+        let mut ninth = connect(&url);
+        ninth
+            .set_read_timeout(Some(Duration::from_millis(700)))
+            .unwrap();
+        ninth.write_all(ping.as_bytes()).unwrap();
+        let while_full = read_response(&mut ninth);
+        drop(idle); // room again
+        ninth.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let after = read_response(&mut ninth);
+        (while_full.is_none(), after.map(|r| r.status))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        served,
+        (true, Some(200)),
+        "(waited while full, then served)"
+    );
+}
+
+/// The endpoint's own health: whether its Redis answers, through the store.
+#[tokio::test]
+async fn the_health_route_reports_redis() {
+    let redis = RedisServer::start();
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.redis.deadline = Duration::from_millis(300);
+    let ep = Endpoint::start_with(config).await;
+    let health = format!("{}/__floodgate/health", ep.url);
+    let r = reqwest::get(&health).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"redis": "ok"}));
+    drop(redis);
+    let r = reqwest::get(&health).await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
 }

@@ -13,7 +13,9 @@
 //! - a batch of commands is split by slot, each part sent as one pipeline to its
 //!   node, the parts concurrently, the replies put back in order;
 //! - the deadline: each attempt has the store's deadline, a whole call at most
-//!   [`MAX_ATTEMPTS`] of them.
+//!   [`MAX_ATTEMPTS`] of them; redirections and waits are retried up to
+//!   [`MAX_RETRIES`] times within that (a migration ping-pongs a multi-key call
+//!   between `ASK` and `TRYAGAIN` until its last key has moved).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,8 +29,12 @@ use super::convert::{error, value};
 use super::native::StoreOptions;
 use super::{RedisErrorKind, Store, StoreError, StoreErrorKind, Value};
 
-/// Tries per call: the first, plus redirections and waits.
+/// A call's whole time, in deadlines.
 pub const MAX_ATTEMPTS: u32 = 6;
+
+/// Redirections (`MOVED`, `ASK`) and waits (`TRYAGAIN`, `CLUSTERDOWN`, 2 to 32 ms
+/// apart) per call.
+pub const MAX_RETRIES: u32 = 12;
 
 /// A Redis Cluster. Cheap to clone; clones share connections and the slot map.
 #[derive(Clone)]
@@ -83,7 +89,7 @@ impl ClusterStore {
             .connection_timeout(options.deadline.max(Duration::from_secs(1)))
             .response_timeout(options.deadline)
             .overall_response_timeout(Some(options.deadline * MAX_ATTEMPTS))
-            .retries(MAX_ATTEMPTS - 1)
+            .retries(MAX_RETRIES)
             .min_retry_wait(2)
             .max_retry_wait(32);
         if let Some(userinfo) = userinfo {
@@ -115,22 +121,27 @@ impl ClusterStore {
         }
         let client = b.build().map_err(|e| bad(&e.to_string()))?;
         let limit = options.deadline.max(Duration::from_secs(1)) * 2;
-        let conn = tokio::time::timeout(limit, client.get_async_connection())
-            .await
-            .map_err(|_| {
-                StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!("connect: no cluster node answered within {limit:?}"),
-                )
-            })?
-            .map_err(error)?;
-        let store = Self {
-            conn,
-            deadline: options.deadline,
+        let connected = async {
+            let conn = tokio::time::timeout(limit, client.get_async_connection())
+                .await
+                .map_err(|_| {
+                    StoreError::new(
+                        StoreErrorKind::Timeout,
+                        format!("connect: no cluster node answered within {limit:?}"),
+                    )
+                })?
+                .map_err(error)?;
+            let store = Self {
+                conn,
+                deadline: options.deadline,
+            };
+            // a round trip, so credentials and the slot map are known to work
+            store.ping().await?;
+            Ok(store)
         };
-        // a round trip, so credentials and the slot map are known to work
-        store.ping().await?;
-        Ok(store)
+        connected
+            .await
+            .map_err(|e| super::native::at_connect(e, url))
     }
 
     async fn exchange<T, F, Fut>(&self, op: F) -> Result<T, StoreError>

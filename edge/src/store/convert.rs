@@ -48,6 +48,9 @@ pub(crate) fn error(e: redis::RedisError) -> StoreError {
     }
     let kind = match e.kind() {
         K::AuthenticationFailed => StoreErrorKind::Auth,
+        // the cluster client reports a refused password on its first connections
+        // only inside the text of an I/O error: the one place we read its words
+        _ if e.to_string().contains("AuthenticationFailed") => StoreErrorKind::Auth,
         K::InvalidClientConfig | K::Client | K::EmptySentinelList => StoreErrorKind::Protocol,
         K::Parse | K::UnexpectedReturnType => StoreErrorKind::Protocol,
         _ if e.is_timeout() => StoreErrorKind::Timeout,

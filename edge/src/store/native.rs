@@ -93,6 +93,20 @@ impl StoreOptions {
     }
 }
 
+/// A failed first connection, said with where it went (password redacted) and,
+/// for refused credentials, what to check.
+pub(crate) fn at_connect(e: StoreError, url: &str) -> StoreError {
+    let url = super::resp::redact(url);
+    let message = match e.kind {
+        StoreErrorKind::Auth => format!(
+            "{url}: authentication failed — a wrong user name or password, a disabled user,              or a user without the permissions Floodgate needs ({})",
+            e.message
+        ),
+        _ => format!("{url}: {}", e.message),
+    };
+    StoreError::new(e.kind, message)
+}
+
 /// The store a native host, the CLI or the dashboard talks to: Redis directly
 /// (or through Sentinel), Redis Cluster, or a REST endpoint.
 #[derive(Clone)]

@@ -133,14 +133,15 @@ impl RespStore {
             }),
         };
         // the first connection in full: a wrong password or CA fails here, clearly
-        tokio::time::timeout(connect_limit, store.live())
+        let first = tokio::time::timeout(connect_limit, store.live())
             .await
-            .map_err(|_| {
-                StoreError::new(
+            .unwrap_or_else(|_| {
+                Err(StoreError::new(
                     StoreErrorKind::Timeout,
                     format!("connect: no answer within {connect_limit:?}"),
-                )
-            })??;
+                ))
+            });
+        first.map_err(|e| super::native::at_connect(e, &options.url))?;
         Ok(store)
     }
 
