@@ -1,5 +1,6 @@
-//! A TLS-only `redis-server` whose only user is an ACL user (the default user is
-//! off), as managed Redis runs (ElastiCache with in-transit encryption, Redis
+//! A TLS-only `redis-server` whose only user is an ACL user without the
+//! administrative commands (`+@all -@admin`; the default user is off), as managed
+//! Redis runs (ElastiCache with in-transit encryption, Redis
 //! Cloud, Upstash's RESP endpoint): `rediss://user:password@127.0.0.1:port`, its
 //! certificate signed by a test CA made here with `openssl`. Killed when dropped.
 
@@ -149,7 +150,7 @@ impl TlsRedis {
                     "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {dir}\nsave \"\"\nappendonly no\n\
                      tls-cert-file {dir}/server.pem\ntls-key-file {dir}/server.key\n\
                      tls-ca-cert-file {dir}/ca.pem\ntls-auth-clients no\n\
-                     user default off\nuser {user} on >{password} ~* &* +@all\n",
+                     user default off\nuser {user} on >{password} ~* &* +@all -@admin\n",
                     dir = dir.display()
                 ),
             )

@@ -1,8 +1,9 @@
 //! Auto-pipelining of script calls, shared by the RESP and REST stores: calls that
 //! callers start while one is being prepared travel together in ONE round trip
 //! (each still its own atomic script), the way `@upstash/redis` batches
-//! concurrent commands. The first caller of a batch yields once to the executor,
-//! then sends what has queued. Entries the server answers `NOSCRIPT` go again as
+//! concurrent commands. The first caller of a batch yields once to the executor
+//! and sends what has queued meanwhile — when a batch is on its way or the last
+//! one carried several calls; a lone caller sends at once, waiting for nothing. Entries the server answers `NOSCRIPT` go again as
 //! `EVAL` (with the source) in a second round trip, within the same deadline —
 //! `EVAL`, not `SCRIPT LOAD`: a replica may lack a script another client loaded.
 //!
@@ -22,8 +23,9 @@ pub(crate) struct ScriptCall {
     pub script: LuaScript,
     /// `EVAL` with the source (after NOSCRIPT) rather than `EVALSHA`.
     pub by_source: bool,
-    pub keys: Vec<String>,
-    pub args: Vec<String>,
+    numkeys: String,
+    keys: Vec<String>,
+    args: Vec<String>,
 }
 
 impl ScriptCall {
@@ -31,24 +33,20 @@ impl ScriptCall {
         Self {
             script: *script,
             by_source: false,
+            numkeys: keys.len().to_string(),
             keys: keys.iter().map(|k| k.to_string()).collect(),
             args: args.to_vec(),
         }
     }
 
     /// `EVALSHA <sha1> <numkeys> <keys...> <args...>` (or `EVAL <source> ...`).
-    pub fn words(&self) -> Vec<String> {
-        let numkeys = self.keys.len().to_string();
-        self.script
-            .call_words(
-                self.by_source,
-                &numkeys,
-                self.keys.iter().map(String::as_str),
-                &self.args,
-            )
-            .into_iter()
-            .map(str::to_string)
-            .collect()
+    pub fn words(&self) -> Vec<&str> {
+        self.script.call_words(
+            self.by_source,
+            &self.numkeys,
+            self.keys.iter().map(String::as_str),
+            &self.args,
+        )
     }
 }
 
@@ -70,6 +68,19 @@ type Reply = futures_channel::oneshot::Sender<Result<Value, StoreError>>;
 #[derive(Default)]
 pub(crate) struct Batcher {
     queue: Mutex<Vec<(ScriptCall, Reply)>>,
+    /// Batches sent and not answered yet.
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Calls in the last batch taken.
+    last_size: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a batch as on its way while it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// The most calls one round trip carries.
@@ -115,11 +126,18 @@ impl Batcher {
                 queue: &self.queue,
                 armed: true,
             };
-            yield_once().await;
+            use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+            if self.in_flight.load(Acquire) > 0 || self.last_size.load(Acquire) > 1 {
+                // others are calling: let them queue behind this one
+                yield_once().await;
+            }
             let mut batch = std::mem::take(&mut *lock(&self.queue));
+            self.last_size.store(batch.len(), Release);
             guard.armed = false;
             drop(guard);
             let started = Stopwatch::start();
+            self.in_flight.fetch_add(1, AcqRel);
+            let _sent = InFlight(&self.in_flight);
             while !batch.is_empty() {
                 let rest = batch.split_off(batch.len().min(MAX_BATCH));
                 flush(sender, deadline, batch, &started).await;
@@ -150,6 +168,7 @@ async fn flush(
             .map(|(c, _)| ScriptCall {
                 script: c.script,
                 by_source: c.by_source,
+                numkeys: std::mem::take(&mut c.numkeys),
                 keys: std::mem::take(&mut c.keys),
                 args: std::mem::take(&mut c.args),
             })

@@ -327,36 +327,51 @@ impl RespStore {
     }
 }
 
+/// A script call as the client's command (no intermediate copies of its words).
+fn script_cmd(call: &ScriptCall) -> redis::Cmd {
+    let mut cmd = redis::Cmd::new();
+    for word in call.words() {
+        cmd.arg(word);
+    }
+    cmd
+}
+
 impl SendScripts for RespStore {
     async fn send_scripts(
         &self,
         calls: &[ScriptCall],
         limit: Duration,
     ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
-        let commands: Vec<Vec<Vec<u8>>> = calls
-            .iter()
-            .map(|c| c.words().into_iter().map(String::into_bytes).collect())
-            .collect();
-        if let [one] = commands.as_slice() {
+        let replies: Vec<Value> = if let [one] = calls {
             // one call alone: a plain request, no pipeline bookkeeping
-            let mut cmd = redis::Cmd::new();
-            for word in one {
-                cmd.arg(word.as_slice());
-            }
+            let cmd = script_cmd(one);
             let reply = self
                 .exchange(limit, |mut conn| async move {
                     conn.req_packed_command(&cmd).await
                 })
                 .await
                 .map(value)?;
-            self.check_role(&reply);
-            return Ok(vec![reply.ok()]);
-        }
-        Ok(self
-            .send(&commands, limit)
+            vec![reply]
+        } else {
+            let mut pipe = redis::pipe();
+            for c in calls {
+                pipe.add_command(script_cmd(c));
+            }
+            let n = calls.len();
+            self.exchange(limit, |mut conn| async move {
+                conn.req_packed_commands(&pipe, 0, n).await
+            })
             .await?
             .into_iter()
-            .map(Value::ok)
+            .map(value)
+            .collect()
+        };
+        Ok(replies
+            .into_iter()
+            .map(|r| {
+                self.check_role(&r);
+                r.ok()
+            })
             .collect())
     }
 }

@@ -119,26 +119,22 @@ impl RestStore {
                 "REST token is empty or has spaces/control characters",
             ));
         }
-        let mut builder = reqwest::Client::builder();
+        let builder = reqwest::Client::builder();
+        // idle connections are dropped before a server's keep-alive timeout
+        // (floodgate-rest closes them after 10 s) can race a request
         #[cfg(not(target_arch = "wasm32"))]
-        {
-            builder = builder
-                .tcp_nodelay(true)
-                .pool_max_idle_per_host(256)
-                // idle connections are dropped before a server's keep-alive
-                // timeout (floodgate-rest closes them after 10 s) can race a request
-                .pool_idle_timeout(Duration::from_secs(4));
-        }
+        let builder = builder
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(256)
+            .pool_idle_timeout(Duration::from_secs(4));
         #[cfg(all(not(target_arch = "wasm32"), feature = "native"))]
-        {
-            if let Some(pem) = ca_pem {
-                for cert in reqwest::Certificate::from_pem_bundle(pem)
-                    .map_err(|e| StoreError::protocol(format!("CA file: {e}")))?
-                {
-                    builder = builder.add_root_certificate(cert);
-                }
-            }
-        }
+        let builder = match ca_pem {
+            Some(pem) => reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| StoreError::protocol(format!("CA file: {e}")))?
+                .into_iter()
+                .fold(builder, |b, cert| b.add_root_certificate(cert)),
+            None => builder,
+        };
         #[cfg(any(target_arch = "wasm32", not(feature = "native")))]
         let _ = ca_pem;
         let client = builder
@@ -246,10 +242,7 @@ impl SendScripts for RestStore {
             "[{}]",
             calls
                 .iter()
-                .map(|c| {
-                    let words = c.words();
-                    json_array(&words.iter().map(String::as_str).collect::<Vec<_>>())
-                })
+                .map(|c| json_array(&c.words()))
                 .collect::<Vec<_>>()
                 .join(",")
         );
