@@ -1,8 +1,9 @@
 //! `scripts/bench clients`: the decision path through Floodgate's RESP store
-//! (redis-rs 1.x with our auto-pipelining of script calls) next to redis-rs' own
-//! multiplexed connection used plainly (one request per call) and
-//! `redis-benchmark`, each at the same concurrency, in alternating rounds of one
-//! run. The comparison that chose the client (with Floodgate's former
+//! (redis-rs 1.x with our auto-pipelining of script calls, deadlines and
+//! connection health) next to redis-rs' multiplexed connection used plainly (one
+//! request per call), the same auto-pipelining bare (what RespStore's own work
+//! costs) and `redis-benchmark`, each at the same concurrency, in alternating
+//! rounds of one run. The comparison that chose the client (with Floodgate's former
 //! hand-written connection and fred 10) is in the README, "The Redis client".
 
 use std::time::Duration;
@@ -38,6 +39,57 @@ impl Decide for RedisRs {
         }
         cmd.arg(&args);
         let reply: Vec<i64> = cmd.query_async(&mut self.0.clone()).await.map_err(failed)?;
+        Ok(interpret(checks, &reply)?)
+    }
+}
+
+type Waiter = tokio::sync::oneshot::Sender<redis::Value>;
+
+/// redis-rs 1.x auto-pipelined with nothing else around it (no deadline, no
+/// connection health, no value conversion): the floor for RespStore's own work.
+#[derive(Clone)]
+struct RedisRsBatched {
+    conn: redis::aio::MultiplexedConnection,
+    queue: std::sync::Arc<std::sync::Mutex<Vec<(redis::Cmd, Waiter)>>>,
+}
+
+impl Decide for RedisRsBatched {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Micros>,
+    ) -> Result<Verdict, StoreError> {
+        let (script, args) = script_call(checks, now)?;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.sha1).arg(checks.len());
+        for c in checks {
+            cmd.arg(c.key);
+        }
+        cmd.arg(&args);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let leader = {
+            let mut q = self.queue.lock().unwrap();
+            q.push((cmd, tx));
+            q.len() == 1
+        };
+        if leader {
+            tokio::task::yield_now().await;
+            let batch = std::mem::take(&mut *self.queue.lock().unwrap());
+            let mut conn = self.conn.clone();
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            let mut waiters = Vec::with_capacity(batch.len());
+            for (cmd, tx) in batch {
+                pipe.add_command(cmd);
+                waiters.push(tx);
+            }
+            let values: Vec<redis::Value> = pipe.query_async(&mut conn).await.map_err(failed)?;
+            for (tx, v) in waiters.into_iter().zip(values) {
+                let _ = tx.send(v);
+            }
+        }
+        let v = rx.await.map_err(failed)?;
+        let reply: Vec<i64> = redis::FromRedisValue::from_redis_value(v).map_err(failed)?;
         Ok(interpret(checks, &reply)?)
     }
 }
@@ -81,6 +133,7 @@ pub fn run(
         let mut rows: Vec<(&str, Vec<(Rate, f64)>)> = [
             "floodgate RespStore (redis-rs, auto-pipelined)",
             "redis-rs 1.x, one request per call",
+            "redis-rs 1.x, bare auto-pipelining",
             "redis-benchmark",
         ]
         .into_iter()
@@ -97,6 +150,13 @@ pub fn run(
                         drive(s, callers, n).await
                     }),
                     1 => rt.block_on(async { drive(redis_rs(&url).await, callers, n).await }),
+                    2 => rt.block_on(async {
+                        let s = RedisRsBatched {
+                            conn: redis_rs(&url).await.0,
+                            queue: Default::default(),
+                        };
+                        drive(s, callers, n).await
+                    }),
                     _ => redis_benchmark(server.port(), callers, 1, n, sha),
                 };
                 results.push((r, usec_per_call(conn, "evalsha")));
