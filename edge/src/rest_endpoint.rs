@@ -121,6 +121,27 @@ struct Endpoint {
     script_shas: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
+/// Why a request's command(s) will not run; `Display` is the `{"error"}` text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It would block or change the state of the shared Redis connections.
+    #[error(
+        "ERR command not allowed over REST: {command} (it would block or change the endpoint's shared Redis connections)"
+    )]
+    ConnectionState { command: String },
+    /// Administrative or dangerous, and not on the allow list.
+    #[error(
+        "ERR command not allowed over REST: {command} (administrative; floodgate-rest --allow-command \"{command}\" enables it)"
+    )]
+    Administrative { command: String },
+    /// Not a command this endpoint can read.
+    #[error("ERR {0}")]
+    Malformed(String),
+    /// One command of a batch, by its index.
+    #[error("{refusal} (command {index})")]
+    InBatch { index: usize, refusal: Box<Refusal> },
+}
+
 /// What the endpoint refuses to run.
 #[derive(Debug, Clone, Default)]
 pub struct CommandPolicy {
@@ -234,8 +255,8 @@ impl CommandPolicy {
         }
     }
 
-    /// `Err(message)` when the command may not run over this endpoint.
-    pub fn check(&self, args: &[Vec<u8>]) -> Result<(), String> {
+    /// Why the command may not run over this endpoint, if it may not.
+    pub fn check(&self, args: &[Vec<u8>]) -> Result<(), Refusal> {
         let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
         let sub = args
             .get(1)
@@ -244,9 +265,7 @@ impl CommandPolicy {
         let blocking_read = (name == "XREAD" || name == "XREADGROUP")
             && args.iter().any(|a| a.eq_ignore_ascii_case(b"BLOCK"));
         if CONNECTION_STATE.contains(&name.as_str()) || blocking_read {
-            return Err(format!(
-                "ERR command not allowed over REST: {name} (it would block or change the endpoint's shared Redis connections)"
-            ));
+            return Err(Refusal::ConnectionState { command: name });
         }
         let Some((_, refused)) = ADMINISTRATIVE.iter().find(|(n, _)| *n == name) else {
             return Ok(());
@@ -264,9 +283,7 @@ impl CommandPolicy {
         if !hit || self.allowed.contains(&name) || self.allowed.contains(&full) {
             return Ok(());
         }
-        Err(format!(
-            "ERR command not allowed over REST: {full} (administrative; floodgate-rest --allow-command \"{full}\" enables it)"
-        ))
+        Err(Refusal::Administrative { command: full })
     }
 }
 
@@ -529,15 +546,15 @@ fn authorized(ep: &Endpoint, headers: &HeaderMap, uri: &Uri) -> bool {
 
 /// One JSON array element as a command argument: a string, or a number as the
 /// exact text the client sent.
-fn argument(i: usize, raw: &RawValue) -> Result<Vec<u8>, String> {
+fn argument(i: usize, raw: &RawValue) -> Result<Vec<u8>, Refusal> {
     let text = raw.get();
     match text.as_bytes().first() {
         Some(b'"') => serde_json::from_str::<String>(text)
             .map(String::into_bytes)
-            .map_err(|e| format!("ERR argument {i}: {e}")),
+            .map_err(|e| Refusal::Malformed(format!("argument {i}: {e}"))),
         Some(b'-' | b'0'..=b'9') => Ok(text.as_bytes().to_vec()),
-        _ => Err(format!(
-            "ERR argument {i} must be a string or a number, got {}",
+        _ => Err(Refusal::Malformed(format!(
+            "argument {i} must be a string or a number, got {}",
             match text.as_bytes().first() {
                 Some(b'n') => "null",
                 Some(b't' | b'f') => "a boolean",
@@ -545,17 +562,17 @@ fn argument(i: usize, raw: &RawValue) -> Result<Vec<u8>, String> {
                 Some(b'{') => "an object",
                 _ => "something else",
             }
-        )),
+        ))),
     }
 }
 
 /// One command from a JSON array of strings and numbers.
-fn command_from_raw(raw: &RawValue) -> Result<Vec<Vec<u8>>, String> {
+fn command_from_raw(raw: &RawValue) -> Result<Vec<Vec<u8>>, Refusal> {
     let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
-        "ERR a command must be a JSON array like [\"SET\",\"key\",\"value\"]".to_string()
+        Refusal::Malformed("a command must be a JSON array like [\"SET\",\"key\",\"value\"]".into())
     })?;
     if items.is_empty() {
-        return Err("ERR a command must not be empty".into());
+        return Err(Refusal::Malformed("a command must not be empty".into()));
     }
     items
         .iter()
@@ -564,35 +581,39 @@ fn command_from_raw(raw: &RawValue) -> Result<Vec<Vec<u8>>, String> {
         .collect()
 }
 
-fn parse_raw(body: &[u8]) -> Result<&RawValue, String> {
+fn parse_raw(body: &[u8]) -> Result<&RawValue, Refusal> {
     if body.is_empty() {
-        return Err("ERR empty request body; send a JSON array command".into());
+        return Err(Refusal::Malformed(
+            "empty request body; send a JSON array command".into(),
+        ));
     }
-    serde_json::from_slice(body).map_err(|e| format!("ERR malformed JSON: {e}"))
+    serde_json::from_slice(body).map_err(|e| Refusal::Malformed(format!("malformed JSON: {e}")))
 }
 
-fn command_from_json(ep: &Endpoint, body: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+fn command_from_json(ep: &Endpoint, body: &[u8]) -> Result<Vec<Vec<u8>>, Refusal> {
     let args = command_from_raw(parse_raw(body)?)?;
     ep.policy.check(&args)?;
     Ok(args)
 }
 
-fn commands_from_json(ep: &Endpoint, body: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, String> {
+fn commands_from_json(ep: &Endpoint, body: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, Refusal> {
     let cmds: Vec<&RawValue> = serde_json::from_str(parse_raw(body)?.get()).map_err(|_| {
-        "ERR expected a JSON array of commands like [[\"SET\",\"k\",\"v\"],[\"GET\",\"k\"]]"
-            .to_string()
+        Refusal::Malformed(
+            "expected a JSON array of commands like [[\"SET\",\"k\",\"v\"],[\"GET\",\"k\"]]".into(),
+        )
     })?;
     if cmds.is_empty() {
-        return Err("ERR no commands".into());
+        return Err(Refusal::Malformed("no commands".into()));
     }
     cmds.iter()
         .enumerate()
-        .map(|(i, c)| {
-            let args = command_from_raw(c).map_err(|e| format!("{e} (command {i})"))?;
-            ep.policy
-                .check(&args)
-                .map_err(|e| format!("{e} (command {i})"))?;
-            Ok(args)
+        .map(|(index, c)| {
+            command_from_raw(c)
+                .and_then(|args| ep.policy.check(&args).map(|()| args))
+                .map_err(|refusal| Refusal::InBatch {
+                    index,
+                    refusal: Box::new(refusal),
+                })
         })
         .collect()
 }
@@ -818,18 +839,18 @@ async fn handle(
     match path {
         "" => match command_from_json(&ep, &body) {
             Ok(args) => single(&ep, args, base64).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, e),
+            Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         },
         "/pipeline" | "/multi-exec" => match commands_from_json(&ep, &body) {
             Ok(cmds) if path == "/pipeline" => pipeline(&ep, cmds, base64).await,
             Ok(cmds) => multi_exec(&ep, cmds, base64).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, e),
+            Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         },
         _ => {
             let with_body = matches!(method, Method::POST | Method::PUT);
             let args = command_from_path(path, uri.query(), &body, with_body);
             match ep.policy.check(&args) {
-                Err(e) => error(StatusCode::BAD_REQUEST, e),
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                 Ok(()) => single(&ep, args, base64).await,
             }
         }
@@ -988,6 +1009,7 @@ mod tests {
             assert!(
                 command_from_json(&ep, blocked)
                     .unwrap_err()
+                    .to_string()
                     .contains("not allowed"),
                 "{}",
                 String::from_utf8_lossy(blocked)
