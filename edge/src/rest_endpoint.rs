@@ -885,27 +885,34 @@ async fn single(ep: &Endpoint, args: Vec<Vec<u8>>, base64: bool) -> Response {
     }
 }
 
+/// One `{"result"}` or `{"error"}` per command, within the reply bound.
+fn outcomes(
+    ep: &Endpoint,
+    replies: Vec<Value>,
+    shas: Vec<Option<String>>,
+    base64: bool,
+) -> Response {
+    let replies: Vec<Value> = replies
+        .into_iter()
+        .zip(shas)
+        .map(|(r, sha)| fix_reply(r, sha))
+        .collect();
+    let all = Value::Array(replies);
+    if let Some(refusal) = too_large(ep, &all) {
+        return refusal;
+    }
+    let Value::Array(replies) = all else {
+        unreachable!("built as an array")
+    };
+    ok(Json::Array(
+        replies.into_iter().map(|r| outcome(r, base64)).collect(),
+    ))
+}
+
 async fn pipeline(ep: &Endpoint, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Response {
     let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.prepare(c)).unzip();
     match ep.store().pipeline(&cmds).await {
-        Ok(replies) => {
-            let replies = Value::Array(
-                replies
-                    .into_iter()
-                    .zip(shas)
-                    .map(|(r, sha)| fix_reply(r, sha))
-                    .collect(),
-            );
-            if let Some(refusal) = too_large(ep, &replies) {
-                return refusal;
-            }
-            let Value::Array(replies) = replies else {
-                unreachable!("built as an array")
-            };
-            ok(Json::Array(
-                replies.into_iter().map(|r| outcome(r, base64)).collect(),
-            ))
-        }
+        Ok(replies) => outcomes(ep, replies, shas, base64),
         Err(e) => store_failure(e),
     }
 }
@@ -920,22 +927,7 @@ async fn multi_exec(ep: &Endpoint, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Res
     match ep.store().pipeline(&batch).await {
         Ok(mut replies) => match replies.pop() {
             Some(Value::Array(results)) if results.len() == n => {
-                let results = Value::Array(
-                    results
-                        .into_iter()
-                        .zip(shas)
-                        .map(|(r, sha)| fix_reply(r, sha))
-                        .collect(),
-                );
-                if let Some(refusal) = too_large(ep, &results) {
-                    return refusal;
-                }
-                let Value::Array(results) = results else {
-                    unreachable!("built as an array")
-                };
-                ok(Json::Array(
-                    results.into_iter().map(|r| outcome(r, base64)).collect(),
-                ))
+                outcomes(ep, results, shas, base64)
             }
             Some(Value::Error(e)) => error(StatusCode::BAD_REQUEST, e.message),
             other => error(

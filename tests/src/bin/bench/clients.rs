@@ -20,6 +20,18 @@ fn failed(e: impl std::fmt::Display) -> StoreError {
     StoreError::new(StoreErrorKind::Connect, e.to_string())
 }
 
+/// The `EVALSHA` of a check, as a redis-rs command.
+fn evalsha(checks: &[Check<'_>], now: Option<Micros>) -> Result<redis::Cmd, StoreError> {
+    let (script, args) = script_call(checks, now)?;
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.sha1).arg(checks.len());
+    for c in checks {
+        cmd.arg(c.key);
+    }
+    cmd.arg(&args);
+    Ok(cmd)
+}
+
 /// redis-rs 1.x: one multiplexed connection shared by every caller, one request
 /// per call.
 #[derive(Clone)]
@@ -31,14 +43,10 @@ impl Decide for RedisRs {
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha1).arg(checks.len());
-        for c in checks {
-            cmd.arg(c.key);
-        }
-        cmd.arg(&args);
-        let reply: Vec<i64> = cmd.query_async(&mut self.0.clone()).await.map_err(failed)?;
+        let reply: Vec<i64> = evalsha(checks, now)?
+            .query_async(&mut self.0.clone())
+            .await
+            .map_err(failed)?;
         Ok(interpret(checks, &reply)?)
     }
 }
@@ -59,13 +67,7 @@ impl Decide for RedisRsBatched {
         checks: &[Check<'_>],
         now: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha1).arg(checks.len());
-        for c in checks {
-            cmd.arg(c.key);
-        }
-        cmd.arg(&args);
+        let cmd = evalsha(checks, now)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let leader = {
             let mut q = self.queue.lock().unwrap();
