@@ -33,8 +33,10 @@ use super::{RedisErrorKind, Store, StoreError, StoreErrorKind, Value};
 pub const MAX_ATTEMPTS: u32 = 6;
 
 /// Redirections (`MOVED`, `ASK`) and waits (`TRYAGAIN`, `CLUSTERDOWN`, 2 to 32 ms
-/// apart) per call.
-pub const MAX_RETRIES: u32 = 12;
+/// apart) per call. The client counts an `ASK` as one, so a two-key call that a
+/// migration splits spends two per wait (`ASK`, then `TRYAGAIN` from the importing
+/// node); the whole call stays bounded by 6 deadlines anyway.
+pub const MAX_RETRIES: u32 = 32;
 
 /// A Redis Cluster. Cheap to clone; clones share connections and the slot map.
 #[derive(Clone)]
