@@ -5,9 +5,12 @@
 -- ARGV[2]  the most slots held at once (1 .. 100000)
 -- ARGV[3]  how long a slot lives unless released, in ms (a crashed instance's
 --          slots expire then)
+-- ARGV[4]  optional: the last instant (Redis TIME, µs) at which the caller still
+--          waits for the answer; a call run later changes nothing and returns {2, 0}
 --
 -- Returns {taken, held}: taken = 1 when the slot was added, 0 when the limit is
--- reached (nothing written); held = slots held after the call. Releasing a slot is
+-- reached (nothing written), 2 when the call came too late (stale, nothing
+-- written); held = slots held after the call. Releasing a slot is
 -- a plain ZREM of its id. All in one script, so the check and the add are atomic.
 
 local limit = tonumber(ARGV[2])
@@ -15,7 +18,17 @@ local ttl = tonumber(ARGV[3])
 if not (limit and ttl and limit >= 1 and ttl >= 1 and limit % 1 == 0 and ttl % 1 == 0) then
   return redis.error_reply('ERR floodgate: bad in-flight limit or slot ttl')
 end
+local expires = ARGV[4]
+if expires ~= nil then
+  expires = tonumber(expires)
+  if not (expires and expires >= 0 and expires % 1 == 0) then
+    return redis.error_reply('ERR floodgate: bad in-flight expiry')
+  end
+end
 local t = redis.call('TIME')
+if expires ~= nil and t[1] * 1000000 + t[2] > expires then
+  return {2, 0}
+end
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])

@@ -8,7 +8,10 @@
 -- key are the same thing: idle buckets cost nothing.
 --
 -- KEYS[i]    bucket i (under Redis Cluster all KEYS share a hash tag; see keys.rs)
--- ARGV[1]    now in microseconds, or "" to use Redis TIME (one clock for all edges)
+-- ARGV[1]    the clock: "" to use Redis TIME (one clock for all edges); "<T" to use
+--            TIME but only while TIME <= T (µs), else the call changes nothing and
+--            returns {2, now} (stale: the caller has given up on it by then); or an
+--            instant in µs to decide at (tests, replays)
 -- ARGV[2i]   burst window of bucket i: capacity x T microseconds (1 .. 400 days)
 -- ARGV[2i+1] cost of this request in bucket i: cost x T microseconds (0 = peek)
 --
@@ -32,13 +35,24 @@ if n == 0 or #ARGV ~= 2 * n + 1 then
 end
 
 local now = ARGV[1]
+local expires = nil
+if string.sub(now, 1, 1) == '<' then
+  expires = tonumber(string.sub(now, 2))
+  if expires == nil or expires < 0 or expires > MAX_INSTANT or expires % 1 ~= 0 then
+    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds in 0..2^52')
+  end
+  now = ''
+end
 if now == '' then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
+  if expires ~= nil and now > expires then
+    return {2, now}
+  end
 else
   now = tonumber(now)
   if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty or microseconds in 0..2^52')
+    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds in 0..2^52')
   end
 end
 

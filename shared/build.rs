@@ -7,6 +7,7 @@ const SCRIPTS: &[(&str, &str)] = &[
     ("TOKEN_BUCKET", "token_bucket.lua"),
     ("IN_FLIGHT", "in_flight.lua"),
     ("LIMITER", "limiter.lua"),
+    ("REFUND", "refund.lua"),
 ];
 
 /// The lease scripts (`shared/src/lease.rs`), in their own generated file.

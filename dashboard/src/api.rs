@@ -1,72 +1,70 @@
 //! The server functions: the dashboard's only API. Every one of them requires a
 //! session (the guard refuses earlier, and each checks again); every mutation also
 //! requires the session's CSRF token, and configuration changes name the version
-//! they were based on.
+//! they were based on. They fail with [`AppError`], whose HTTP status the guard
+//! sets, so the pages' code can tell a session that ended from an outage.
 
 use leptos::prelude::*;
-use leptos::server_fn::ServerFnError;
 
 use crate::model::{
-    AuditEntry, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
+    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
 };
 
 #[cfg(feature = "ssr")]
 mod ctx {
     use std::sync::Arc;
 
-    use axum::http::StatusCode;
     use floodgate_shared::config::{ConfigSpec, EdgeConfig};
     use floodgate_shared::policy::PolicyError;
     use leptos::prelude::*;
-    use leptos::server_fn::ServerFnError;
 
-    use crate::model::{AuditEntry, Saved};
-    use crate::server::{self, Core, DashError, Session};
+    use crate::model::{AppError, AuditEntry, Saved};
+    use crate::server::{self, Core, Session};
 
-    pub fn status(code: StatusCode) {
-        if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
-            r.set_status(code);
-        }
+    pub fn core() -> Result<Arc<Core>, AppError> {
+        use_context::<Arc<Core>>()
+            .ok_or_else(|| AppError::Internal("the dashboard has no store".into()))
     }
 
-    pub fn fail(e: DashError) -> ServerFnError {
-        if let DashError::Store(_) = e {
-            status(StatusCode::SERVICE_UNAVAILABLE);
-        }
-        ServerFnError::new(e.to_string())
-    }
-
-    pub fn core() -> Result<Arc<Core>, ServerFnError> {
-        use_context::<Arc<Core>>().ok_or_else(|| ServerFnError::new("the dashboard has no store"))
-    }
-
-    pub async fn session() -> Result<Session, ServerFnError> {
+    pub async fn session() -> Result<Session, AppError> {
         match leptos_axum::extract::<axum::Extension<Session>>().await {
             Ok(axum::Extension(s)) => Ok(s),
-            Err(_) => {
-                status(StatusCode::UNAUTHORIZED);
-                Err(ServerFnError::new("sign in first"))
-            }
+            Err(_) => Err(AppError::SignedOut),
         }
     }
 
     /// A session whose CSRF token the form carried.
-    pub async fn mutation(csrf: &str) -> Result<(Arc<Core>, Session), ServerFnError> {
+    pub async fn mutation(csrf: &str) -> Result<(Arc<Core>, Session), AppError> {
         let s = session().await?;
+        if csrf.is_empty() {
+            return Err(AppError::Forbidden(
+                "this form carries no CSRF token (the csrf field); reload the page and submit it \
+                 again"
+                    .into(),
+            ));
+        }
         if !server::same_secret(&s.csrf, csrf) {
-            status(StatusCode::FORBIDDEN);
-            return Err(ServerFnError::new(
-                "this form is stale (its CSRF token does not match your session); reload the page",
+            return Err(AppError::Forbidden(
+                "this form is stale (its CSRF token does not match your session); reload the page"
+                    .into(),
             ));
         }
         Ok((core()?, s))
     }
 
+    /// Whether the request is a plain HTML form post (no JavaScript): its answer
+    /// is a redirect back to the page, which carries errors but not values.
+    pub fn plain_form_post() -> bool {
+        use_context::<axum::http::request::Parts>().is_some_and(|p| {
+            p.headers
+                .get(axum::http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains("text/html"))
+        })
+    }
+
     pub fn now_secs() -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0)
+        crate::time::now_secs()
     }
 
     pub fn entry(
@@ -84,6 +82,25 @@ mod ctx {
             before: before.map(|b| server::audit_item(&b)),
             after: after.map(|a| server::audit_item(&a)),
         }
+    }
+
+    /// Appends the audit record of a key operation (`before` is `None` for a key
+    /// just created).
+    pub async fn audit_key(
+        core: &Core,
+        session: &Session,
+        action: &str,
+        before: Option<&floodgate_shared::apikeys::KeyRecord>,
+        after: &floodgate_shared::apikeys::KeyRecord,
+    ) -> Result<(), AppError> {
+        let record = entry(
+            &session.user,
+            action,
+            &after.id,
+            before.map(|b| b.to_json()),
+            Some(after.to_json()),
+        );
+        Ok(server::audit(&core.store, &record).await?)
     }
 
     pub fn json<T: serde::Serialize>(v: &T) -> String {
@@ -108,49 +125,47 @@ mod ctx {
         action: &str,
         target: &str,
         edit: impl FnOnce(&mut ConfigSpec) -> Result<Edit, PolicyError>,
-    ) -> Result<Saved, ServerFnError> {
+    ) -> Result<Saved, AppError> {
         let (core, session) = mutation(csrf).await?;
-        let (current, text) = server::load_config(&core.store).await.map_err(fail)?;
+        let (current, text) = server::load_config(&core.store).await?;
         if current != version {
-            return Ok(conflict());
+            return Err(conflict());
         }
         let mut spec = match text.as_deref().map(EdgeConfig::from_json) {
             Some(Ok(c)) => c.spec().clone(),
             Some(Err(e)) => {
-                return Ok(Saved::Invalid {
-                    field: "(stored configuration)".into(),
-                    message: format!(
-                        "the stored configuration is invalid ({e}); fix it with floodgate-cli"
-                    ),
-                });
+                return Err(AppError::invalid(
+                    "(stored configuration)",
+                    format!("is invalid ({e}); fix it with floodgate-cli"),
+                ));
             }
             None => ConfigSpec::default(),
         };
+        let before_edit = spec.clone();
         let done = match edit(&mut spec) {
             Ok(d) => d,
-            Err(e) => return Ok(Saved::invalid(e)),
+            Err(e) => return Err(AppError::from_policy(e, Some(&before_edit))),
         };
-        let config = match EdgeConfig::new(spec) {
+        let config = match EdgeConfig::new(spec.clone()) {
             Ok(c) => c,
-            Err(e) => return Ok(on_form(e, &done.prefix)),
+            Err(e) => return Err(on_form(e, &done.prefix, &spec)),
         };
         if text.as_deref() == Some(config.to_json().as_str()) {
             return Ok(Saved::Ok("No change".into()));
         }
         let record = entry(&session.user, action, target, done.before, done.after);
-        match server::save_config(&core.store, version, &config, &record)
-            .await
-            .map_err(fail)?
-        {
-            Ok(_) => Ok(Saved::Ok(format!("Saved: {action} {target}"))),
-            Err(_) => Ok(conflict()),
+        match server::save_config(&core.store, version, &config, &record).await? {
+            server::SaveOutcome::Saved { .. } => Ok(Saved::Ok(format!("Saved: {action} {target}"))),
+            server::SaveOutcome::Conflict { .. } => Err(conflict()),
         }
     }
 
-    /// An error of the whole configuration, on the field of the form that made
-    /// the edit at `prefix`: `policies[3].quota.capacity` → `quota.capacity`,
-    /// `plans.gold` → `name`, `plans.gold[0]` → `policies`.
-    pub fn on_form(mut e: PolicyError, prefix: &str) -> Saved {
+    /// An error of the whole configuration `spec`, on the field of the form that
+    /// made the edit at `prefix`: `policies[3].quota.capacity` → `quota.capacity`,
+    /// `plans.gold` → `name`, `plans.gold[0]` → `policies`; its label names the
+    /// item for operators (`Route "search", limits`).
+    pub fn on_form(mut e: PolicyError, prefix: &str, spec: &ConfigSpec) -> AppError {
+        let label = crate::describe::describe_field(&e.field, Some(spec));
         if let Some(rest) = e.field.strip_prefix(prefix) {
             let rest = rest.trim_start_matches('.');
             e.field = if rest.is_empty() {
@@ -161,7 +176,14 @@ mod ctx {
                 rest.to_string()
             };
         }
-        Saved::invalid(e)
+        match AppError::from_policy(e, Some(spec)) {
+            AppError::Invalid { field, message, .. } => AppError::Invalid {
+                field,
+                label,
+                message,
+            },
+            other => other,
+        }
     }
 
     /// The edit of a deletion: the item removed, or an error naming what is missing.
@@ -177,8 +199,8 @@ mod ctx {
         })
     }
 
-    pub fn conflict() -> Saved {
-        Saved::Conflict(
+    pub fn conflict() -> AppError {
+        AppError::Conflict(
             "Someone saved the configuration after you loaded it (see the audit log); nothing was \
              changed. Reload and apply your change again."
                 .into(),
@@ -187,42 +209,33 @@ mod ctx {
 }
 
 #[server(endpoint = "login")]
-pub async fn login(username: String, password: String) -> Result<(), ServerFnError> {
-    use axum::http::{HeaderValue, StatusCode, header};
+pub async fn login(username: String, password: String) -> Result<(), AppError> {
+    use axum::http::{HeaderValue, header};
     let core = ctx::core()?;
-    let client = leptos_axum::extract::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .await
-        .ok()
-        .map(|c| c.0);
-    match crate::server::sign_in(&core, &username, &password, client).await {
-        Ok(token) => {
-            let cookie = crate::server::session_cookie(Some(&token), core.secure_cookies);
-            let r = expect_context::<leptos_axum::ResponseOptions>();
-            r.insert_header(
-                header::SET_COOKIE,
-                HeaderValue::from_str(&cookie).expect("a cookie is a header value"),
-            );
-            leptos_axum::redirect("/");
-            Ok(())
-        }
-        Err(e) => {
-            ctx::status(match e {
-                crate::server::DashError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-                _ if e.to_string().starts_with("Too many") => StatusCode::TOO_MANY_REQUESTS,
-                _ => StatusCode::UNAUTHORIZED,
-            });
-            Err(ServerFnError::new(e.to_string()))
-        }
+    let parts = use_context::<axum::http::request::Parts>()
+        .ok_or_else(|| AppError::Internal("no request".into()))?;
+    let client = crate::server::request_client(&core, &parts);
+    let device = crate::server::device_token(&parts.headers);
+    let signed = crate::server::sign_in(&core, &username, &password, client, device).await?;
+    let r = expect_context::<leptos_axum::ResponseOptions>();
+    for cookie in [
+        crate::server::session_cookie(Some(&signed.session), core.secure_cookies),
+        crate::server::device_cookie(&signed.device, core.secure_cookies),
+    ] {
+        r.append_header(
+            header::SET_COOKIE,
+            HeaderValue::from_str(&cookie).expect("a cookie is a header value"),
+        );
     }
+    leptos_axum::redirect("/");
+    Ok(())
 }
 
 #[server(endpoint = "logout")]
-pub async fn logout(csrf: String) -> Result<(), ServerFnError> {
+pub async fn logout(#[server(default)] csrf: String) -> Result<(), AppError> {
     use axum::http::{HeaderValue, header};
     let (core, session) = ctx::mutation(&csrf).await?;
-    crate::server::sign_out(&core, &session)
-        .await
-        .map_err(ctx::fail)?;
+    crate::server::sign_out(&core, &session).await?;
     let r = expect_context::<leptos_axum::ResponseOptions>();
     r.insert_header(
         header::SET_COOKIE,
@@ -234,7 +247,7 @@ pub async fn logout(csrf: String) -> Result<(), ServerFnError> {
 }
 
 #[server(endpoint = "session")]
-pub async fn current_session() -> Result<SessionInfo, ServerFnError> {
+pub async fn current_session() -> Result<SessionInfo, AppError> {
     let s = ctx::session().await?;
     Ok(SessionInfo {
         user: s.user,
@@ -243,12 +256,10 @@ pub async fn current_session() -> Result<SessionInfo, ServerFnError> {
 }
 
 #[server(endpoint = "config")]
-pub async fn get_config() -> Result<ConfigView, ServerFnError> {
+pub async fn get_config() -> Result<ConfigView, AppError> {
     ctx::session().await?;
     let core = ctx::core()?;
-    let (version, text) = crate::server::load_config(&core.store)
-        .await
-        .map_err(ctx::fail)?;
+    let (version, text) = crate::server::load_config(&core.store).await?;
     let spec = text
         .as_deref()
         .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
@@ -259,7 +270,7 @@ pub async fn get_config() -> Result<ConfigView, ServerFnError> {
 #[allow(clippy::too_many_arguments)]
 #[server(endpoint = "save_policy")]
 pub async fn save_policy(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     original: String,
     name: String,
@@ -274,7 +285,7 @@ pub async fn save_policy(
     #[server(default)] algorithm: String,
     #[server(default)] shadow: String,
     #[server(default)] preview: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     let form = crate::model::PolicyForm {
         name,
         dimensions,
@@ -290,7 +301,7 @@ pub async fn save_policy(
     };
     let spec = match form.to_spec() {
         Ok(s) => s,
-        Err(e) => return Ok(Saved::invalid(e)),
+        Err(e) => return Err(AppError::from_policy(e, None)),
     };
     if preview == "1" {
         return backtest(&csrf, spec, original).await;
@@ -355,68 +366,102 @@ fn apply_policy(
     }
 }
 
-/// Replays the edge's sample of recent requests against the current configuration
-/// and against it with `spec` applied; nothing is saved.
+/// Replays the edge's sample of recent decisions against the current configuration
+/// and against it with `spec` applied; nothing is saved. Beside the replays it
+/// reports what the edge answered those requests, and what the replay cannot see:
+/// decisions missing from the sample, degraded ones, policies keyed by address.
 #[cfg(feature = "ssr")]
 async fn backtest(
     csrf: &str,
     spec: floodgate_shared::policy::PolicySpec,
     original: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use floodgate_shared::config::EdgeConfig;
-    use floodgate_shared::simulate::{SampledRequest, replay};
+    use floodgate_shared::policy::Dimension;
+    use floodgate_shared::simulate::replay;
+    use floodgate_shared::stats::{Endpoint, Outcome};
+
+    use crate::model::{Backtest, BacktestRow};
     let (core, _) = ctx::mutation(csrf).await?;
-    let (_, text) = crate::server::load_config(&core.store)
-        .await
-        .map_err(ctx::fail)?;
+    let (_, text) = crate::server::load_config(&core.store).await?;
     let Some(current) = text.as_deref().and_then(|t| EdgeConfig::from_json(t).ok()) else {
-        return Ok(Saved::Conflict(
+        return Err(AppError::Conflict(
             "no valid configuration is stored to compare with".into(),
         ));
     };
     let mut proposal = current.spec().clone();
-    let prefix = match apply_policy(&mut proposal, spec, &original) {
-        Ok(e) => e.prefix,
-        Err(e) => return Ok(Saved::invalid(e)),
+    let prefix = apply_policy(&mut proposal, spec, &original)
+        .map_err(|e| AppError::from_policy(e, Some(current.spec())))?
+        .prefix;
+    let proposal_spec = proposal.clone();
+    let proposal =
+        EdgeConfig::new(proposal).map_err(|e| ctx::on_form(e, &prefix, &proposal_spec))?;
+    let sample = crate::server::sample(&core.store).await?;
+    let (from_ms, to_ms) = match (sample.first(), sample.last()) {
+        (Some(f), Some(l)) => (f.at_ms, l.at_ms),
+        _ => (0, 0),
     };
-    let proposal = match EdgeConfig::new(proposal) {
-        Ok(c) => c,
-        Err(e) => return Ok(ctx::on_form(e, &prefix)),
+    let dropped = if sample.is_empty() {
+        0
+    } else {
+        crate::server::sample_dropped(&core.store, from_ms, to_ms).await?
     };
-    let mut sample: Vec<SampledRequest> = crate::server::sample(&core.store)
-        .await
-        .map_err(ctx::fail)?
-        .iter()
-        .filter_map(|e| SampledRequest::parse(e))
-        .collect();
-    sample.reverse(); // the list is newest first
-    sample.sort_by_key(|r| r.at_ms); // edges flush independently
     let now = replay(&current, &sample);
     let then = replay(&proposal, &sample);
+    // what the edge answered, grouped as the replay groups (a route that is gone
+    // counts as unmatched)
+    let grouped = |e: &Endpoint| match e.route() {
+        Some(r) if current.routes().routes().iter().any(|x| x.name == r) => e.clone(),
+        _ => Endpoint::Unmatched,
+    };
+    let mut observed: BTreeMap<Endpoint, u64> = BTreeMap::new();
+    let mut seen: BTreeMap<Endpoint, BTreeSet<&str>> = BTreeMap::new();
+    for r in &sample {
+        let e = grouped(&r.endpoint);
+        *observed.entry(e.clone()).or_default() += u64::from(r.outcome == Outcome::Throttled);
+        seen.entry(e).or_default().insert(&r.key_id);
+    }
     let rows = then
         .iter()
-        .map(|(route, p)| {
-            let c = now.get(route).cloned().unwrap_or_default();
-            crate::model::BacktestRow {
-                route: route.clone(),
+        .map(|(endpoint, p)| {
+            let c = now.get(endpoint).cloned().unwrap_or_default();
+            BacktestRow {
+                endpoint: endpoint.clone(),
                 requests: p.requests,
+                observed: observed.get(endpoint).copied().unwrap_or(0),
                 throttled_now: c.throttled,
                 throttled: p.throttled,
                 keys: p.keys_throttled.len() as u64,
-                keys_seen: sample
-                    .iter()
-                    .filter(|r| r.route.as_deref().unwrap_or("_") == route)
-                    .map(|r| r.key_id.as_str())
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len() as u64,
+                keys_seen: seen.get(endpoint).map_or(0, |s| s.len() as u64),
                 shadow: p.shadow_throttled,
             }
         })
         .collect();
-    Ok(Saved::Preview {
+    let ip_policies = current
+        .spec()
+        .policies
+        .iter()
+        .chain(&proposal_spec.policies)
+        .filter(|p| p.dimensions.contains(&Dimension::ClientIp))
+        .map(|p| p.name.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    Ok(Saved::Preview(Backtest {
         sampled: sample.len() as u64,
+        from_ms,
+        to_ms,
+        dropped,
+        degraded: sample
+            .iter()
+            .filter(|r| r.outcome == Outcome::Degraded)
+            .count() as u64,
+        ip_policies,
         rows,
-    })
+        patterns: crate::server::patterns(current.spec()),
+    }))
 }
 
 /// Renames a policy everywhere the configuration refers to it.
@@ -435,11 +480,17 @@ fn rename_policy(c: &mut floodgate_shared::config::ConfigSpec, from: &str, to: &
 
 #[server(endpoint = "delete_policy")]
 pub async fn delete_policy(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     name: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     ctx::change_config(&csrf, &version, "delete policy", &name.clone(), move |c| {
+        if let Some(field) = policy_user(c, &name) {
+            return Err(floodgate_shared::policy::PolicyError::new(
+                field,
+                format!("still uses the limit {name:?}: take it out there first"),
+            ));
+        }
         let i = c.policies.iter().position(|p| p.name == name);
         ctx::deleted(
             i.map(|i| c.policies.remove(i)),
@@ -449,22 +500,51 @@ pub async fn delete_policy(
     .await
 }
 
+/// The first place that uses policy `name`, as a validation error names it
+/// (`plans.free[0]`, `routes[1].policies[0]`, ...).
+#[cfg(feature = "ssr")]
+fn policy_user(c: &floodgate_shared::config::ConfigSpec, name: &str) -> Option<String> {
+    let at = |list: &[String]| list.iter().position(|n| n == name);
+    let lists = c
+        .plans
+        .iter()
+        .map(|(p, l)| (format!("plans.{p}"), l))
+        .chain(
+            c.routes
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("routes[{i}].policies"), &r.policies)),
+        )
+        .chain(
+            c.key_overrides
+                .iter()
+                .map(|(k, l)| (format!("key_overrides.{k}"), l)),
+        )
+        .chain(std::iter::once(("ip_policies".to_string(), &c.ip_policies)));
+    for (field, list) in lists {
+        if let Some(j) = at(list) {
+            return Some(format!("{field}[{j}]"));
+        }
+    }
+    None
+}
+
 #[server(endpoint = "save_plan")]
 pub async fn save_plan(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     original: String,
     name: String,
     policies: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     use crate::model::{bounded, name_list};
     let name = match bounded("name", &name) {
         Ok(n) => n.to_string(),
-        Err(e) => return Ok(Saved::invalid(e)),
+        Err(e) => return Err(AppError::from_policy(e, None)),
     };
     let list = match name_list("policies", &policies) {
         Ok(l) => l,
-        Err(e) => return Ok(Saved::invalid(e)),
+        Err(e) => return Err(AppError::from_policy(e, None)),
     };
     let action = if original.is_empty() {
         "create plan"
@@ -495,10 +575,10 @@ pub async fn save_plan(
 
 #[server(endpoint = "delete_plan")]
 pub async fn delete_plan(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     name: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     ctx::change_config(&csrf, &version, "delete plan", &name.clone(), move |c| {
         ctx::deleted(c.plans.remove(&name), format!("no plan is named {name:?}"))
     })
@@ -507,13 +587,13 @@ pub async fn delete_plan(
 
 #[server(endpoint = "save_route")]
 pub async fn save_route(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     original: String,
     name: String,
     pattern: String,
     policies: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     use crate::model::{bounded, name_list};
     use floodgate_shared::config::RouteSpec;
     let route = match (
@@ -526,7 +606,9 @@ pub async fn save_route(
             pattern: p.to_string(),
             policies: l,
         },
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Ok(Saved::invalid(e)),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return Err(AppError::from_policy(e, None));
+        }
     };
     let action = if original.is_empty() {
         "create route"
@@ -570,10 +652,10 @@ pub async fn save_route(
 
 #[server(endpoint = "delete_route")]
 pub async fn delete_route(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     name: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     ctx::change_config(&csrf, &version, "delete route", &name.clone(), move |c| {
         let i = c.routes.iter().position(|r| r.name == name);
         ctx::deleted(
@@ -586,21 +668,18 @@ pub async fn delete_route(
 
 #[server(endpoint = "save_override")]
 pub async fn save_override(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     key_id: String,
     policies: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     use crate::model::{bounded, name_list};
     let (key_id, list) = match (bounded("key_id", &key_id), name_list("policies", &policies)) {
         (Ok(k), Ok(l)) => (k.to_string(), l),
-        (Err(e), _) | (_, Err(e)) => return Ok(Saved::invalid(e)),
+        (Err(e), _) | (_, Err(e)) => return Err(AppError::from_policy(e, None)),
     };
     if let Err(e) = floodgate_shared::keys::validate_key_id(&key_id) {
-        return Ok(Saved::Invalid {
-            field: "key_id".into(),
-            message: e.message,
-        });
+        return Err(AppError::invalid("key_id", e.message));
     }
     ctx::change_config(
         &csrf,
@@ -624,10 +703,10 @@ pub async fn save_override(
 
 #[server(endpoint = "delete_override")]
 pub async fn delete_override(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     key_id: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     ctx::change_config(
         &csrf,
         &version,
@@ -643,13 +722,13 @@ pub async fn delete_override(
 
 #[server(endpoint = "save_ip_policies")]
 pub async fn save_ip_policies(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     policies: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     let list = match crate::model::name_list("policies", &policies) {
         Ok(l) => l,
-        Err(e) => return Ok(Saved::invalid(e)),
+        Err(e) => return Err(AppError::from_policy(e, None)),
     };
     ctx::change_config(
         &csrf,
@@ -673,23 +752,23 @@ pub async fn save_ip_policies(
 /// jitter (whole seconds, 0-60).
 #[server(endpoint = "save_headers")]
 pub async fn save_headers(
-    csrf: String,
+    #[server(default)] csrf: String,
     version: String,
     #[server(default)] ietf: String,
     retry_jitter_secs: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     let jitter = match crate::model::bounded("headers.retry_jitter_secs", &retry_jitter_secs) {
         Ok("") => 0,
         Ok(t) => match t.parse::<u32>() {
             Ok(n) => n,
             Err(_) => {
-                return Ok(Saved::Invalid {
-                    field: "headers.retry_jitter_secs".into(),
-                    message: "must be a whole number of seconds (0-60)".into(),
-                });
+                return Err(AppError::invalid(
+                    "headers.retry_jitter_secs",
+                    "must be a whole number of seconds (0-60)",
+                ));
             }
         },
-        Err(e) => return Ok(Saved::invalid(e)),
+        Err(e) => return Err(AppError::from_policy(e, None)),
     };
     let headers = floodgate_shared::config::HeaderSpec {
         ietf: matches!(ietf.as_str(), "on" | "true" | "1"),
@@ -715,32 +794,24 @@ pub async fn save_headers(
 
 /// The policies a request by `key_id` to `path` is checked against.
 #[server(endpoint = "effective")]
-pub async fn effective_limits(
-    key_id: String,
-    path: String,
-) -> Result<Vec<EffectiveRow>, ServerFnError> {
+pub async fn effective_limits(key_id: String, path: String) -> Result<Vec<EffectiveRow>, AppError> {
     use floodgate_shared::config::EdgeConfig;
     ctx::session().await?;
     let core = ctx::core()?;
-    let key_id =
-        crate::model::bounded("key_id", &key_id).map_err(|e| ServerFnError::new(e.to_string()))?;
-    let path =
-        crate::model::bounded("path", &path).map_err(|e| ServerFnError::new(e.to_string()))?;
-    let keys = floodgate_edge::admin::list_keys(&core.store)
-        .await
-        .map_err(|e| ServerFnError::new(e.to_string()))?;
+    let invalid = |e| AppError::from_policy(e, None);
+    let key_id = crate::model::bounded("key_id", &key_id).map_err(invalid)?;
+    let path = crate::model::bounded("path", &path).map_err(invalid)?;
+    let keys = floodgate_edge::admin::list_keys(&core.store).await?;
     let record = keys
         .iter()
         .find(|k| k.id == key_id)
-        .ok_or_else(|| ServerFnError::new(format!("no key has the id {key_id:?}")))?;
-    let (_, text) = crate::server::load_config(&core.store)
-        .await
-        .map_err(ctx::fail)?;
+        .ok_or_else(|| AppError::invalid("key_id", format!("no key has the id {key_id:?}")))?;
+    let (_, text) = crate::server::load_config(&core.store).await?;
     let config = text
         .as_deref()
         .map(EdgeConfig::from_json)
-        .ok_or_else(|| ServerFnError::new("no configuration is stored"))?
-        .map_err(|e| ServerFnError::new(e.to_string()))?;
+        .ok_or_else(|| AppError::invalid("(form)", "no configuration is stored"))?
+        .map_err(|e| AppError::invalid("(stored configuration)", e.to_string()))?;
     let route = config
         .routes()
         .resolve(if path.is_empty() { "/" } else { path })
@@ -748,15 +819,14 @@ pub async fn effective_limits(
     let rows = config
         .applicable(&record.id, &record.plan, route.as_ref(), true)
         .ok_or_else(|| {
-            ServerFnError::new(format!(
-                "the key's plan {:?} is not configured",
-                record.plan
-            ))
+            AppError::invalid(
+                "key_id",
+                format!("the key's plan {:?} is not configured", record.plan),
+            )
         })?
         .into_iter()
         .map(|(p, source)| {
-            let spec: floodgate_shared::policy::PolicySpec =
-                serde_json::from_str(&p.to_json()).expect("a policy's JSON is a spec");
+            let spec = floodgate_shared::policy::PolicySpec::from(p);
             EffectiveRow {
                 policy: p.name().to_string(),
                 source,
@@ -769,26 +839,22 @@ pub async fn effective_limits(
     Ok(rows)
 }
 
+/// The keys with their usage over the last hour and their last use.
 #[server(endpoint = "keys")]
-pub async fn list_keys() -> Result<Vec<KeyRow>, ServerFnError> {
+pub async fn list_keys() -> Result<Vec<KeyRow>, AppError> {
     ctx::session().await?;
     let core = ctx::core()?;
-    let keys = floodgate_edge::admin::list_keys(&core.store)
-        .await
-        .map_err(|e| ServerFnError::new(e.to_string()))?;
-    let minute = ctx::now_secs() / 60;
-    let last_hour: Vec<i64> = (0..60).map(|i| minute - i).collect();
-    let usage = crate::server::key_usage(
-        &crate::server::stats_hashes(&core.store, &last_hour)
-            .await
-            .map_err(ctx::fail)?,
-    );
+    let keys = floodgate_edge::admin::list_keys(&core.store).await?;
+    let now = ctx::now_secs();
+    let usage = crate::server::usage(&core.store, now, 60).await?;
+    let last_used = crate::server::last_used(&core.store).await?;
     Ok(keys
         .into_iter()
         .map(|k| {
             let (allowed, throttled, degraded) = usage.get(&k.id).copied().unwrap_or_default();
             KeyRow {
                 revoked: k.status == floodgate_shared::apikeys::KeyStatus::Revoked,
+                last_used: last_used.get(&k.id).copied(),
                 id: k.id,
                 label: k.owner,
                 plan: k.plan,
@@ -804,45 +870,29 @@ pub async fn list_keys() -> Result<Vec<KeyRow>, ServerFnError> {
 /// Creates a key on a configured plan; its secret is in the answer and nowhere else.
 #[server(endpoint = "create_key")]
 pub async fn create_key(
-    csrf: String,
+    #[server(default)] csrf: String,
     label: String,
     plan: String,
-) -> Result<(Saved, Option<CreatedKey>), ServerFnError> {
+) -> Result<CreatedKey, AppError> {
     let (core, session) = ctx::mutation(&csrf).await?;
-    if let Err(e) = check_key_fields(&core, &label, &plan).await? {
-        return Ok((e, None));
+    if ctx::plain_form_post() {
+        // the answer would be lost in the redirect back to the page: refuse before
+        // a key whose secret nobody saw exists
+        return Err(AppError::BadRequest(
+            "creating a key shows its secret once, on this page, which needs JavaScript: turn \
+             it on, or use floodgate-cli"
+                .into(),
+        ));
     }
-    let (record, secret) = match floodgate_edge::admin::create_key(
-        &core.store,
-        label.trim(),
-        plan.trim(),
-        ctx::now_secs(),
-    )
-    .await
-    {
-        Ok(r) => r,
-        Err(floodgate_edge::admin::AdminError::Invalid(e)) => return Ok((Saved::invalid(e), None)),
-        Err(e) => return Err(ServerFnError::new(e.to_string())),
-    };
-    crate::server::audit(
-        &core.store,
-        &ctx::entry(
-            &session.user,
-            "create key",
-            &record.id,
-            None,
-            Some(record.to_json()),
-        ),
-    )
-    .await
-    .map_err(ctx::fail)?;
-    Ok((
-        Saved::Ok(format!("Created key {}", record.id)),
-        Some(CreatedKey {
-            id: record.id,
-            secret,
-        }),
-    ))
+    check_key_fields(&core, &label, &plan).await?;
+    let (record, secret) =
+        floodgate_edge::admin::create_key(&core.store, label.trim(), plan.trim(), ctx::now_secs())
+            .await?;
+    ctx::audit_key(&core, &session, "create key", None, &record).await?;
+    Ok(CreatedKey {
+        id: record.id,
+        secret,
+    })
 }
 
 /// Label ≤ 128 characters without control characters; the plan must be configured.
@@ -851,127 +901,109 @@ async fn check_key_fields(
     core: &crate::server::Core,
     label: &str,
     plan: &str,
-) -> Result<Result<(), Saved>, ServerFnError> {
-    let bad = |field: &str, message: String| {
-        Ok(Err(Saved::Invalid {
-            field: field.into(),
-            message,
-        }))
-    };
+) -> Result<(), AppError> {
     let label = label.trim();
     if label.chars().count() > 128 || label.chars().any(char::is_control) {
-        return bad(
+        return Err(AppError::invalid(
             "label",
-            "must be at most 128 characters, without control characters".into(),
-        );
+            "must be at most 128 characters, without control characters",
+        ));
     }
     let plan = plan.trim();
-    let (_, text) = crate::server::load_config(&core.store)
-        .await
-        .map_err(ctx::fail)?;
+    let (_, text) = crate::server::load_config(&core.store).await?;
     let config = text
         .as_deref()
         .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok());
     match config {
-        Some(c) if c.has_plan(plan) => Ok(Ok(())),
+        Some(c) if c.has_plan(plan) => Ok(()),
         Some(c) => {
             let plans: Vec<&str> = c.spec().plans.keys().map(String::as_str).collect();
             let shown: String = plan.chars().take(40).collect();
-            bad(
+            Err(AppError::invalid(
                 "plan",
                 format!(
                     "no plan is named {shown:?}; configured: {}",
                     plans.join(", ")
                 ),
-            )
+            ))
         }
-        None => bad("plan", "no configuration is stored yet".into()),
+        None => Err(AppError::invalid("plan", "no configuration is stored yet")),
     }
 }
 
+/// Changes a key's label and plan (a revoked key is read-only).
 #[server(endpoint = "update_key")]
 pub async fn update_key(
-    csrf: String,
+    #[server(default)] csrf: String,
     id: String,
     label: String,
     plan: String,
-) -> Result<Saved, ServerFnError> {
+) -> Result<Saved, AppError> {
     let (core, session) = ctx::mutation(&csrf).await?;
-    if let Err(e) = check_key_fields(&core, &label, &plan).await? {
-        return Ok(e);
-    }
+    check_key_fields(&core, &label, &plan).await?;
     let (label, plan) = (label.trim().to_string(), plan.trim().to_string());
-    match floodgate_edge::admin::update_key(&core.store, id.trim(), |r| {
+    let (before, after) = floodgate_edge::admin::update_key(&core.store, id.trim(), |r| {
         r.owner = label;
         r.plan = plan;
     })
-    .await
-    {
-        Ok((before, after)) => {
-            crate::server::audit(
-                &core.store,
-                &ctx::entry(
-                    &session.user,
-                    "edit key",
-                    &after.id,
-                    Some(before.to_json()),
-                    Some(after.to_json()),
-                ),
-            )
-            .await
-            .map_err(ctx::fail)?;
-            Ok(Saved::Ok(format!("Saved key {}", after.id)))
-        }
-        Err(floodgate_edge::admin::AdminError::Invalid(e)) => Ok(Saved::invalid(e)),
-        Err(e) => Ok(Saved::Invalid {
-            field: "(form)".into(),
-            message: e.to_string(),
-        }),
-    }
+    .await?;
+    ctx::audit_key(&core, &session, "edit key", Some(&before), &after).await?;
+    Ok(Saved::Ok(format!("Saved key {}", after.id)))
 }
 
+/// Revokes a key: permanent, so the form must carry `confirm=yes` (the page asks
+/// first).
 #[server(endpoint = "revoke_key")]
-pub async fn revoke_key(csrf: String, id: String) -> Result<Saved, ServerFnError> {
+pub async fn revoke_key(
+    #[server(default)] csrf: String,
+    id: String,
+    #[server(default)] confirm: String,
+) -> Result<Saved, AppError> {
     let (core, session) = ctx::mutation(&csrf).await?;
-    match floodgate_edge::admin::revoke_key(&core.store, id.trim()).await {
-        Ok(after) => {
-            crate::server::audit(
-                &core.store,
-                &ctx::entry(
-                    &session.user,
-                    "revoke key",
-                    &after.id,
-                    None,
-                    Some(after.to_json()),
-                ),
-            )
-            .await
-            .map_err(ctx::fail)?;
-            Ok(Saved::Ok(format!("Revoked key {}", after.id)))
-        }
-        Err(e) => Ok(Saved::Invalid {
-            field: "(form)".into(),
-            message: e.to_string(),
-        }),
+    if confirm != "yes" {
+        return Err(AppError::invalid(
+            "confirm",
+            "revoking a key cannot be undone: confirm it first",
+        ));
     }
+    let before = floodgate_edge::admin::key_by_id(&core.store, id.trim()).await?;
+    if before.status == floodgate_shared::apikeys::KeyStatus::Revoked {
+        return Err(AppError::invalid(
+            "id",
+            format!("key {} is revoked already", before.id),
+        ));
+    }
+    let after = floodgate_edge::admin::revoke_key(&core.store, id.trim()).await?;
+    ctx::audit_key(&core, &session, "revoke key", Some(&before), &after).await?;
+    Ok(Saved::Ok(format!("Revoked key {}", after.id)))
 }
 
-/// Per-minute counters of the last `minutes` minutes (at most a day).
+/// The traffic page's data: `range` (`15m`, `1h`, `24h`) at `resolution` (`10s`,
+/// `1m`, `10m`, `1h`; the range's default when absent or not offered).
 #[server(endpoint = "traffic")]
-pub async fn traffic_stats(minutes: u32) -> Result<Traffic, ServerFnError> {
+pub async fn traffic_stats(
+    #[server(default)] range: String,
+    #[server(default)] resolution: String,
+) -> Result<Traffic, AppError> {
+    use crate::model::{Range, Resolution};
     ctx::session().await?;
     let core = ctx::core()?;
-    let window = minutes.clamp(1, 24 * 60) as usize;
-    crate::server::traffic(&core.store, ctx::now_secs() / 60, window)
-        .await
-        .map_err(ctx::fail)
+    let range = Range::parse(&range).unwrap_or(Range::Minutes15);
+    let resolution = range.resolution(Resolution::parse(&resolution));
+    let (_, text) = crate::server::load_config(&core.store).await?;
+    let patterns = text
+        .as_deref()
+        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
+        .map(|c| crate::server::patterns(c.spec()))
+        .unwrap_or_default();
+    Ok(crate::server::traffic(&core.store, ctx::now_secs(), range, resolution, patterns).await?)
 }
 
+/// The newest 200 audit records, each with the fields its change touched.
 #[server(endpoint = "audit")]
-pub async fn audit_entries() -> Result<Vec<AuditEntry>, ServerFnError> {
+pub async fn audit_entries() -> Result<Vec<AuditRow>, AppError> {
     ctx::session().await?;
     let core = ctx::core()?;
-    crate::server::audit_log(&core.store, 200)
-        .await
-        .map_err(ctx::fail)
+    let entries = crate::server::audit_log(&core.store, 200).await?;
+    Ok(entries.into_iter().map(AuditRow::from).collect())
 }

@@ -3,11 +3,15 @@
 //! ```text
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //!                     [--redis-ca-file ca.pem] [--site-root target/site] [--secure-cookies]
+//!                     [--trusted-proxy CIDR]...
 //! ```
 //! `--redis` takes any store URL: `rediss://user:password@host:port` (TLS, ACL
 //! user; the CA file also from `FLOODGATE_REDIS_CA_FILE`), `redis+sentinel://`,
 //! `redis+cluster://`, or the deployment's `https://` REST URL (its token in
 //! `FLOODGATE_REST_TOKEN` or `UPSTASH_REDIS_REST_TOKEN`).
+//! The client address (for the sign-in limiter) is the connection's peer; with
+//! `--trusted-proxy` (an address or CIDR, repeatable), a request from such a proxy
+//! is attributed to the nearest address in its `X-Forwarded-For` that is not one.
 //! The first operator comes from `FLOODGATE_ADMIN_USER` and
 //! `FLOODGATE_ADMIN_PASSWORD` (or `FLOODGATE_ADMIN_PASSWORD_FILE`); it is created
 //! at start unless an operator of that name exists (the password is never
@@ -22,7 +26,7 @@ use floodgate_edge::store::{NativeStore, StoreOptions};
 fn usage(message: &str) -> ! {
     eprintln!("floodgate-dashboard: {message}");
     eprintln!(
-        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--redis-ca-file PEM] [--site-root DIR] [--secure-cookies]"
+        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--redis-ca-file PEM] [--site-root DIR] [--secure-cookies] [--trusted-proxy CIDR]..."
     );
     std::process::exit(2)
 }
@@ -33,6 +37,7 @@ async fn main() {
     let mut redis = "redis://127.0.0.1:6379".to_string();
     let mut site_root = "target/site".to_string();
     let mut secure_cookies = false;
+    let mut trusted_proxies: Vec<ipnet::IpNet> = vec![];
     let mut ca_file = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -50,6 +55,14 @@ async fn main() {
             "--redis-ca-file" => ca_file = Some(std::path::PathBuf::from(value())),
             "--site-root" => site_root = value(),
             "--secure-cookies" => secure_cookies = true,
+            "--trusted-proxy" => {
+                let v = value();
+                let net = v
+                    .parse::<ipnet::IpNet>()
+                    .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .unwrap_or_else(|e| usage(&format!("--trusted-proxy {v:?}: {e}")));
+                trusted_proxies.push(net);
+            }
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
@@ -57,12 +70,10 @@ async fn main() {
     if ca_file.is_some() {
         options.ca_file = ca_file;
     }
-    let store = NativeStore::connect(&options).await.unwrap_or_else(|e| {
-        usage(&format!(
-            "cannot reach Redis at {}: {e}",
-            floodgate_edge::store::resp::redact(&redis)
-        ))
-    });
+    // the message names the URL, its password redacted
+    let store = NativeStore::connect(&options)
+        .await
+        .unwrap_or_else(|e| usage(&format!("cannot reach the store: {e}")));
     let user = std::env::var("FLOODGATE_ADMIN_USER").ok();
     let password = std::env::var("FLOODGATE_ADMIN_PASSWORD").ok().or_else(|| {
         std::env::var("FLOODGATE_ADMIN_PASSWORD_FILE")
@@ -87,7 +98,7 @@ async fn main() {
         ),
         (None, None) => {}
     }
-    let state = app_state(store, &site_root, secure_cookies);
+    let state = app_state(store, &site_root, secure_cookies).trusting(trusted_proxies);
     let app = floodgate_dashboard::server::router(state);
     let listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -1,11 +1,12 @@
 //! What the pages and the server functions exchange, and the pure pieces of the
-//! dashboard (form → policy, chart geometry, percentiles), which build for the
-//! server and the browser alike and are tested natively.
+//! dashboard (form → policy, percentiles), which build for the server and the
+//! browser alike and are tested natively.
 
 use std::collections::BTreeMap;
 
 use floodgate_shared::config::{ConfigSpec, Source};
-use floodgate_shared::policy::{Policy, PolicyError, PolicySpec};
+use floodgate_shared::policy::{FailureMode, Policy, PolicyError, PolicySpec};
+use floodgate_shared::stats::Endpoint;
 use serde::{Deserialize, Serialize};
 
 /// The signed-in operator, and the token every mutation must carry.
@@ -23,44 +24,58 @@ pub struct ConfigView {
     pub spec: Option<ConfigSpec>,
 }
 
-/// The answer to a form: saved, or why not (next to `field` when it names one).
+/// Why a server function refused: the one error type of the dashboard's API, sent
+/// as JSON with the HTTP status of [`AppError::status`] (the guard sets it, for the
+/// guard's own refusals too), so the pages tell a session that ended from an outage
+/// from a field error without reading text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Saved {
-    Ok(String),
+pub enum AppError {
+    /// No session, or it ended (expired, signed out): sign in again. 401.
+    SignedOut,
+    /// Wrong user name or password. 401.
+    WrongCredentials,
+    /// Too many sign-in attempts from here; try again after `wait_secs`. 429.
+    TooManyAttempts { wait_secs: u64 },
+    /// Refused: not from the dashboard's own pages, or the form's CSRF token is
+    /// missing or stale. 403.
+    Forbidden(String),
+    /// A field of the form is invalid: `field` as the edge's validation names it
+    /// (to place the message next to the form's field), `label` as an operator
+    /// reads it. 422.
     Invalid {
         field: String,
+        label: String,
         message: String,
     },
-    /// Someone else saved since this form was loaded.
+    /// Someone saved the configuration after this form was loaded. 409.
     Conflict(String),
-    /// A backtest of the form's proposal (nothing saved).
-    Preview {
-        sampled: u64,
-        rows: Vec<BacktestRow>,
-    },
+    /// The dashboard's store (Redis) cannot be reached. 503.
+    Unavailable(String),
+    /// The request could not be read (a missing or malformed field). 400.
+    BadRequest(String),
+    /// The dashboard's server cannot be reached (seen in the browser only).
+    Unreachable(String),
+    /// Anything else. 500.
+    Internal(String),
 }
 
-/// One endpoint of a backtest: the edge's recent requests replayed against the
-/// current configuration and against the proposal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BacktestRow {
-    pub route: String,
-    pub requests: u64,
-    /// 429s the current configuration gives these requests.
-    pub throttled_now: u64,
-    /// 429s the proposal would give, and to how many of the keys seen.
-    pub throttled: u64,
-    pub keys: u64,
-    pub keys_seen: u64,
-    /// Requests a shadow policy of the proposal would have throttled.
-    pub shadow: u64,
-}
+impl AppError {
+    /// A field error whose label is the field itself.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let field = field.into();
+        AppError::Invalid {
+            label: crate::describe::describe_field(&field, None),
+            field,
+            message: message.into(),
+        }
+    }
 
-impl Saved {
-    /// An error of the edge's validation, on the form field it is about: a list
-    /// element's index is dropped (`policies[2]` → `policies`), since the form edits
-    /// the list as one field.
-    pub fn invalid(e: PolicyError) -> Self {
+    /// An error of the edge's validation: on the form field it is about (a list
+    /// element's index is dropped, `policies[2]` → `policies`, since a form edits the
+    /// list as one field), labelled for operators with the names `spec` gives the
+    /// indexes (`routes[0].policies` → `Route "search", limits`).
+    pub fn from_policy(e: PolicyError, spec: Option<&ConfigSpec>) -> Self {
+        let label = crate::describe::describe_field(&e.field, spec);
         let mut field = e.field;
         while field.ends_with(']') {
             match field.rfind('[') {
@@ -74,32 +89,128 @@ impl Saved {
                 _ => break,
             }
         }
-        Saved::Invalid {
+        AppError::Invalid {
             field,
+            label,
             message: e.message,
         }
     }
 
-    /// The message to show next to `field`, if this answer is about it.
+    pub fn status(&self) -> u16 {
+        match self {
+            AppError::SignedOut | AppError::WrongCredentials => 401,
+            AppError::TooManyAttempts { .. } => 429,
+            AppError::Forbidden(_) => 403,
+            AppError::Invalid { .. } => 422,
+            AppError::Conflict(_) => 409,
+            AppError::Unavailable(_) => 503,
+            AppError::BadRequest(_) => 400,
+            AppError::Unreachable(_) => 502,
+            AppError::Internal(_) => 500,
+        }
+    }
+
+    /// The message for `field` of a form, if this error is about it.
     pub fn message_for(&self, field: &str) -> Option<String> {
         match self {
-            Saved::Invalid { field: f, message } if f == field => Some(message.clone()),
+            AppError::Invalid {
+                field: f, message, ..
+            } if f == field => Some(message.clone()),
             _ => None,
         }
     }
 
-    /// The message for the whole form: success, conflict, or an error on a field the
-    /// form does not show.
-    pub fn form_message(&self, fields: &[&str]) -> Option<(bool, String)> {
+    /// Whether the page should show this as an outage banner.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, AppError::Unavailable(_) | AppError::Unreachable(_))
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Saved::Ok(m) => Some((true, m.clone())),
-            Saved::Conflict(m) => Some((false, m.clone())),
-            Saved::Invalid { field, message } if !fields.contains(&field.as_str()) => {
-                Some((false, format!("{field}: {message}")))
+            AppError::SignedOut => f.write_str("Your session has ended; sign in again."),
+            AppError::WrongCredentials => f.write_str("Wrong user name or password"),
+            AppError::TooManyAttempts { wait_secs } => {
+                write!(f, "Too many sign-in attempts; try again in {wait_secs} s")
             }
-            Saved::Invalid { .. } | Saved::Preview { .. } => None,
+            AppError::Invalid { label, message, .. } => write!(f, "{label}: {message}"),
+            AppError::Forbidden(m) | AppError::Conflict(m) | AppError::BadRequest(m) => {
+                f.write_str(m)
+            }
+            AppError::Unavailable(m) => write!(
+                f,
+                "The dashboard cannot reach its store (Redis): {m}. Nothing was changed; \
+                 it retries on its own."
+            ),
+            AppError::Unreachable(m) => write!(
+                f,
+                "The dashboard's server cannot be reached ({m}); it retries on its own."
+            ),
+            AppError::Internal(m) => write!(f, "Internal error: {m}"),
         }
     }
+}
+
+impl std::error::Error for AppError {}
+
+impl leptos::server_fn::error::FromServerFnError for AppError {
+    type Encoder = leptos::server_fn::codec::JsonEncoding;
+
+    fn from_server_fn_error(e: leptos::server_fn::error::ServerFnErrorErr) -> Self {
+        use leptos::server_fn::error::ServerFnErrorErr as E;
+        match e {
+            E::Args(m) => AppError::BadRequest(format!("the form could not be read: {m}")),
+            E::MissingArg(m) => AppError::BadRequest(format!("the form lacks the field {m}")),
+            E::Request(m) => AppError::Unreachable(m),
+            other => AppError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// What a form answers when it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Saved {
+    /// Saved (the message says what).
+    Ok(String),
+    /// A backtest of the form's proposal (nothing saved).
+    Preview(Backtest),
+}
+
+/// The edge's recent decisions replayed against the current configuration and
+/// against a proposal, with what the replay cannot see.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backtest {
+    /// Decisions in the sample, and the period they span (Unix ms).
+    pub sampled: u64,
+    pub from_ms: i64,
+    pub to_ms: i64,
+    /// Decisions the edges made in that period but could not add to the sample.
+    pub dropped: u64,
+    /// Sampled decisions taken without Redis: replayed as if Redis had answered.
+    pub degraded: u64,
+    /// Policies keyed by client address, which the sample cannot replay.
+    pub ip_policies: Vec<String>,
+    pub rows: Vec<BacktestRow>,
+    /// Route name → its path pattern (of the stored configuration).
+    pub patterns: BTreeMap<String, String>,
+}
+
+/// One endpoint of a backtest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BacktestRow {
+    pub endpoint: Endpoint,
+    pub requests: u64,
+    /// 429s the edge answered these requests (its own record).
+    pub observed: u64,
+    /// 429s the current configuration gives these requests when replayed.
+    pub throttled_now: u64,
+    /// 429s the proposal would give, and to how many of the keys seen.
+    pub throttled: u64,
+    pub keys: u64,
+    pub keys_seen: u64,
+    /// Requests a shadow policy of the proposal would have throttled.
+    pub shadow: u64,
 }
 
 /// A key as the dashboard lists it (never its secret).
@@ -109,7 +220,10 @@ pub struct KeyRow {
     pub label: String,
     pub plan: String,
     pub revoked: bool,
+    /// Unix seconds.
     pub created: i64,
+    /// Unix seconds of the key's latest decision at any edge.
+    pub last_used: Option<i64>,
     /// Decisions over the last hour.
     pub allowed: u64,
     pub throttled: u64,
@@ -133,7 +247,120 @@ pub struct EffectiveRow {
     pub failure_mode: String,
 }
 
-/// Per-minute counts of one endpoint (or key).
+/// The traffic page's time range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Range {
+    Minutes15,
+    Hour1,
+    Hours24,
+}
+
+/// The width of one bar of the traffic charts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Resolution {
+    Seconds10,
+    Minute1,
+    Minutes10,
+    Hour1,
+}
+
+impl Range {
+    pub const ALL: [Range; 3] = [Range::Minutes15, Range::Hour1, Range::Hours24];
+
+    pub fn secs(self) -> i64 {
+        match self {
+            Range::Minutes15 => 900,
+            Range::Hour1 => 3_600,
+            Range::Hours24 => 86_400,
+        }
+    }
+
+    /// The query value (`?range=`).
+    pub fn code(self) -> &'static str {
+        match self {
+            Range::Minutes15 => "15m",
+            Range::Hour1 => "1h",
+            Range::Hours24 => "24h",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Range::Minutes15 => "15 minutes",
+            Range::Hour1 => "1 hour",
+            Range::Hours24 => "24 hours",
+        }
+    }
+
+    pub fn parse(code: &str) -> Option<Self> {
+        Range::ALL.into_iter().find(|r| r.code() == code)
+    }
+
+    /// How often the traffic page refreshes this range (seconds).
+    pub fn refresh_secs(self) -> u64 {
+        match self {
+            Range::Minutes15 | Range::Hour1 => 3,
+            Range::Hours24 => 30,
+        }
+    }
+
+    /// The resolutions offered for this range, the default first.
+    pub fn resolutions(self) -> &'static [Resolution] {
+        match self {
+            Range::Minutes15 => &[Resolution::Seconds10, Resolution::Minute1],
+            Range::Hour1 => &[Resolution::Minute1, Resolution::Seconds10],
+            Range::Hours24 => &[Resolution::Minutes10, Resolution::Hour1],
+        }
+    }
+
+    /// `res` if this range offers it, else the default.
+    pub fn resolution(self, res: Option<Resolution>) -> Resolution {
+        res.filter(|r| self.resolutions().contains(r))
+            .unwrap_or(self.resolutions()[0])
+    }
+}
+
+impl Resolution {
+    pub fn secs(self) -> i64 {
+        match self {
+            Resolution::Seconds10 => 10,
+            Resolution::Minute1 => 60,
+            Resolution::Minutes10 => 600,
+            Resolution::Hour1 => 3_600,
+        }
+    }
+
+    pub fn code(self) -> &'static str {
+        match self {
+            Resolution::Seconds10 => "10s",
+            Resolution::Minute1 => "1m",
+            Resolution::Minutes10 => "10m",
+            Resolution::Hour1 => "1h",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Resolution::Seconds10 => "10 s",
+            Resolution::Minute1 => "1 min",
+            Resolution::Minutes10 => "10 min",
+            Resolution::Hour1 => "1 h",
+        }
+    }
+
+    pub fn parse(code: &str) -> Option<Self> {
+        [
+            Resolution::Seconds10,
+            Resolution::Minute1,
+            Resolution::Minutes10,
+            Resolution::Hour1,
+        ]
+        .into_iter()
+        .find(|r| r.code() == code)
+    }
+}
+
+/// Counts of one endpoint per bar.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Series {
     pub allowed: Vec<u64>,
@@ -143,23 +370,97 @@ pub struct Series {
     pub shadow: Vec<u64>,
 }
 
-/// The traffic page's data: `minutes` (Unix minutes, oldest first) index every series.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+impl Series {
+    pub fn zeros(n: usize) -> Self {
+        Series {
+            allowed: vec![0; n],
+            throttled: vec![0; n],
+            degraded: vec![0; n],
+            shadow: vec![0; n],
+        }
+    }
+}
+
+/// The traffic page's data: bar `i` covers `[start + i × step, start + (i+1) × step)`
+/// (Unix seconds, UTC).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Traffic {
-    pub minutes: Vec<i64>,
-    pub routes: BTreeMap<String, Series>,
-    /// (key id, throttled) over the window, most throttled first.
+    pub range: Range,
+    pub resolution: Resolution,
+    pub start: i64,
+    pub bars: usize,
+    /// Per endpoint, in the order [`Endpoint`] sorts (routes by name, unmatched last).
+    pub endpoints: Vec<(Endpoint, Series)>,
+    /// Route name → its path pattern (of the stored configuration).
+    pub patterns: BTreeMap<String, String>,
+    /// (key id, 429s) over the last `top_minutes` minutes, most throttled first.
     pub top_throttled: Vec<(String, u64)>,
-    /// Store-call latency per minute, µs (None when no call was made).
+    pub top_minutes: u32,
+    /// Store-call latency per bar, µs (None when no call was made).
     pub p50_us: Vec<Option<u64>>,
     pub p99_us: Vec<Option<u64>>,
-    /// Decisions taken without Redis over the window: per failure mode, and per
-    /// (route, mode).
-    pub degraded_by_mode: BTreeMap<String, u64>,
-    pub degraded_by_route_mode: BTreeMap<(String, String), u64>,
-    /// Circuit-breaker openings and time open (ms) over the window, all edges.
+    /// Decisions taken without Redis over the range: per failure mode, and per
+    /// (endpoint, mode).
+    pub degraded_by_mode: Vec<(FailureMode, u64)>,
+    pub degraded_by_endpoint_mode: Vec<(Endpoint, FailureMode, u64)>,
+    /// Circuit-breaker openings and time open (ms) over the range, all edges.
     pub breaker_opened: u64,
     pub breaker_open_ms: u64,
+}
+
+impl Traffic {
+    pub fn step(&self) -> i64 {
+        self.resolution.secs()
+    }
+}
+
+/// How the pages name an endpoint: its path pattern and route name, or the one
+/// name of unmatched traffic.
+pub fn endpoint_label(e: &Endpoint, patterns: &BTreeMap<String, String>) -> String {
+    match e {
+        Endpoint::Unmatched => UNMATCHED.to_string(),
+        Endpoint::Route(r) => match patterns.get(r) {
+            Some(p) => format!("{p} (route {r})"),
+            None => format!("route {r} (no longer configured)"),
+        },
+    }
+}
+
+/// The one name of traffic that matched no route, on every page.
+pub const UNMATCHED: &str = "Unmatched paths (no route)";
+
+/// An audit record as the page shows it: the fields the change touched, or, when
+/// the item's text was cut for the log (not JSON any more), the texts as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRow {
+    pub at: i64,
+    pub user: String,
+    pub action: String,
+    pub target: String,
+    pub changes: Option<Vec<crate::describe::Change>>,
+    /// The item was created (nothing before) or removed (nothing after).
+    pub created: bool,
+    pub removed: bool,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+impl From<AuditEntry> for AuditRow {
+    fn from(e: AuditEntry) -> Self {
+        let changes = crate::describe::diff(e.before.as_deref(), e.after.as_deref());
+        let raw = changes.is_none();
+        AuditRow {
+            at: e.at,
+            user: e.user,
+            action: e.action,
+            target: e.target,
+            changes,
+            created: e.before.is_none(),
+            removed: e.after.is_none(),
+            before: e.before.filter(|_| raw),
+            after: e.after.filter(|_| raw),
+        }
+    }
 }
 
 /// One audit record (the type the CLI's audited saves write too).
@@ -373,51 +674,6 @@ pub fn histogram_quantile(hist: &[(u64, u64)], q: f64) -> Option<u64> {
     None
 }
 
-/// An SVG chart's drawing box.
-pub const CHART_W: f64 = 600.0;
-pub const CHART_H: f64 = 160.0;
-
-/// The points of a polyline for `values` scaled to `max` over the chart box
-/// (`None` values break nothing: they are drawn at 0).
-pub fn polyline(values: &[Option<u64>], max: u64) -> String {
-    let n = values.len().max(2) - 1;
-    let max = max.max(1) as f64;
-    values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let x = CHART_W * i as f64 / n as f64;
-            let y = CHART_H - CHART_H * (v.unwrap_or(0) as f64).min(max) / max;
-            format!("{x:.1},{y:.1}")
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The y coordinate of a horizontal line at `value` on a chart scaled to `max`.
-pub fn level(value: u64, max: u64) -> f64 {
-    let max = max.max(1) as f64;
-    CHART_H - CHART_H * (value as f64).min(max) / max
-}
-
-/// A "nice" axis maximum ≥ `v` (1, 2, 5 × 10^k).
-pub fn nice_max(v: u64) -> u64 {
-    let mut m = 1u64;
-    loop {
-        for f in [1, 2, 5] {
-            if let Some(c) = m.checked_mul(f)
-                && c >= v
-            {
-                return c;
-            }
-        }
-        match m.checked_mul(10) {
-            Some(n) => m = n,
-            None => return u64::MAX,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,11 +767,13 @@ mod tests {
         }
         let e = PolicyError::new("dimensions[1]", "unknown");
         assert_eq!(
-            Saved::invalid(e).message_for("dimensions"),
+            AppError::from_policy(e, None).message_for("dimensions"),
             Some("unknown".into())
         );
         let e = PolicyError::new("plans.a[0]", "no policy");
-        assert!(matches!(Saved::invalid(e), Saved::Invalid { field, .. } if field == "plans.a"));
+        assert!(
+            matches!(AppError::from_policy(e, None), AppError::Invalid { field, .. } if field == "plans.a")
+        );
         let mut f = form();
         f.name = "x".repeat(1 << 20);
         assert!(f.to_spec().unwrap_err().message.contains("longer than"));
@@ -529,26 +787,5 @@ mod tests {
         assert_eq!(histogram_quantile(&h, 1.0), Some(u64::MAX));
         assert_eq!(histogram_quantile(&[], 0.5), None);
         assert_eq!(histogram_quantile(&[(250, 0)], 0.5), None);
-    }
-
-    #[test]
-    fn chart_geometry_stays_inside_the_box() {
-        let pts = polyline(&[Some(0), Some(50), None, Some(1_000)], 100);
-        let coords: Vec<(f64, f64)> = pts
-            .split(' ')
-            .map(|p| {
-                let (x, y) = p.split_once(',').unwrap();
-                (x.parse().unwrap(), y.parse().unwrap())
-            })
-            .collect();
-        assert_eq!(coords.len(), 4);
-        assert_eq!(coords[0], (0.0, CHART_H));
-        assert_eq!(coords[1].1, CHART_H / 2.0);
-        assert_eq!(coords[3], (CHART_W, 0.0), "clipped at the top");
-        assert_eq!(level(5_000, 10_000), CHART_H / 2.0);
-        assert_eq!(nice_max(0), 1);
-        assert_eq!(nice_max(7), 10);
-        assert_eq!(nice_max(101), 200);
-        assert_eq!(nice_max(u64::MAX), u64::MAX);
     }
 }

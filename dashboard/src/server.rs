@@ -4,43 +4,58 @@
 //! check on every mutation, security headers).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use axum::extract::{FromRef, Request, State};
+use axum::extract::{ConnectInfo, FromRef, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use floodgate_edge::admin::{self, AdminError};
-use floodgate_edge::store::{NativeStore, SetOptions, Store, StoreError};
-use floodgate_shared::audit::SaveOutcome;
+use floodgate_edge::admin;
+use floodgate_edge::store::{NativeStore, SetOptions, Store, StoreError, Value};
 use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
+use floodgate_shared::stats::{
+    Counted, Endpoint, KeyField, LAST_USED_KEY, Outcome, SAMPLE_KEY, SampleEntry, StatsField,
+    key_minute_key, minute_key, ten_second_key,
+};
+use ipnet::IpNet;
 use leptos::config::LeptosOptions;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use crate::model::{AuditEntry, Series, Traffic, histogram_quantile};
+use crate::model::{AppError, AuditEntry, Range, Resolution, Series, Traffic, histogram_quantile};
 
 pub const OPERATOR_PREFIX: &str = "fg:dash:operator:";
 pub const SESSION_PREFIX: &str = "fg:dash:session:";
 pub use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY};
 pub const SESSION_TTL_SECS: u64 = 12 * 3600;
 pub const SESSION_COOKIE: &str = "fg_session";
-/// Sign-in attempts allowed per client address and per user name.
-pub const LOGIN_QUOTA: &str = "10/1m";
+/// Marks a browser that signed in before (`docs/dashboard.md`, the threat model).
+pub const DEVICE_COOKIE: &str = "fg_device";
+/// Sign-in attempts allowed per client address (every attempt counts), and per
+/// browser that signed in before (its device cookie).
+pub const LOGIN_ADDRESS_QUOTA: &str = "10/1m";
+/// Sign-in attempts allowed per user name from clients that never signed in as
+/// that user (new addresses without the user's device cookie).
+pub const LOGIN_USER_QUOTA: &str = "10/1m";
+/// How long an address or a browser stays trusted after a successful sign-in.
+pub const TRUST_TTL_SECS: u64 = 30 * 86_400;
 /// The largest request body accepted (forms carry at most a few KB; 1 MB
 /// strings are refused with a field error, larger bodies with 413).
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
 /// What every request handler shares.
 pub struct Core {
     pub store: NativeStore,
-    /// Adds `Secure` to the session cookie (set behind TLS).
+    /// Adds `Secure` to the cookies (set behind TLS).
     pub secure_cookies: bool,
+    /// Proxies whose `X-Forwarded-For` names the client (none by default: the
+    /// client is the connection's peer).
+    pub trusted_proxies: Vec<IpNet>,
 }
 
 #[derive(Clone)]
@@ -67,14 +82,41 @@ pub struct Session {
 pub enum DashError {
     #[error("{0}")]
     Store(#[from] StoreError),
+    #[error("Too many sign-in attempts; try again in {wait_secs} s")]
+    TooManyAttempts { wait_secs: u64 },
+    #[error("Wrong user name or password")]
+    WrongCredentials,
     #[error("{0}")]
     Refused(String),
 }
 
-impl From<AdminError> for DashError {
-    fn from(e: AdminError) -> Self {
+impl From<DashError> for AppError {
+    fn from(e: DashError) -> Self {
         match e {
-            AdminError::Store(e) => DashError::Store(e),
+            DashError::Store(e) => AppError::Unavailable(e.to_string()),
+            DashError::TooManyAttempts { wait_secs } => AppError::TooManyAttempts { wait_secs },
+            DashError::WrongCredentials => AppError::WrongCredentials,
+            DashError::Refused(m) => AppError::Internal(m),
+        }
+    }
+}
+
+impl From<floodgate_edge::admin::AdminError> for AppError {
+    fn from(e: floodgate_edge::admin::AdminError) -> Self {
+        use floodgate_edge::admin::AdminError as A;
+        match e {
+            A::Invalid(e) => AppError::from_policy(e, None),
+            A::Store(e) => AppError::Unavailable(e.to_string()),
+            A::NotFound(m) => AppError::invalid("id", m),
+            e @ (A::Conflict { .. } | A::Unversioned { .. }) => AppError::Conflict(e.to_string()),
+        }
+    }
+}
+
+impl From<floodgate_edge::admin::AdminError> for DashError {
+    fn from(e: floodgate_edge::admin::AdminError) -> Self {
+        match e {
+            floodgate_edge::admin::AdminError::Store(e) => DashError::Store(e),
             other => DashError::Refused(other.to_string()),
         }
     }
@@ -103,6 +145,55 @@ pub fn same_secret(a: &str, b: &str) -> bool {
 
 async fn get_string(store: &NativeStore, key: &str) -> Result<Option<String>, DashError> {
     Ok(store.get_text(key).await?)
+}
+
+/// The replies of `command key extra…` for each of `keys` (one batched round trip).
+async fn per_key(
+    store: &NativeStore,
+    command: &[u8],
+    keys: &[String],
+    extra: &[&[u8]],
+) -> Result<Vec<Value>, DashError> {
+    let commands: Vec<Vec<Vec<u8>>> = keys
+        .iter()
+        .map(|k| {
+            let mut c = vec![command.to_vec(), k.as_bytes().to_vec()];
+            c.extend(extra.iter().map(|e| e.to_vec()));
+            c
+        })
+        .collect();
+    Ok(store.pipeline(&commands).await?)
+}
+
+/// The values of `keys` (one batched round trip).
+async fn get_strings(
+    store: &NativeStore,
+    keys: &[String],
+) -> Result<Vec<Option<String>>, DashError> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    Ok(store
+        .get_many(&keys)
+        .await?
+        .into_iter()
+        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        .collect())
+}
+
+/// Sets `key` to `value` for `ttl_secs`.
+async fn set_ex(
+    store: &NativeStore,
+    key: &str,
+    value: &str,
+    ttl_secs: u64,
+) -> Result<(), DashError> {
+    store
+        .set(
+            key,
+            value.as_bytes(),
+            SetOptions::default().expire(std::time::Duration::from_secs(ttl_secs)),
+        )
+        .await?;
+    Ok(())
 }
 
 // ----- operators -------------------------------------------------------------
@@ -156,56 +247,119 @@ fn decoy_hash() -> &'static str {
     DECOY.get_or_init(|| hash_password("floodgate-decoy-password").expect("argon2 hashes"))
 }
 
-/// Checks the login limiter (Floodgate's own bucket, one atomic call for the
-/// client address and the user name), then the password.
+/// The sign-in limiter's Redis keys (one hash tag: one atomic call on a cluster).
+mod login_keys {
+    use super::sha256_hex;
+
+    fn h(parts: &[&str]) -> String {
+        sha256_hex(parts.join("\0").as_bytes())[..32].to_string()
+    }
+    pub fn address(ip: Option<std::net::IpAddr>) -> String {
+        let ip = ip.map_or_else(|| "unknown".to_string(), |i| i.to_string());
+        format!("fg:{{dash-login}}:ip:{ip}")
+    }
+    pub fn user(user: &str) -> String {
+        format!("fg:{{dash-login}}:user:{}", h(&[user]))
+    }
+    pub fn trusted(user: &str, ip: Option<std::net::IpAddr>) -> String {
+        let ip = ip.map_or_else(|| "unknown".to_string(), |i| i.to_string());
+        format!("fg:{{dash-login}}:trusted:{}", h(&[user, &ip]))
+    }
+    pub fn device(token: &str) -> String {
+        format!("fg:{{dash-login}}:device:{}", h(&[token]))
+    }
+    pub fn device_tries(token: &str) -> String {
+        format!("fg:{{dash-login}}:device-tries:{}", h(&[token]))
+    }
+}
+
+/// A successful sign-in: the session token, and the browser's device token (its
+/// cookie makes later sign-ins from anywhere skip the per-user bucket).
+#[derive(Debug)]
+pub struct SignedIn {
+    pub session: String,
+    pub device: String,
+}
+
+/// How well the sign-in limiter knows a client for a user name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trust {
+    /// The browser's device cookie names the user (it signed in from it before).
+    Device,
+    /// The user signed in from this address before.
+    Address,
+    None,
+}
+
+/// Whether this client signed in as `user` before: from this browser (its device
+/// cookie names `user`) or from this address, within [`TRUST_TTL_SECS`].
+async fn trust(
+    store: &NativeStore,
+    user: &str,
+    client: Option<IpAddr>,
+    device: Option<&str>,
+) -> Result<Trust, DashError> {
+    let mut keys = vec![login_keys::trusted(user, client)];
+    if let Some(d) = device {
+        keys.push(login_keys::device(d));
+    }
+    let found = get_strings(store, &keys).await?;
+    Ok(
+        if found.get(1).is_some_and(|u| u.as_deref() == Some(user)) {
+            Trust::Device
+        } else if found[0].is_some() {
+            Trust::Address
+        } else {
+            Trust::None
+        },
+    )
+}
+
+/// Signs `user` in from `client` (its address as [`client_address`] found it) with
+/// the browser's `device` cookie, if any. The limiter answers before the password
+/// is checked, in one atomic call (Floodgate's own token-bucket script), with the
+/// buckets of how well it knows the client: a browser that signed in as `user`
+/// before has a bucket of its own; an address `user` signed in from, its address's;
+/// any other client both its address's and the user name's, which only such
+/// clients share — so nobody else's guesses can lock a known client out.
+/// `docs/dashboard.md` has the threat model.
 pub async fn sign_in(
     core: &Core,
     user: &str,
     password: &str,
-    client: Option<SocketAddr>,
-) -> Result<String, DashError> {
-    let quota = Quota::parse_short(LOGIN_QUOTA).expect("a valid quota");
-    let ip_key = format!(
-        "fg:{{dash-login}}:ip:{}",
-        client
-            .map(|c| c.ip().to_string())
-            .unwrap_or_else(|| "unknown".into())
-    );
-    let user_key = format!(
-        "fg:{{dash-login}}:user:{}",
-        &sha256_hex(user.as_bytes())[..32]
-    );
-    let verdict = core
-        .store
-        .check(
-            &[
-                Check {
-                    key: &ip_key,
-                    quota: &quota,
-                    cost: 1,
-                    shadow: false,
-                },
-                Check {
-                    key: &user_key,
-                    quota: &quota,
-                    cost: 1,
-                    shadow: false,
-                },
-            ],
-            None,
-        )
-        .await?;
+    client: Option<IpAddr>,
+    device: Option<&str>,
+) -> Result<SignedIn, DashError> {
+    let address_quota = Quota::parse_short(LOGIN_ADDRESS_QUOTA).expect("a valid quota");
+    let user_quota = Quota::parse_short(LOGIN_USER_QUOTA).expect("a valid quota");
+    let known_user = validate_user(user).is_ok();
+    let trust = if known_user {
+        trust(&core.store, user, client, device).await?
+    } else {
+        Trust::None
+    };
+    let address_key = login_keys::address(client);
+    let user_key = login_keys::user(user);
+    let device_key = device.map(login_keys::device_tries).unwrap_or_default();
+    let checks = match trust {
+        Trust::Device => vec![Check::new(&device_key, &address_quota, 1)],
+        Trust::Address => vec![Check::new(&address_key, &address_quota, 1)],
+        Trust::None => vec![
+            Check::new(&address_key, &address_quota, 1),
+            Check::new(&user_key, &user_quota, 1),
+        ],
+    };
+    let verdict = core.store.check(&checks, None).await?;
     if !verdict.admitted {
         let wait = verdict.headline().retry_after_secs().unwrap_or(60);
-        return Err(DashError::Refused(format!(
-            "Too many sign-in attempts; try again in {wait} s"
-        )));
+        return Err(DashError::TooManyAttempts {
+            wait_secs: wait.max(1) as u64,
+        });
     }
-    let bad = || DashError::Refused("Wrong user name or password".into());
     if password.len() > 1024 {
-        return Err(bad());
+        return Err(DashError::WrongCredentials);
     }
-    let stored = if validate_user(user).is_ok() {
+    let stored = if known_user {
         get_string(&core.store, &format!("{OPERATOR_PREFIX}{user}")).await?
     } else {
         None
@@ -225,18 +379,39 @@ pub async fn sign_in(
     .await
     .unwrap_or(false);
     if !(ok && known) {
-        return Err(bad());
+        return Err(DashError::WrongCredentials);
     }
     let token = random_hex(32);
     let session = serde_json::json!({"user": user, "csrf": random_hex(32)}).to_string();
-    core.store
-        .set(
-            &format!("{SESSION_PREFIX}{}", sha256_hex(token.as_bytes())),
-            session.as_bytes(),
-            SetOptions::default().expire(std::time::Duration::from_secs(SESSION_TTL_SECS)),
-        )
-        .await?;
-    Ok(token)
+    set_ex(
+        &core.store,
+        &format!("{SESSION_PREFIX}{}", sha256_hex(token.as_bytes())),
+        &session,
+        SESSION_TTL_SECS,
+    )
+    .await?;
+    // remember this address and this browser for the user
+    let device = device
+        .filter(|_| trust == Trust::Device)
+        .map_or_else(|| random_hex(32), str::to_string);
+    set_ex(
+        &core.store,
+        &login_keys::trusted(user, client),
+        "1",
+        TRUST_TTL_SECS,
+    )
+    .await?;
+    set_ex(
+        &core.store,
+        &login_keys::device(&device),
+        user,
+        TRUST_TTL_SECS,
+    )
+    .await?;
+    Ok(SignedIn {
+        session: token,
+        device,
+    })
 }
 
 /// The `Set-Cookie` value carrying a session token (or clearing it when `None`).
@@ -250,16 +425,66 @@ pub fn session_cookie(token: Option<&str>, secure: bool) -> String {
     }
 }
 
-fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+/// The `Set-Cookie` value of the device cookie (sent to the sign-in call only).
+pub fn device_cookie(token: &str, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!(
+        "{DEVICE_COOKIE}={token}; Path=/api/login; HttpOnly; SameSite=Strict; Max-Age={TRUST_TTL_SECS}{secure}"
+    )
+}
+
+/// The value of cookie `name`, if it is 64 hex digits (both cookies are).
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == SESSION_COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
         .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+    cookie(headers, SESSION_COOKIE)
+}
+
+/// The browser's device cookie, if it sent one.
+pub fn device_token(headers: &HeaderMap) -> Option<&str> {
+    cookie(headers, DEVICE_COOKIE)
+}
+
+/// The client's address: the connection's peer, or, when the peer is a trusted
+/// proxy, the nearest address in `X-Forwarded-For` that is not one (each proxy
+/// appends the address it saw, so only the right end can be believed).
+pub fn client_address(
+    peer: Option<IpAddr>,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+) -> Option<IpAddr> {
+    let peer = peer?;
+    let is_proxy = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_proxy(&peer) {
+        return Some(peer);
+    }
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    let mut nearest = peer;
+    for hop in hops.iter().rev() {
+        match hop.parse::<IpAddr>() {
+            Ok(ip) if is_proxy(&ip) => nearest = ip,
+            Ok(ip) => return Some(ip),
+            // not an address: whatever sent it is beyond the trusted proxies
+            Err(_) => return Some(nearest),
+        }
+    }
+    Some(nearest)
 }
 
 /// The session the request's cookie names, if it is live.
@@ -302,20 +527,18 @@ pub async fn load_config(store: &NativeStore) -> Result<(String, Option<String>)
 /// Cuts an item's text for the audit log.
 pub use floodgate_edge::admin::audit_item;
 
+/// What a version-checked save did.
+pub use floodgate_shared::audit::SaveOutcome;
+
 /// Saves `config` if the stored one is still `based_on`, with its audit record, in
-/// one atomic script. `Ok(Err(current))` when someone else saved first.
+/// one atomic script (the save `floodgate-cli config set` makes too).
 pub async fn save_config(
     store: &NativeStore,
     based_on: &str,
     config: &EdgeConfig,
     entry: &AuditEntry,
-) -> Result<Result<String, String>, DashError> {
-    Ok(
-        match admin::save_config(store, based_on, config, entry).await? {
-            SaveOutcome::Saved { version } => Ok(version),
-            SaveOutcome::Conflict { current } => Err(current),
-        },
-    )
+) -> Result<SaveOutcome, DashError> {
+    Ok(admin::save_config(store, based_on, config, entry).await?)
 }
 
 /// Appends an audit record (key operations; configuration changes record theirs
@@ -328,144 +551,237 @@ pub async fn audit_log(store: &NativeStore, count: usize) -> Result<Vec<AuditEnt
     Ok(admin::audit_log(store, count).await?)
 }
 
-/// The edge's sample of recent decisions (newest first).
-pub async fn sample(store: &NativeStore) -> Result<Vec<String>, DashError> {
-    let items = store
-        .lrange(floodgate_edge::stats::SAMPLE_KEY, 0, -1)
-        .await?;
-    Ok(items
-        .into_iter()
-        .filter_map(|b| String::from_utf8(b).ok())
-        .collect())
+/// The edge's sample of recent decisions, oldest first (entries that do not
+/// parse are skipped).
+pub async fn sample(store: &NativeStore) -> Result<Vec<SampleEntry>, DashError> {
+    let items = store.lrange(SAMPLE_KEY, 0, -1).await?;
+    let mut entries: Vec<SampleEntry> = items
+        .iter()
+        .filter_map(|b| std::str::from_utf8(b).ok()?.parse().ok())
+        .collect();
+    entries.reverse(); // the list is newest first
+    entries.sort_by_key(|e| e.at_ms); // edges flush independently
+    Ok(entries)
 }
 
 // ----- traffic -----------------------------------------------------------------
 
-/// Reads the edge's per-minute counters for the `window` minutes ending at
-/// `now_minute` (one batched round trip).
-pub async fn traffic(
-    store: &NativeStore,
-    now_minute: i64,
-    window: usize,
-) -> Result<Traffic, DashError> {
-    let minutes: Vec<i64> = (0..window as i64).rev().map(|i| now_minute - i).collect();
-    let hashes = stats_hashes(store, &minutes).await?;
-    Ok(summarize(&minutes, &hashes))
+/// A hash's fields and their counts (non-numbers skipped).
+fn fields(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(String, u64)> {
+    pairs
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let n = String::from_utf8_lossy(&v).parse::<u64>().ok()?;
+            Some((String::from_utf8_lossy(&k).into_owned(), n))
+        })
+        .collect()
 }
 
-/// Turns per-minute hashes into the series the charts draw (pure).
-pub fn summarize(minutes: &[i64], hashes: &[Vec<(String, u64)>]) -> Traffic {
-    let n = minutes.len();
-    let mut t = Traffic {
-        minutes: minutes.to_vec(),
-        ..Traffic::default()
+/// The fields of the hashes `keys`, in that order (one batched round trip).
+pub async fn hashes(
+    store: &NativeStore,
+    keys: &[String],
+) -> Result<Vec<Vec<(String, u64)>>, DashError> {
+    Ok(store
+        .hgetall_many(keys)
+        .await?
+        .into_iter()
+        .map(fields)
+        .collect())
+}
+
+/// Field `field` of each hash `keys`, summed (0 when absent; one batched round trip).
+async fn hash_field(store: &NativeStore, keys: &[String], field: &str) -> Result<u64, DashError> {
+    let mut total = 0;
+    for r in per_key(store, b"HGET", keys, &[field.as_bytes()]).await? {
+        total += r
+            .into_bytes()?
+            .and_then(|v| String::from_utf8_lossy(&v).parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// Each API key's latest decision (Unix seconds).
+pub async fn last_used(store: &NativeStore) -> Result<BTreeMap<String, i64>, DashError> {
+    let hashes = store.hgetall_many(&[LAST_USED_KEY.to_string()]).await?;
+    Ok(fields(hashes.into_iter().next().unwrap_or_default())
+        .into_iter()
+        .map(|(id, secs)| (id, secs as i64))
+        .collect())
+}
+
+/// Route name → path pattern, as the pages name endpoints.
+pub fn patterns(spec: &floodgate_shared::config::ConfigSpec) -> BTreeMap<String, String> {
+    spec.routes
+        .iter()
+        .map(|r| (r.name.clone(), r.pattern.clone()))
+        .collect()
+}
+
+/// The bars of `range` at `resolution` ending with the one holding `now` (Unix
+/// seconds): the first bar's start and how many.
+pub fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {
+    let step = resolution.secs();
+    let n = (range.secs() / step) as usize;
+    (now.div_euclid(step) * step - (n as i64 - 1) * step, n)
+}
+
+/// Reads what the traffic page draws: the per-10-second hashes at 10 s, else the
+/// per-minute hashes summed into bars, and the most throttled keys of the last
+/// hour at most (their per-minute hashes).
+pub async fn traffic(
+    store: &NativeStore,
+    now: i64,
+    range: Range,
+    resolution: Resolution,
+    patterns: BTreeMap<String, String>,
+) -> Result<Traffic, DashError> {
+    let (start, n) = bars(now, range, resolution);
+    let end = start + n as i64 * resolution.secs();
+    let (keys, starts): (Vec<String>, Vec<i64>) = if resolution == Resolution::Seconds10 {
+        (start / 10..end / 10)
+            .map(|s| (ten_second_key(s), s * 10))
+            .unzip()
+    } else {
+        (start / 60..end / 60)
+            .map(|m| (minute_key(m), m * 60))
+            .unzip()
     };
-    let mut per_key: BTreeMap<String, u64> = BTreeMap::new();
-    for (i, fields) in hashes.iter().enumerate() {
-        let mut hist = vec![];
+    let read = hashes(store, &keys).await?;
+    let timed: Vec<(i64, Vec<(String, u64)>)> = starts.into_iter().zip(read).collect();
+    let top_minutes = (range.secs() / 60).min(60) as u32;
+    let minute = now.div_euclid(60);
+    let key_hashes: Vec<String> = (0..top_minutes as i64)
+        .map(|i| key_minute_key(minute - i))
+        .collect();
+    let keys_read = hashes(store, &key_hashes).await?;
+    let mut t = summarize(start, resolution, n, &timed);
+    t.range = range;
+    t.patterns = patterns;
+    t.top_minutes = top_minutes;
+    t.top_throttled = top_throttled(&keys_read);
+    Ok(t)
+}
+
+/// Turns hashes `(their start, fields)` into the bars the charts draw (pure).
+pub fn summarize(
+    start: i64,
+    resolution: Resolution,
+    n: usize,
+    hashes: &[(i64, Vec<(String, u64)>)],
+) -> Traffic {
+    let step = resolution.secs();
+    let mut endpoints: BTreeMap<Endpoint, Series> = BTreeMap::new();
+    let mut hist: Vec<Vec<(u64, u64)>> = vec![vec![]; n];
+    let mut by_mode: BTreeMap<_, u64> = BTreeMap::new();
+    let mut by_endpoint_mode: BTreeMap<(Endpoint, _), u64> = BTreeMap::new();
+    let (mut opened, mut open_ms) = (0, 0);
+    for (at, fields) in hashes {
+        let Ok(i) = usize::try_from((at - start).div_euclid(step)) else {
+            continue;
+        };
+        if i >= n {
+            continue;
+        }
         for (field, count) in fields {
-            let parts: Vec<&str> = field.split('|').collect();
-            match parts.as_slice() {
-                ["lat", bound] => {
-                    let b = if *bound == "inf" {
-                        Some(u64::MAX)
-                    } else {
-                        bound.parse().ok()
-                    };
-                    if let Some(b) = b {
-                        hist.push((b, *count));
-                    }
-                }
-                ["key", id, "throttled"] => *per_key.entry((*id).to_string()).or_default() += count,
-                ["key", ..] => {}
-                ["mode", mode] => {
-                    *t.degraded_by_mode.entry((*mode).to_string()).or_default() += count
-                }
-                ["breaker", "opened"] => t.breaker_opened += count,
-                ["breaker", "open_ms"] => t.breaker_open_ms += count,
-                [route, "degraded", mode] => {
-                    *t.degraded_by_route_mode
-                        .entry(((*route).to_string(), (*mode).to_string()))
-                        .or_default() += count
-                }
-                [
-                    route,
-                    outcome @ ("allowed" | "throttled" | "degraded" | "shadow_throttled"),
-                ] => {
-                    let s = t
-                        .routes
-                        .entry((*route).to_string())
-                        .or_insert_with(|| Series {
-                            allowed: vec![0; n],
-                            throttled: vec![0; n],
-                            degraded: vec![0; n],
-                            shadow: vec![0; n],
-                        });
-                    let v = match *outcome {
-                        "allowed" => &mut s.allowed,
-                        "throttled" => &mut s.throttled,
-                        "shadow_throttled" => &mut s.shadow,
-                        _ => &mut s.degraded,
+            let Ok(field) = field.parse::<StatsField>() else {
+                continue; // another version's field: not ours to guess
+            };
+            match field {
+                StatsField::Endpoint(e, counted) => {
+                    let s = endpoints.entry(e).or_insert_with(|| Series::zeros(n));
+                    let v = match counted {
+                        Counted::Outcome(Outcome::Allowed) => &mut s.allowed,
+                        Counted::Outcome(Outcome::Throttled) => &mut s.throttled,
+                        Counted::Outcome(Outcome::Degraded) => &mut s.degraded,
+                        Counted::ShadowThrottled => &mut s.shadow,
                     };
                     v[i] += count;
                 }
-                _ => {}
+                StatsField::EndpointMode(e, m) => {
+                    *by_endpoint_mode.entry((e, m)).or_default() += count
+                }
+                StatsField::Mode(m) => *by_mode.entry(m).or_default() += count,
+                StatsField::Latency(b) => hist[i].push((b, *count)),
+                StatsField::BreakerOpened => opened += count,
+                StatsField::BreakerOpenMs => open_ms += count,
+                StatsField::SampleDropped => {}
             }
         }
-        t.p50_us.push(histogram_quantile(&hist, 0.5));
-        t.p99_us.push(histogram_quantile(&hist, 0.99));
     }
-    let mut top: Vec<(String, u64)> = per_key.into_iter().filter(|(_, n)| *n > 0).collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    top.truncate(10);
-    t.top_throttled = top;
-    t
+    Traffic {
+        range: Range::Minutes15,
+        resolution,
+        start,
+        bars: n,
+        endpoints: endpoints.into_iter().collect(),
+        patterns: BTreeMap::new(),
+        top_throttled: vec![],
+        top_minutes: 0,
+        p50_us: hist.iter().map(|h| histogram_quantile(h, 0.5)).collect(),
+        p99_us: hist.iter().map(|h| histogram_quantile(h, 0.99)).collect(),
+        degraded_by_mode: by_mode.into_iter().collect(),
+        degraded_by_endpoint_mode: by_endpoint_mode
+            .into_iter()
+            .map(|((e, m), n)| (e, m, n))
+            .collect(),
+        breaker_opened: opened,
+        breaker_open_ms: open_ms,
+    }
 }
 
-/// Per key: (allowed, throttled, degraded) summed over the hashes.
+/// Per key: (allowed, throttled, degraded) summed over per-key hashes.
 pub fn key_usage(hashes: &[Vec<(String, u64)>]) -> BTreeMap<String, (u64, u64, u64)> {
     let mut out: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-    for fields in hashes {
-        for (field, n) in fields {
-            let parts: Vec<&str> = field.split('|').collect();
-            if let ["key", id, outcome] = parts.as_slice() {
-                let e = out.entry((*id).to_string()).or_default();
-                match *outcome {
-                    "allowed" => e.0 += n,
-                    "throttled" => e.1 += n,
-                    "degraded" => e.2 += n,
-                    _ => {}
-                }
-            }
+    for (field, n) in hashes.iter().flatten() {
+        let Ok(KeyField { key_id, counted }) = field.parse::<KeyField>() else {
+            continue;
+        };
+        let e = out.entry(key_id).or_default();
+        match counted {
+            Counted::Outcome(Outcome::Allowed) => e.0 += n,
+            Counted::Outcome(Outcome::Throttled) => e.1 += n,
+            Counted::Outcome(Outcome::Degraded) => e.2 += n,
+            Counted::ShadowThrottled => {}
         }
     }
     out
 }
 
-/// The edge's per-minute counter hashes of `minutes`, in that order (one batched
-/// round trip).
-pub async fn stats_hashes(
-    store: &NativeStore,
-    minutes: &[i64],
-) -> Result<Vec<Vec<(String, u64)>>, DashError> {
-    let keys: Vec<String> = minutes
-        .iter()
-        .map(|m| floodgate_edge::stats::stats_key(*m))
-        .collect();
-    Ok(store
-        .hgetall_many(&keys)
-        .await?
+/// The ten keys with the most 429s in the per-key hashes, most first.
+fn top_throttled(hashes: &[Vec<(String, u64)>]) -> Vec<(String, u64)> {
+    let mut top: Vec<(String, u64)> = key_usage(hashes)
         .into_iter()
-        .map(|pairs| {
-            pairs
-                .into_iter()
-                .filter_map(|(k, v)| {
-                    let n = String::from_utf8_lossy(&v).parse::<u64>().ok()?;
-                    Some((String::from_utf8_lossy(&k).into_owned(), n))
-                })
-                .collect()
-        })
-        .collect())
+        .filter(|(_, u)| u.1 > 0)
+        .map(|(id, u)| (id, u.1))
+        .collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(10);
+    top
+}
+
+/// Per key: (allowed, throttled, degraded) over the last `minutes` minutes.
+pub async fn usage(
+    store: &NativeStore,
+    now: i64,
+    minutes: i64,
+) -> Result<BTreeMap<String, (u64, u64, u64)>, DashError> {
+    let minute = now.div_euclid(60);
+    let keys: Vec<String> = (0..minutes).map(|i| key_minute_key(minute - i)).collect();
+    Ok(key_usage(&hashes(store, &keys).await?))
+}
+
+/// Decisions the edges could not add to the sample between `from_ms` and `to_ms`.
+pub async fn sample_dropped(
+    store: &NativeStore,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<u64, DashError> {
+    let keys: Vec<String> = (from_ms.div_euclid(60_000)..=to_ms.div_euclid(60_000))
+        .map(minute_key)
+        .collect();
+    hash_field(store, &keys, &StatsField::SampleDropped.to_string()).await
 }
 
 // ----- the guard -----------------------------------------------------------------
@@ -474,6 +790,45 @@ pub async fn stats_hashes(
 fn is_public(path: &str) -> bool {
     matches!(path, "/login" | "/api/login" | "/favicon.ico" | "/healthz")
         || path.starts_with("/pkg/")
+}
+
+/// The path with `.` and `..` segments resolved and repeated slashes merged (also
+/// when written `%2e` or `%2f`), or `None` when it is already plain. The guard
+/// redirects to it, so `/pkg/../keys` is `/keys`, not a public `/pkg/` path.
+pub fn normalized_path(path: &str) -> Option<String> {
+    let lower = path.to_ascii_lowercase();
+    let suspicious = path.contains("//")
+        || path.contains('\\')
+        || lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || path.split('/').any(|s| s == "." || s == "..");
+    if !suspicious {
+        return None;
+    }
+    let decoded = path
+        .replace("%2e", ".")
+        .replace("%2E", ".")
+        .replace("%2f", "/")
+        .replace("%2F", "/")
+        .replace("%5c", "/")
+        .replace("%5C", "/")
+        .replace('\\', "/");
+    let mut out: Vec<&str> = vec![];
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    let mut clean = format!("/{}", out.join("/"));
+    if decoded.ends_with('/') && clean.len() > 1 {
+        clean.push('/');
+    }
+    (clean != path).then_some(clean)
 }
 
 /// Whether a state-changing request comes from this dashboard's own pages: its
@@ -497,49 +852,108 @@ pub fn same_origin(headers: &HeaderMap) -> bool {
     }
 }
 
-fn json_error(status: StatusCode, message: &str) -> Response {
+/// An error answer in the server functions' own encoding (the JSON of
+/// [`AppError`], marked like theirs), so the pages' code can read it.
+pub fn error_response(e: &AppError) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (
         status,
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({ "error": message }).to_string(),
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (
+                header::HeaderName::from_static("serverfnerror"),
+                "floodgate",
+            ),
+        ],
+        serde_json::to_string(e).unwrap_or_default(),
     )
         .into_response()
 }
 
+/// A server function's error answer gets the status its [`AppError`] names (they
+/// all leave the server-function layer as 500).
+async fn with_error_status(res: Response) -> Response {
+    if res.status() != StatusCode::INTERNAL_SERVER_ERROR
+        || !res.headers().contains_key("serverfnerror")
+    {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .unwrap_or_default();
+    if let Ok(e) = serde_json::from_slice::<AppError>(&bytes) {
+        parts.status = StatusCode::from_u16(e.status()).unwrap_or(parts.status);
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+/// A plain HTML form post (no JavaScript): it expects a page, not JSON.
+fn wants_html(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"))
+}
+
+fn see_other(to: &str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to.to_string())]).into_response()
+}
+
+/// The page shown instead of any other while the store cannot be reached.
+fn outage_page(e: &StoreError) -> Response {
+    let message = AppError::Unavailable(e.to_string()).to_string();
+    let html = format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" \
+         content=\"width=device-width, initial-scale=1\"><meta name=\"color-scheme\" content=\"light dark\">\
+         <title>Floodgate — store unavailable</title><style>{}</style></head><body><main>\
+         <h1>Floodgate</h1><div class=\"banner\" role=\"alert\" id=\"outage\"><strong>Store \
+         unavailable.</strong> {}</div><p><a href=\"\">Reload this page</a> to try again.</p></main>\
+         </body></html>",
+        crate::app::STYLE,
+        html_escape(&message)
+    );
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::RETRY_AFTER, "5"),
+        ],
+        html,
+    )
+        .into_response()
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 /// Refuses cross-origin mutations, requires a session everywhere but the sign-in
-/// page, and adds security headers.
+/// page, sends a session that ended (or never was) to sign-in, shows an outage as
+/// a page or a typed error, and adds security headers.
 pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let mutation = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    let too_large = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > MAX_BODY as u64);
-    let mut res = if too_large {
-        json_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("a request body may hold at most {MAX_BODY} bytes"),
-        )
-    } else if mutation && !same_origin(req.headers()) {
-        json_error(StatusCode::FORBIDDEN, "cross-origin request refused")
-    } else {
-        match lookup_session(&state.core, req.headers()).await {
-            Ok(Some(session)) => {
-                req.extensions_mut().insert(session);
-                next.run(req).await
-            }
-            Ok(None) if is_public(&path) => next.run(req).await,
-            Ok(None) if path.starts_with("/api/") || mutation => {
-                json_error(StatusCode::UNAUTHORIZED, "sign in first")
-            }
-            Ok(None) => (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response(),
-            Err(e) => json_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!("the session store is unavailable: {e}"),
-            ),
+    let mut res = match normalized_path(&path) {
+        Some(clean) => {
+            let query = req
+                .uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            (
+                StatusCode::PERMANENT_REDIRECT,
+                [(header::LOCATION, format!("{clean}{query}"))],
+            )
+                .into_response()
         }
+        None => match refusal(&state, &path, &mut req).await {
+            Some(r) => r,
+            // with its session in the request's extensions, or a public path
+            None => with_error_status(next.run(req).await).await,
+        },
     };
     let h = res.headers_mut();
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
@@ -552,10 +966,76 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
         "content-security-policy",
         HeaderValue::from_static("frame-ancestors 'none'; object-src 'none'; base-uri 'self'"),
     );
-    if !path.starts_with("/pkg/") {
+    if !path.starts_with("/pkg/") && path != "/favicon.ico" {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
     res
+}
+
+/// The guard's own answer, or `None` to let the request through (with its
+/// session, when it has one).
+async fn refusal(state: &AppState, path: &str, req: &mut Request) -> Option<Response> {
+    let mutation = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let api = path.starts_with("/api/");
+    let too_large = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_BODY as u64);
+    if too_large {
+        let mut r = error_response(&AppError::BadRequest(format!(
+            "a request body may hold at most {MAX_BODY} bytes"
+        )));
+        *r.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+        return Some(r);
+    }
+    if mutation && !same_origin(req.headers()) {
+        return Some(error_response(&AppError::Forbidden(
+            "cross-origin request refused".into(),
+        )));
+    }
+    let had_cookie = cookie_token(req.headers()).is_some();
+    match lookup_session(&state.core, req.headers()).await {
+        Ok(Some(session)) => {
+            req.extensions_mut().insert(session);
+            None
+        }
+        Ok(None) if is_public(path) => None,
+        Ok(None) if (api || mutation) && !wants_html(req.headers()) => {
+            Some(error_response(&AppError::SignedOut))
+        }
+        Ok(None) => {
+            let mut r = see_other(if had_cookie || api {
+                "/login?session=ended"
+            } else {
+                "/login"
+            });
+            if had_cookie {
+                let clear = session_cookie(None, state.core.secure_cookies);
+                if let Ok(v) = HeaderValue::from_str(&clear) {
+                    r.headers_mut().insert(header::SET_COOKIE, v);
+                }
+            }
+            Some(r)
+        }
+        Err(DashError::Store(e)) if !api => Some(outage_page(&e)),
+        Err(e) => Some(error_response(&AppError::from(e))),
+    }
+}
+
+/// The favicon: a small gate, also named by every page's `<link rel="icon">`.
+pub const FAVICON: &[u8] = include_bytes!("../assets/favicon.ico");
+
+async fn favicon() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/x-icon"),
+            (header::CACHE_CONTROL, "public, max-age=86400"),
+        ],
+        FAVICON,
+    )
+        .into_response()
 }
 
 /// The state of a dashboard serving the hydration bundle from `site_root` (its
@@ -571,8 +1051,33 @@ pub fn app_state(store: NativeStore, site_root: &str, secure_cookies: bool) -> A
         core: Arc::new(Core {
             store,
             secure_cookies,
+            trusted_proxies: vec![],
         }),
     }
+}
+
+impl AppState {
+    /// Believes `X-Forwarded-For` from these proxies (`--trusted-proxy`).
+    pub fn trusting(self, proxies: Vec<IpNet>) -> Self {
+        let core = Arc::try_unwrap(self.core)
+            .unwrap_or_else(|_| panic!("set the trusted proxies before the state is shared"));
+        AppState {
+            options: self.options,
+            core: Arc::new(Core {
+                trusted_proxies: proxies,
+                ..core
+            }),
+        }
+    }
+}
+
+/// The client address of the request being served (inside a server function).
+pub fn request_client(core: &Core, parts: &axum::http::request::Parts) -> Option<IpAddr> {
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    client_address(peer, &parts.headers, &core.trusted_proxies)
 }
 
 /// Every registered server function's path and method (for tests that must
@@ -591,6 +1096,7 @@ pub fn router(state: AppState) -> axum::Router {
     let core = state.core.clone();
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/favicon.ico", axum::routing::get(favicon))
         .leptos_routes_with_context(
             &state,
             routes,
@@ -669,51 +1175,174 @@ mod tests {
             assert!(c.contains(part), "{c}");
         }
         assert!(!session_cookie(Some(&t), false).contains("Secure"));
+        let d = device_cookie(&t, false);
+        for part in ["HttpOnly", "SameSite=Strict", "Path=/api/login"] {
+            assert!(d.contains(part), "{d}");
+        }
+        assert_eq!(
+            device_token(&headers(&[("cookie", &format!("fg_device={t}"))])),
+            Some(t.as_str())
+        );
     }
 
     #[test]
-    fn traffic_is_summarized_per_route_and_key() {
+    fn traffic_is_summarized_per_endpoint_into_bars() {
+        let hashes = vec![
+            (
+                600,
+                vec![
+                    ("route:search|allowed".to_string(), 5),
+                    ("route:search|throttled".to_string(), 2),
+                    ("route:search|degraded:fail_open".to_string(), 9),
+                    ("route:search|shadow_throttled".to_string(), 4),
+                    ("route:mode|allowed".to_string(), 3),
+                    ("route:_|allowed".to_string(), 6),
+                    ("lat:250".to_string(), 7),
+                    ("mode:fail_open".to_string(), 9),
+                    ("breaker:opened".to_string(), 1),
+                    ("breaker:open_ms".to_string(), 1500),
+                    ("search|allowed".to_string(), 1000),
+                ],
+            ),
+            (
+                660,
+                vec![
+                    ("unmatched|allowed".to_string(), 1),
+                    ("route:search|allowed".to_string(), 2),
+                ],
+            ),
+            (720, vec![("route:search|allowed".to_string(), 100)]),
+        ];
+        // two 1-minute bars from 600: the third hash is outside
+        let t = summarize(600, Resolution::Minute1, 2, &hashes);
+        let series = |e: &Endpoint| &t.endpoints.iter().find(|(x, _)| x == e).unwrap().1;
+        let search = series(&Endpoint::Route("search".into()));
+        assert_eq!(
+            search.allowed,
+            [5, 2],
+            "the old-format field is not counted"
+        );
+        assert_eq!(search.throttled, [2, 0]);
+        assert_eq!(search.shadow, [4, 0]);
+        assert_eq!(search.degraded, [0, 0], "per-mode fields are not totals");
+        assert_eq!(series(&Endpoint::Route("mode".into())).allowed, [3, 0]);
+        assert_eq!(series(&Endpoint::Route("_".into())).allowed, [6, 0]);
+        assert_eq!(series(&Endpoint::Unmatched).allowed, [0, 1]);
+        assert_eq!(t.endpoints.last().unwrap().0, Endpoint::Unmatched);
+        assert_eq!(t.p50_us, [Some(250), None]);
+        assert_eq!(
+            t.degraded_by_mode,
+            [(floodgate_shared::policy::FailureMode::FailOpen, 9)]
+        );
+        assert_eq!(t.degraded_by_endpoint_mode[0].2, 9);
+        assert_eq!((t.breaker_opened, t.breaker_open_ms), (1, 1500));
+        // six 10-second hashes summed into one 1-minute bar
+        let tens: Vec<(i64, Vec<(String, u64)>)> = (0..6)
+            .map(|i| (600 + 10 * i, vec![("unmatched|throttled".to_string(), 1)]))
+            .collect();
+        let t = summarize(600, Resolution::Minute1, 1, &tens);
+        assert_eq!(t.endpoints[0].1.throttled, [6]);
+    }
+
+    #[test]
+    fn keys_usage_and_the_most_throttled_come_from_the_key_hashes() {
         let hashes = vec![
             vec![
-                ("search|allowed".to_string(), 5),
-                ("search|throttled".to_string(), 2),
-                ("search|degraded|fail_open".to_string(), 9),
-                ("search|shadow_throttled".to_string(), 4),
-                ("key|K1|throttled".to_string(), 2),
-                ("lat|250".to_string(), 7),
-                ("mode|fail_open".to_string(), 9),
-                ("breaker|opened".to_string(), 1),
-                ("breaker|open_ms".to_string(), 1500),
+                ("K1|throttled".to_string(), 2),
+                ("K2|throttled".to_string(), 3),
+                ("K2|allowed".to_string(), 4),
             ],
             vec![
-                ("_|allowed".to_string(), 1),
-                ("key|K2|throttled".to_string(), 3),
-                ("key|K2|allowed".to_string(), 4),
+                ("K2|degraded".to_string(), 1),
+                ("bad id|allowed".to_string(), 9),
             ],
         ];
-        let t = summarize(&[10, 11], &hashes);
-        assert_eq!(t.routes["search"].allowed, [5, 0]);
-        assert_eq!(t.routes["search"].throttled, [2, 0]);
-        assert_eq!(t.routes["search"].shadow, [4, 0]);
+        assert_eq!(key_usage(&hashes)["K2"], (4, 3, 1));
         assert_eq!(
-            t.routes["search"].degraded,
-            [0, 0],
-            "per-mode fields are not totals"
-        );
-        assert_eq!(t.routes["_"].allowed, [0, 1]);
-        assert_eq!(
-            t.top_throttled,
+            top_throttled(&hashes),
             [("K2".to_string(), 3), ("K1".to_string(), 2)]
         );
-        assert_eq!(t.p50_us, [Some(250), None]);
-        assert_eq!(key_usage(&hashes)["K2"], (4, 3, 0));
-        assert_eq!(t.degraded_by_mode["fail_open"], 9);
+    }
+
+    #[test]
+    fn the_bars_end_with_the_current_one() {
         assert_eq!(
-            t.degraded_by_route_mode[&("search".to_string(), "fail_open".to_string())],
-            9
+            bars(1_000, Range::Minutes15, Resolution::Seconds10),
+            (1_000 - 890, 90)
         );
-        assert_eq!((t.breaker_opened, t.breaker_open_ms), (1, 1500));
-        assert!(!t.routes.contains_key("mode") && !t.routes.contains_key("breaker"));
+        assert_eq!(
+            bars(1_019, Range::Hour1, Resolution::Minute1),
+            (960 - 59 * 60, 60)
+        );
+        assert_eq!(
+            bars(86_400 * 3 + 5, Range::Hours24, Resolution::Minutes10).1,
+            144
+        );
+    }
+
+    #[test]
+    fn dot_segments_and_doubled_slashes_are_resolved() {
+        for (raw, clean) in [
+            ("/pkg/../keys", Some("/keys")),
+            ("/pkg/%2e%2e/keys", Some("/keys")),
+            ("/pkg/%2E%2E%2Fkeys", Some("/keys")),
+            ("//keys", Some("/keys")),
+            ("/./audit", Some("/audit")),
+            ("/pkg/..", Some("/")),
+            ("/../../etc/passwd", Some("/etc/passwd")),
+            ("/pkg\\..\\keys", Some("/keys")),
+            ("/keys", None),
+            ("/pkg/floodgate_dashboard.js", None),
+            ("/", None),
+        ] {
+            assert_eq!(normalized_path(raw).as_deref(), clean, "{raw}");
+        }
+    }
+
+    #[test]
+    fn the_client_is_the_peer_unless_a_trusted_proxy_says_otherwise() {
+        let peer: IpAddr = "10.0.0.5".parse().unwrap();
+        let proxies: Vec<IpNet> = vec!["10.0.0.0/24".parse().unwrap()];
+        let xff = headers(&[("x-forwarded-for", "203.0.113.9, 198.51.100.7, 10.0.0.4")]);
+        assert_eq!(
+            client_address(Some(peer), &xff, &[]),
+            Some(peer),
+            "no trusted proxy: the header is ignored"
+        );
+        assert_eq!(
+            client_address(Some(peer), &xff, &proxies),
+            Some("198.51.100.7".parse().unwrap()),
+            "the nearest untrusted hop, never the client-supplied left end"
+        );
+        let stranger: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(
+            client_address(Some(stranger), &xff, &proxies),
+            Some(stranger)
+        );
+        let garbage = headers(&[("x-forwarded-for", "not-an-ip, 10.0.0.4")]);
+        assert_eq!(
+            client_address(Some(peer), &garbage, &proxies),
+            Some("10.0.0.4".parse().unwrap())
+        );
+        assert_eq!(
+            client_address(Some(peer), &HeaderMap::new(), &proxies),
+            Some(peer)
+        );
+    }
+
+    #[test]
+    fn every_error_answer_carries_its_status() {
+        for (e, status) in [
+            (AppError::SignedOut, 401),
+            (AppError::Forbidden("x".into()), 403),
+            (AppError::TooManyAttempts { wait_secs: 3 }, 429),
+            (AppError::invalid("name", "bad"), 422),
+            (AppError::Unavailable("down".into()), 503),
+        ] {
+            let r = error_response(&e);
+            assert_eq!(r.status().as_u16(), status);
+            assert!(r.headers().contains_key("serverfnerror"));
+        }
     }
 
     #[test]

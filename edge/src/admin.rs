@@ -257,6 +257,11 @@ async fn record_by_id<S: Store>(store: &S, id: &str) -> Result<(String, KeyRecor
     }
 }
 
+/// The record of the key `id`.
+pub async fn key_by_id<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
+    Ok(record_by_id(store, id).await?.1)
+}
+
 /// Revokes a key: the edge refuses it once its cache entry expires.
 pub async fn revoke_key<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
     let (hash, mut record) = record_by_id(store, id).await?;
@@ -292,6 +297,12 @@ pub async fn update_key<S: Store>(
     change: impl FnOnce(&mut KeyRecord),
 ) -> Result<(KeyRecord, KeyRecord), AdminError> {
     let (hash, before) = record_by_id(store, id).await?;
+    if before.status == KeyStatus::Revoked {
+        return Err(AdminError::Invalid(PolicyError::new(
+            "id",
+            format!("key {} is revoked; a revoked key is read-only", before.id),
+        )));
+    }
     let mut after = before.clone();
     change(&mut after);
     after.id.clone_from(&before.id);

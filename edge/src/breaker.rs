@@ -129,7 +129,7 @@ impl Breaker {
     }
 
     pub fn permit(&self, now: Micros) -> (Permit, Option<Transition>) {
-        let mut s = crate::lock(&self.state);
+        let mut s = crate::sync::lock(&self.state);
         let mut moved = None;
         let permit = match s.phase {
             Phase::Closed => Permit::Call,
@@ -161,7 +161,7 @@ impl Breaker {
     /// A store call succeeded. Only resets the failure count: a call still in
     /// flight when the breaker opened does not close it (only a health check does).
     pub fn success(&self, _now: Micros) -> Option<Transition> {
-        let mut s = crate::lock(&self.state);
+        let mut s = crate::sync::lock(&self.state);
         if s.phase == Phase::Closed {
             s.failures = 0;
         }
@@ -170,7 +170,7 @@ impl Breaker {
 
     /// The half-open health check succeeded: close.
     pub fn probe_succeeded(&self, now: Micros) -> Option<Transition> {
-        let mut s = crate::lock(&self.state);
+        let mut s = crate::sync::lock(&self.state);
         if s.phase != Phase::HalfOpen {
             return None;
         }
@@ -190,7 +190,7 @@ impl Breaker {
 
     /// A store call failed in a way retrying may fix (counts only while closed).
     pub fn failure(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
-        let mut s = crate::lock(&self.state);
+        let mut s = crate::sync::lock(&self.state);
         if s.phase != Phase::Closed {
             return None;
         }
@@ -212,7 +212,7 @@ impl Breaker {
 
     /// The half-open health check failed: open again for another cool-down.
     pub fn probe_failed(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
-        let mut s = crate::lock(&self.state);
+        let mut s = crate::sync::lock(&self.state);
         match s.phase {
             Phase::HalfOpen => {
                 s.phase = Phase::Open;
@@ -230,11 +230,11 @@ impl Breaker {
     }
 
     pub fn phase(&self) -> Phase {
-        crate::lock(&self.state).phase
+        crate::sync::lock(&self.state).phase
     }
 
     pub fn stats(&self, now: Micros) -> BreakerStats {
-        let s = crate::lock(&self.state);
+        let s = crate::sync::lock(&self.state);
         let mut stats = s.stats;
         if s.phase != Phase::Closed {
             stats.degraded_us += now - s.since;

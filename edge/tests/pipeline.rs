@@ -6,11 +6,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
-use floodgate_edge::store::{Store, StoreError, StoreErrorKind, Value};
+use floodgate_edge::store::{MaybeSend, Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::script::{Check, LuaScript, Verdict, interpret_token_bucket};
+use floodgate_shared::script::{Check, LuaScript, Verdict, When, interpret_token_bucket};
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC, Micros};
 
 const T0: Micros = 1_764_000_000_000_000;
@@ -22,13 +22,25 @@ struct MemStore {
     buckets: Mutex<HashMap<String, BucketState>>,
     gets: AtomicUsize,
     checks: AtomicUsize,
+    refunds: AtomicUsize,
     down: AtomicBool,
+    /// How long a bucket check takes before it decides (a slow Redis).
+    slow: Mutex<Option<std::time::Duration>>,
+    /// In-flight slots held per set.
+    slots: Mutex<HashMap<String, u32>>,
     now: Mutex<Micros>,
     writes: Mutex<Vec<Vec<String>>>,
 }
 
-/// The pipeline only checks buckets, reads records and writes counters: the
-/// in-memory store overrides those; the raw primitives are not needed.
+/// A store that lives as long as the test process (the pipeline's background
+/// tasks may outlive a test's scope).
+fn mem() -> &'static MemStore {
+    Box::leak(Box::default())
+}
+
+/// The pipeline checks buckets, takes slots, refunds, reads records and writes
+/// counters: the in-memory store overrides those; the raw primitives under them
+/// are not needed.
 impl Store for &MemStore {
     async fn run(&self, _: &LuaScript, _: &[&str], _: &[String]) -> Result<Value, StoreError> {
         Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
@@ -45,11 +57,15 @@ impl Store for &MemStore {
     async fn check(
         &self,
         checks: &[Check<'_>],
-        _now: Option<Micros>,
+        _when: impl Into<When> + MaybeSend,
     ) -> Result<Verdict, StoreError> {
         self.checks.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let slow = *self.slow.lock().unwrap();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
         }
         let now = *self.now.lock().unwrap();
         let mut buckets = self.buckets.lock().unwrap();
@@ -70,8 +86,53 @@ impl Store for &MemStore {
         Ok(interpret_token_bucket(checks, &reply).unwrap())
     }
 
+    async fn acquire_slot(
+        &self,
+        key: &str,
+        _id: &str,
+        limit: u32,
+        _ttl_ms: u64,
+        _until: Option<Micros>,
+    ) -> Result<bool, StoreError> {
+        let mut slots = self.slots.lock().unwrap();
+        let held = slots.entry(key.to_string()).or_default();
+        if *held >= limit {
+            return Ok(false);
+        }
+        *held += 1;
+        Ok(true)
+    }
+
+    async fn release_slot(&self, key: &str, _id: &str) -> Result<(), StoreError> {
+        if let Some(held) = self.slots.lock().unwrap().get_mut(key) {
+            *held = held.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+        self.refunds.fetch_add(1, Ordering::SeqCst);
+        let mut buckets = self.buckets.lock().unwrap();
+        for (c, d) in checks.iter().zip(&verdict.decisions) {
+            if d.allowed()
+                && let Some(b) = buckets.get_mut(c.key)
+            {
+                b.full_at -= c.quota.cost_window(c.cost);
+            }
+        }
+        Ok(())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.get("fg:ping").await.map(|_| ())
+    }
+
+    async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.get(k).await?);
+        }
+        Ok(out)
     }
 
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
@@ -91,8 +152,9 @@ impl Store for &MemStore {
 const CONFIG: &str = r#"{"policies":[
   {"name":"default","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
   {"name":"soft","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_open"},
-  {"name":"local","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"local_fallback","local_share_percent":20}],
-  "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"]}}"#;
+  {"name":"local","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"local_fallback","local_share_percent":20},
+  {"name":"one_at_a_time","dimensions":["api_key"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed","max_in_flight":1}],
+  "plans":{"free":["default"],"lenient":["soft"],"fallback":["local"],"mixed":["soft","local"],"single":["one_at_a_time"]}}"#;
 
 fn setup(store: &MemStore, plan: &str) -> String {
     let (id, secret) = new_secret(&[7u8; 42]);
@@ -136,10 +198,10 @@ fn status(g: &Gate) -> u16 {
 
 #[tokio::test]
 async fn a_warm_request_costs_one_store_round_trip() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free");
+    let store = mem();
+    let auth = setup(store, "free");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
     let statuses: Vec<u16> = futures_statuses(&p, &auth, 4).await;
     assert_eq!(statuses, [200, 200, 200, 429]);
     assert_eq!(
@@ -154,30 +216,34 @@ async fn a_warm_request_costs_one_store_round_trip() {
     );
 }
 
-async fn futures_statuses<C: Clock>(p: &Pipeline<&MemStore, C>, auth: &str, n: usize) -> Vec<u16> {
+async fn futures_statuses<C: Clock>(
+    p: &Pipeline<&'static MemStore, C>,
+    auth: &str,
+    n: usize,
+) -> Vec<u16> {
     let mut out = vec![];
     for _ in 0..n {
-        out.push(status(&p.gate(head(auth)).await));
+        out.push(status(&p.gate(head(auth)).await.gate));
     }
     out
 }
 
 #[tokio::test]
 async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free");
+    let store = mem();
+    let auth = setup(store, "free");
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
-        &store,
+        store,
         &clock,
         PipelineConfig {
             cache_ttl: MICROS_PER_SEC,
             ..PipelineConfig::default()
         },
     );
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
-    advance(&clock, &store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
+    advance(&clock, store, 30 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
         4,
@@ -189,8 +255,8 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{broken".to_vec());
-    advance(&clock, &store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    advance(&clock, store, 30 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     // the key is revoked: refused once the cache entry expires
     let key = store
         .records
@@ -207,21 +273,21 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
         .lock()
         .unwrap()
         .insert(key, rec.to_json().into_bytes());
-    assert_eq!(status(&p.gate(head(&auth)).await), 200, "still cached");
-    advance(&clock, &store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await), 401);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200, "still cached");
+    advance(&clock, store, 30 * MICROS_PER_SEC);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 401);
 }
 
 #[tokio::test]
 async fn a_store_outage_is_an_explicit_per_policy_decision() {
     for (plan, expected) in [("free", 503), ("lenient", 200)] {
-        let store = MemStore::default();
-        let auth = setup(&store, plan);
+        let store = mem();
+        let auth = setup(store, plan);
         let clock = FakeClock::at(T0);
-        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        let p = Pipeline::new(store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
         store.down.store(true, Ordering::SeqCst);
-        let g = p.gate(head(&auth)).await;
+        let g = p.gate(head(&auth)).await.gate;
         assert_eq!(status(&g), expected, "plan {plan}");
         match g {
             Gate::Respond { headers, body, .. } => {
@@ -241,21 +307,21 @@ async fn a_store_outage_is_an_explicit_per_policy_decision() {
 
 #[tokio::test]
 async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
-    let store = MemStore::default();
-    let auth = setup(&store, "gold");
+    let store = mem();
+    let auth = setup(store, "gold");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 403);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 403);
     store.records.lock().unwrap().remove(CONFIG_KEY);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
     store
         .records
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{not json".to_vec());
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
 }
 
 fn retry_after(g: &Gate) -> Option<i64> {
@@ -272,14 +338,14 @@ fn retry_after(g: &Gate) -> Option<i64> {
 /// over, then asks the store again.
 #[tokio::test]
 async fn the_deny_cache_answers_locally_until_retry_after() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free"); // 3 per minute: one token every 20 s
+    let store = mem();
+    let auth = setup(store, "free"); // 3 per minute: one token every 20 s
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(futures_statuses(&p, &auth, 4).await, [200, 200, 200, 429]);
     assert_eq!(store.checks.load(Ordering::SeqCst), 4);
-    advance(&clock, &store, MICROS_PER_SEC);
-    let g = p.gate(head(&auth)).await;
+    advance(&clock, store, MICROS_PER_SEC);
+    let g = p.gate(head(&auth)).await.gate;
     assert_eq!(status(&g), 429);
     assert_eq!(retry_after(&g), Some(19));
     assert_eq!(
@@ -287,12 +353,12 @@ async fn the_deny_cache_answers_locally_until_retry_after() {
         4,
         "answered without the store"
     );
-    advance(&clock, &store, 19 * MICROS_PER_SEC - 1);
-    assert_eq!(status(&p.gate(head(&auth)).await), 429);
+    advance(&clock, store, 19 * MICROS_PER_SEC - 1);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 429);
     assert_eq!(store.checks.load(Ordering::SeqCst), 4);
-    advance(&clock, &store, 1);
+    advance(&clock, store, 1);
     assert_eq!(
-        status(&p.gate(head(&auth)).await),
+        status(&p.gate(head(&auth)).await.gate),
         200,
         "admitted exactly at the retry-after"
     );
@@ -320,16 +386,16 @@ fn the_deny_cache_changes_no_decision() {
     let saved = std::cell::Cell::new(0usize);
     proptest::test_runner::TestRunner::default()
         .run(&steps, |steps| {
-            let (a, b) = (MemStore::default(), MemStore::default());
-            let auth = setup(&a, "free");
-            setup(&b, "free");
+            let (a, b) = (mem(), mem());
+            let auth = setup(a, "free");
+            setup(b, "free");
             // same key in both stores
             let records = a.records.lock().unwrap().clone();
             *b.records.lock().unwrap() = records;
             let (ca, cb) = (FakeClock::at(T0), FakeClock::at(T0));
-            let with = Pipeline::new(&a, &ca, PipelineConfig::default());
+            let with = Pipeline::new(a, &ca, PipelineConfig::default());
             let without = Pipeline::new(
-                &b,
+                b,
                 &cb,
                 PipelineConfig {
                     deny_cache: false,
@@ -337,12 +403,12 @@ fn the_deny_cache_changes_no_decision() {
                 },
             );
             for dt in steps {
-                advance(&ca, &a, dt);
-                advance(&cb, &b, dt);
+                advance(&ca, a, dt);
+                advance(&cb, b, dt);
                 let (x, y) = rt.block_on(async {
                     (
-                        with.gate(head(&auth)).await,
-                        without.gate(head(&auth)).await,
+                        with.gate(head(&auth)).await.gate,
+                        without.gate(head(&auth)).await.gate,
                     )
                 });
                 prop_assert_eq!(status(&x), status(&y));
@@ -370,16 +436,16 @@ fn the_deny_cache_changes_no_decision() {
 #[tokio::test]
 async fn the_circuit_breaker_opens_probes_and_closes() {
     use floodgate_edge::breaker::Phase;
-    let store = MemStore::default();
-    let auth = setup(&store, "lenient"); // fail_open
+    let store = mem();
+    let auth = setup(store, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
     let before = store.checks.load(Ordering::SeqCst);
     for _ in 0..20 {
         assert_eq!(
-            status(&p.gate(head(&auth)).await),
+            status(&p.gate(head(&auth)).await.gate),
             200,
             "fail-open while degraded"
         );
@@ -393,9 +459,9 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     assert_eq!((stats.opened, stats.skipped), (1, 15));
     assert_eq!(p.breaker_phase(), Phase::Open);
     // still down at the health check: open again, without a bucket check
-    advance(&clock, &store, 1_000_001);
+    advance(&clock, store, 1_000_001);
     let gets = store.gets.load(Ordering::SeqCst);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst) - gets,
         1,
@@ -403,7 +469,7 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     );
     assert_eq!(store.checks.load(Ordering::SeqCst) - before, 5);
     assert_eq!(p.breaker_phase(), Phase::Open);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst) - gets,
         1,
@@ -411,8 +477,8 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     );
     // back up: the next health check closes the breaker, then the bucket is checked
     store.down.store(false, Ordering::SeqCst);
-    advance(&clock, &store, 1_000_001);
-    let g = p.gate(head(&auth)).await;
+    advance(&clock, store, 1_000_001);
+    let g = p.gate(head(&auth)).await.gate;
     assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6);
     assert_eq!(status(&g), 200);
     assert!(
@@ -429,11 +495,11 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
 /// unreachable (a key never seen is still refused with 503).
 #[tokio::test]
 async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
-    let store = MemStore::default();
-    let auth = setup(&store, "lenient"); // fail_open
+    let store = mem();
+    let auth = setup(store, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(
-        &store,
+        store,
         &clock,
         PipelineConfig {
             cache_ttl: MICROS_PER_SEC,
@@ -441,11 +507,11 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
             ..PipelineConfig::default()
         },
     );
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
-    advance(&clock, &store, 10 * MICROS_PER_SEC);
+    advance(&clock, store, 10 * MICROS_PER_SEC);
     let gets = store.gets.load(Ordering::SeqCst);
-    let g = p.gate(head(&auth)).await;
+    let g = p.gate(head(&auth)).await.gate;
     assert!(
         store.gets.load(Ordering::SeqCst) > gets,
         "the expired record was looked up again"
@@ -455,7 +521,7 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
         "{g:?}"
     );
     let stranger = format!("Bearer {}", new_secret(&[9u8; 42]).1);
-    assert_eq!(status(&p.gate(head(&stranger)).await), 503);
+    assert_eq!(status(&p.gate(head(&stranger)).await.gate), 503);
 }
 
 fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
@@ -473,15 +539,15 @@ fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
 #[tokio::test]
 async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
     for plan in ["fallback", "mixed"] {
-        let store = MemStore::default();
-        let auth = setup(&store, plan);
+        let store = mem();
+        let auth = setup(store, plan);
         let clock = FakeClock::at(T0);
-        let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        let p = Pipeline::new(store, &clock, PipelineConfig::default());
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
         store.down.store(true, Ordering::SeqCst);
         let mut statuses = vec![];
         for _ in 0..4 {
-            let g = p.gate(head(&auth)).await;
+            let g = p.gate(head(&auth)).await.gate;
             assert_eq!(
                 header(&g, "X-RateLimit-Degraded"),
                 Some("local-fallback"),
@@ -494,15 +560,15 @@ async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
             }
         }
         assert_eq!(statuses, [200, 200, 429, 429], "{plan}");
-        advance(&clock, &store, 30 * MICROS_PER_SEC - 1);
-        assert_eq!(status(&p.gate(head(&auth)).await), 429);
-        advance(&clock, &store, 1);
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
-        assert_eq!(status(&p.gate(head(&auth)).await), 429);
+        advance(&clock, store, 30 * MICROS_PER_SEC - 1);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 429);
+        advance(&clock, store, 1);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 429);
         // back up: Redis decides again (its bucket saw only the first request)
         store.down.store(false, Ordering::SeqCst);
-        advance(&clock, &store, 2 * MICROS_PER_SEC);
-        let g = p.gate(head(&auth)).await;
+        advance(&clock, store, 2 * MICROS_PER_SEC);
+        let g = p.gate(head(&auth)).await.gate;
         assert_eq!(status(&g), 200);
         assert_eq!(header(&g, "X-RateLimit-Degraded"), None);
     }
@@ -510,17 +576,17 @@ async fn local_fallback_enforces_the_local_share_while_the_store_is_down() {
 
 #[tokio::test]
 async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
-    let store = MemStore::default();
-    let auth = setup(&store, "free");
+    let store = mem();
+    let auth = setup(store, "free");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
     store.down.store(true, Ordering::SeqCst);
     // cold: the key cannot be verified at all
-    assert_eq!(status(&p.gate(head(&auth)).await), 503);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 503);
     store.down.store(false, Ordering::SeqCst);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
-    let g = p.gate(head(&auth)).await;
+    let g = p.gate(head(&auth)).await.gate;
     assert_eq!(status(&g), 503);
     assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-closed"));
     use floodgate_edge::pipeline::strictest;
@@ -540,16 +606,16 @@ async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
 /// and open time land in the per-minute hash, and the health view adds them up.
 #[tokio::test]
 async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
-    let store = MemStore::default();
-    let auth = setup(&store, "lenient"); // fail_open
+    let store = mem();
+    let auth = setup(store, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(&store, &clock, PipelineConfig::default());
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     p.flush_stats(0).await.unwrap();
     store.writes.lock().unwrap().clear();
     store.down.store(true, Ordering::SeqCst);
     for _ in 0..8 {
-        assert_eq!(status(&p.gate(head(&auth)).await), 200);
+        assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     }
     let h = p.health();
     assert_eq!(h.breaker, floodgate_edge::breaker::Phase::Open);
@@ -559,28 +625,210 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(json["breaker"], "open");
     assert_eq!(json["degraded_requests"]["fail_open"], 8);
     // counters wait while the breaker is open, then go out once it closes
-    advance(&clock, &store, 2_500_000);
+    advance(&clock, store, 2_500_000);
     p.flush_stats(0).await.unwrap();
     assert!(
         store.writes.lock().unwrap().is_empty(),
         "nothing written while open"
     );
     store.down.store(false, Ordering::SeqCst);
-    assert_eq!(status(&p.gate(head(&auth)).await), 200);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     p.flush_stats(0).await.unwrap();
     let writes = store.writes.lock().unwrap().clone();
+    // per minute (the endpoint's outcome is also counted per 10 seconds)
     let sum = |field: &str| -> u64 {
         writes
             .iter()
-            .filter(|c| c[0] == "HINCRBY" && c[2] == field)
+            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
             .map(|c| c[3].parse::<u64>().unwrap())
             .sum()
     };
-    assert_eq!(sum("mode|fail_open"), 8);
-    assert_eq!(sum("_|degraded|fail_open"), 8);
-    assert_eq!(sum("_|degraded"), 8, "the existing field is unchanged");
-    assert_eq!(sum("breaker|opened"), 1);
-    let open_ms = sum("breaker|open_ms");
+    assert_eq!(sum("mode:fail_open"), 8);
+    assert_eq!(sum("unmatched|degraded:fail_open"), 8);
+    assert_eq!(sum("unmatched|degraded"), 8, "the modes sum to the outcome");
+    assert_eq!(sum("breaker:opened"), 1);
+    let open_ms = sum("breaker:open_ms");
     assert!((2_500..=2_600).contains(&open_ms), "open_ms {open_ms}");
-    assert_eq!(sum("mode|fail_closed"), 0);
+    assert_eq!(sum("mode:fail_closed"), 0);
+}
+
+/// The backtest replays the sample: every decision must be in it with what the
+/// edge answered, the deny cache's 429s and the degraded answers included.
+#[tokio::test]
+async fn every_decision_is_sampled_with_its_outcome_deny_cache_and_degraded_included() {
+    use floodgate_shared::stats::{Endpoint, Outcome, SampleEntry};
+    let store = mem();
+    let auth = setup(store, "free"); // 3 per minute, fail_closed
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    let statuses = futures_statuses(&p, &auth, 10).await;
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429, 429, 429]);
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst),
+        4,
+        "the deny cache answered the last 6"
+    );
+    advance(&clock, store, 60 * MICROS_PER_SEC);
+    store.down.store(true, Ordering::SeqCst);
+    assert_eq!(futures_statuses(&p, &auth, 2).await, [503, 503]);
+    p.flush_stats(0).await.unwrap();
+    let writes = store.writes.lock().unwrap().clone();
+    let sample: Vec<SampleEntry> = writes
+        .iter()
+        .filter(|c| c[0] == "LPUSH" && c[1] == floodgate_shared::stats::SAMPLE_KEY)
+        .flat_map(|c| c[2..].iter().map(|e| e.parse().unwrap()))
+        .collect();
+    let count = |o: Outcome| sample.iter().filter(|e| e.outcome == o).count();
+    assert_eq!(sample.len(), 12, "{sample:?}");
+    assert_eq!(
+        (
+            count(Outcome::Allowed),
+            count(Outcome::Throttled),
+            count(Outcome::Degraded)
+        ),
+        (3, 7, 2)
+    );
+    assert!(
+        sample
+            .iter()
+            .all(|e| e.endpoint == Endpoint::Unmatched && e.plan == "free")
+    );
+}
+
+/// Runs what the pipeline left for after the answer (the hosts spawn it).
+async fn settle(d: floodgate_edge::pipeline::Decided) -> Gate {
+    for task in d.background {
+        task.await;
+    }
+    d.gate
+}
+
+/// A bucket check that misses its deadline is answered with the failure mode at
+/// once; when it admits in the store later anyway, the request it admitted was
+/// refused (503), so the tokens go back. A fail-open answer refunds nothing (the
+/// request was served; its late call is simply dropped).
+#[tokio::test]
+async fn a_late_admission_of_a_refused_request_is_refunded() {
+    for (plan, refused) in [("free", true), ("lenient", false)] {
+        let store = mem();
+        let auth = setup(store, plan);
+        let clock = FakeClock::at(T0);
+        let p = Pipeline::new(
+            store,
+            &clock,
+            PipelineConfig {
+                deadline: 5_000, // 5 ms
+                ..PipelineConfig::default()
+            },
+        );
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+        *store.slow.lock().unwrap() = Some(std::time::Duration::from_millis(60));
+        let d = p.gate(head(&auth)).await;
+        assert_eq!(d.background.is_empty(), !refused, "{plan}");
+        let g = settle(d).await;
+        assert_eq!(status(&g), if refused { 503 } else { 200 }, "{plan}");
+        assert_eq!(
+            store.refunds.load(Ordering::SeqCst),
+            usize::from(refused),
+            "{plan}"
+        );
+        *store.slow.lock().unwrap() = None;
+        // Redis decides again: the refunded request left no trace (3 per minute,
+        // one taken before, one now)
+        let g = settle(p.gate(head(&auth)).await).await;
+        if refused {
+            assert_eq!(header(&g, "X-RateLimit-Remaining"), Some("1"), "{plan}");
+        }
+        assert_eq!(p.health().late_calls, 1);
+        assert_eq!(p.health().refunds, u64::from(refused));
+    }
+}
+
+/// A request admitted by its rate limit but refused by its in-flight limit gets
+/// its tokens back.
+#[tokio::test]
+async fn a_request_refused_for_its_in_flight_limit_costs_no_tokens() {
+    let store = mem();
+    let auth = setup(store, "single"); // 3 per minute, one in flight at a time
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    let first = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(header(&first, "X-RateLimit-Remaining"), Some("2"));
+    let Gate::Forward { slots, .. } = &first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(slots.len(), 1);
+    for _ in 0..5 {
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 429);
+        assert!(matches!(&g, Gate::Respond { body, .. } if body.contains("in flight")));
+    }
+    assert_eq!(store.refunds.load(Ordering::SeqCst), 5);
+    p.release(slots).await;
+    let g = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(
+        header(&g, "X-RateLimit-Remaining"),
+        Some("1"),
+        "five refused requests took nothing"
+    );
+}
+
+/// Keys that do not exist cost one lookup each until their address's budget is
+/// spent; then they are refused without a lookup, while known keys keep working.
+/// A key found unknown is remembered as such.
+#[tokio::test]
+async fn unknown_keys_spend_their_address_budget_then_cost_no_lookups() {
+    let store = mem();
+    let auth = setup(store, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        store,
+        &clock,
+        PipelineConfig {
+            unknown_keys_per_ip_per_min: 5,
+            ..PipelineConfig::default()
+        },
+    );
+    fn from<'a>(auth: &'a str, ip: &str) -> RequestHead<'a> {
+        RequestHead {
+            path: "/v1/x",
+            credentials: Some(auth.as_bytes()),
+            client_ip: Some(ip.parse().unwrap()),
+        }
+    }
+    let owned: Vec<String> = (0..20u8)
+        .map(|i| format!("Bearer {}", new_secret(&[i + 100; 42]).1))
+        .collect();
+    assert_eq!(
+        status(&settle(p.gate(from(&auth, "203.0.113.1")).await).await),
+        200
+    );
+    let gets = store.gets.load(Ordering::SeqCst);
+    let mut statuses = vec![];
+    for a in &owned {
+        statuses.push(status(&settle(p.gate(from(a, "203.0.113.1")).await).await));
+    }
+    assert_eq!(&statuses[..5], [401; 5]);
+    assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        5,
+        "five lookups, then none"
+    );
+    // a known unknown key is answered from memory; another address has its own budget
+    assert_eq!(
+        status(&settle(p.gate(from(&owned[0], "203.0.113.1")).await).await),
+        401
+    );
+    assert_eq!(
+        status(&settle(p.gate(from(&owned[10], "203.0.113.2")).await).await),
+        401
+    );
+    assert_eq!(store.gets.load(Ordering::SeqCst) - gets, 6);
+    assert_eq!(
+        status(&settle(p.gate(from(&auth, "203.0.113.1")).await).await),
+        200
+    );
+    let h = p.health();
+    assert_eq!((h.unknown_key_lookups, h.unknown_key_refused), (6, 15));
 }

@@ -1,7 +1,8 @@
 // Serves the built Worker (build/) in workerd through Miniflare on a loopback port,
 // for the run command and the end-to-end tests. Configuration from the environment:
 //   PORT, UPSTREAM_URL, UPSTASH_REDIS_REST_URL, UPSTASH_REDIS_REST_TOKEN,
-//   CACHE_TTL_MS (default 5000), DEADLINE_MS (default 1000);
+//   CACHE_TTL_MS (default 5000); and, when set, every optional variable the Worker
+//   reads (OPTIONAL below: deadlines, timeouts, breaker, headers);
 //   SCRIPT=passthrough serves passthrough.mjs (no limiter) instead: a baseline.
 // Prints "ready <url>" once it accepts requests; SIGTERM/SIGINT stop it.
 import { Miniflare } from "miniflare";
@@ -17,6 +18,22 @@ const need = (name) => {
   }
   return v;
 };
+// The Worker's optional variables (edge/worker/src/lib.rs): passed on when set.
+const OPTIONAL = [
+  "DEADLINE_MS",
+  "UPSTREAM_TIMEOUT_MS",
+  "BREAKER_THRESHOLD",
+  "BREAKER_COOL_DOWN_MS",
+  "KEY_HEADER",
+  "FORWARD_KEY",
+  "IDENTITY_HEADER",
+  "NEGATIVE_CACHE_TTL_MS",
+  "UNKNOWN_KEYS_PER_IP_PER_MIN",
+  "UNKNOWN_KEYS_PER_MIN",
+];
+const optional = Object.fromEntries(
+  OPTIONAL.filter((name) => process.env[name]).map((name) => [name, process.env[name]]),
+);
 const passthrough = process.env.SCRIPT === "passthrough"; // the benchmark's baseline
 const mf = new Miniflare({
   modules: true,
@@ -31,7 +48,7 @@ const mf = new Miniflare({
     UPSTASH_REDIS_REST_URL: need("UPSTASH_REDIS_REST_URL"),
     UPSTASH_REDIS_REST_TOKEN: need("UPSTASH_REDIS_REST_TOKEN"),
     CACHE_TTL_MS: process.env.CACHE_TTL_MS ?? "5000",
-    DEADLINE_MS: process.env.DEADLINE_MS ?? "1000",
+    ...optional,
   },
 });
 const url = await mf.ready;

@@ -336,6 +336,31 @@ impl EdgeConfig {
         )
     }
 
+    /// Every enforced policy that may apply to a request on `route` whoever sends
+    /// it: each plan's and key override's, the route's and (with an address) the
+    /// per-IP ones. What decides a request whose API key cannot be verified.
+    pub fn any_caller(&self, route: Option<&Route>, has_ip: bool) -> Vec<&Policy> {
+        let mut idx: Vec<usize> = self
+            .plans
+            .values()
+            .chain(self.overrides.values())
+            .flatten()
+            .copied()
+            .collect();
+        if let Some(v) = route.and_then(|r| self.route_policies.get(&r.name)) {
+            idx.extend(v);
+        }
+        if has_ip {
+            idx.extend(&self.ip_policies);
+        }
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| &self.policies[i])
+            .filter(|p| !p.shadow())
+            .collect()
+    }
+
     /// The buckets one request must pass: `(bucket key, policy)` for each policy of
     /// [`EdgeConfig::applicable`]. `None` when the plan is not configured.
     pub fn checks<'a>(

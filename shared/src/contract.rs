@@ -253,6 +253,36 @@ mod tests {
     }
 
     #[test]
+    fn ietf_t_is_the_wait_of_a_denial_and_the_refill_of_an_admission() {
+        let q = Quota::per_minute(10).unwrap(); // a token every 6 s
+        let empty = Some(BucketState {
+            full_at: NOW + 60_000_000,
+        });
+        let denied = decide(empty, &q, NOW, 1).decision;
+        let admitted = decide(None, &q, NOW, 1).decision;
+        let states = [
+            PolicyState {
+                name: "a",
+                quota: &q,
+                decision: &denied,
+            },
+            PolicyState {
+                name: "b",
+                quota: &q,
+                decision: &admitted,
+            },
+        ];
+        let [(_, policy), (_, state)] = ietf_fields(&states).unwrap();
+        assert_eq!(policy, r#""a";q=10;w=60, "b";q=10;w=60"#);
+        // a: the denied request fits in 6 s (Retry-After 6), not when full (60 s)
+        assert_eq!(state, r#""a";r=0;t=6, "b";r=9;t=6"#);
+        let Answer::Reject { headers, .. } = Answer::for_decision(&denied) else {
+            panic!()
+        };
+        assert_eq!(headers.retry_after, Some(6));
+    }
+
+    #[test]
     fn a_request_that_can_never_fit_gets_no_retry_after() {
         let q = Quota::per_minute(10).unwrap();
         let a = Answer::for_decision(&decide(None, &q, NOW, 11).decision);
@@ -290,7 +320,10 @@ pub fn window_secs(q: &crate::policy::Quota) -> i64 {
 }
 
 /// The two IETF fields for `policies` (in order): `"name";q=<quota>;w=<window s>`
-/// and `"name";r=<remaining>;t=<seconds until full>`. `None` without policies.
+/// and `"name";r=<remaining>;t=<seconds>`, where `t` is, for a policy that denied
+/// the request, the seconds until the same request fits again (draft-11 §6:
+/// `Retry-After` must not point earlier than it), and otherwise the seconds until
+/// the quota is whole again. `None` without policies.
 pub fn ietf_fields(policies: &[PolicyState<'_>]) -> Option<[(&'static str, String); 2]> {
     if policies.is_empty() {
         return None;
@@ -324,7 +357,16 @@ pub fn ietf_fields(policies: &[PolicyState<'_>]) -> Option<[(&'static str, Strin
         .iter()
         .map(|p| {
             let d = p.decision;
-            let t = crate::time::ceil_secs((d.full_at - d.now).max(0));
+            let until = match d.outcome {
+                // denied: when the denied request fits again, so Retry-After (which
+                // takes the longest such wait, plus any jitter) is never earlier
+                crate::Outcome::Denied {
+                    retry_after: Some(wait),
+                } => wait,
+                // admitted, or never fits: when the quota is whole again
+                _ => d.full_at - d.now,
+            };
+            let t = crate::time::ceil_secs(until.max(0));
             format!("{};r={};t={}", sf_string(p.name), d.remaining, t)
         })
         .collect::<Vec<_>>()

@@ -2,8 +2,9 @@
 //!
 //! No I/O and no runtime: policy types and their validation ([`policy`]), the
 //! token-bucket transition ([`bucket`]), the response contract ([`contract`]),
-//! bucket key naming ([`keys`]), and the Lua scripts with the pure halves of calling
-//! them ([`script`]). Builds for native targets and for wasm32.
+//! bucket key naming ([`keys`]), the traffic counters and decision sample the edge
+//! writes and the dashboard reads ([`stats`]), and the Lua scripts with the pure
+//! halves of calling them ([`script`]). Builds for native targets and for wasm32.
 
 pub mod apikeys;
 pub mod audit;
@@ -17,6 +18,7 @@ pub mod routes;
 pub mod script;
 pub mod simulate;
 pub mod slot;
+pub mod stats;
 pub mod time;
 pub mod windows;
 

@@ -296,7 +296,7 @@ pub enum Dimension {
 }
 
 /// What the edge does when Redis cannot give a decision (see `docs/failure.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureMode {
     /// Admit the request (marked as degraded).
@@ -309,7 +309,21 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    /// The name used in JSON and in the per-minute counters (`mode|<name>`).
+    /// The mode applied when several policies match: fail_closed over
+    /// local_fallback over fail_open (fail_open when none match).
+    pub fn strictest(modes: impl IntoIterator<Item = FailureMode>) -> FailureMode {
+        let rank = |m: &FailureMode| match m {
+            FailureMode::FailOpen => 0,
+            FailureMode::LocalFallback => 1,
+            FailureMode::FailClosed => 2,
+        };
+        modes
+            .into_iter()
+            .max_by_key(rank)
+            .unwrap_or(FailureMode::FailOpen)
+    }
+
+    /// The name used in JSON and in the counters (`mode:<name>`, see [`crate::stats`]).
     pub fn name(self) -> &'static str {
         match self {
             FailureMode::FailOpen => "fail_open",

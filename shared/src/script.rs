@@ -54,6 +54,12 @@ pub const LIMITER: LuaScript = LuaScript {
     sha1: sha::LIMITER_SHA1,
 };
 
+/// `lua/refund.lua`: gives back what an admitted call consumed (see [`refund_call`]).
+pub const REFUND: LuaScript = LuaScript {
+    source: include_str!("../../lua/refund.lua"),
+    sha1: sha::REFUND_SHA1,
+};
+
 /// `lua/in_flight.lua`: takes one in-flight slot (the concurrency limiter).
 pub const IN_FLIGHT: LuaScript = LuaScript {
     source: include_str!("../../lua/in_flight.lua"),
@@ -63,6 +69,44 @@ pub const IN_FLIGHT: LuaScript = LuaScript {
 /// The sorted set of in-flight slots next to a bucket (same hash tag).
 pub fn in_flight_key(bucket_key: &str) -> String {
     format!("{bucket_key}:inflight")
+}
+
+/// Which clock a script call decides by (`ARGV[1]` of the bucket scripts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// Redis' `TIME`: one clock for every edge (production).
+    Redis,
+    /// Redis' `TIME`, but only while it is at most this instant (Redis' clock, µs):
+    /// a call Redis runs later changes nothing and replies [`Stale`]. The caller
+    /// passes the last instant at which it still waits for the answer, so a
+    /// request it has already refused can never be charged.
+    RedisUntil(Micros),
+    /// This instant (tests, replays).
+    At(Micros),
+}
+
+impl From<Option<Micros>> for When {
+    /// `None` is [`When::Redis`], `Some(t)` is [`When::At`].
+    fn from(now: Option<Micros>) -> Self {
+        now.map_or(When::Redis, When::At)
+    }
+}
+
+/// Redis ran the call after the instant its caller gave it ([`When::RedisUntil`]):
+/// nothing was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("Redis ran the call at {now} µs, after its caller had given up on it")]
+pub struct Stale {
+    /// Redis' clock when it refused the call.
+    pub now: Micros,
+}
+
+/// The reply `{2, now}` of a bucket script refusing a stale call.
+pub fn stale_reply(reply: &[i64]) -> Option<Stale> {
+    match reply {
+        [2, now] => Some(Stale { now: *now }),
+        _ => None,
+    }
 }
 
 /// At most this many buckets are checked in one call.
@@ -101,12 +145,12 @@ pub fn needs_limiter(checks: &[Check<'_>]) -> bool {
 /// bucket is an enforced token bucket (the hot path), else [`LIMITER`].
 pub fn script_call(
     checks: &[Check<'_>],
-    now: Option<Micros>,
+    when: impl Into<When>,
 ) -> Result<(&'static LuaScript, Vec<String>), CallError> {
     if needs_limiter(checks) {
-        Ok((&LIMITER, limiter_args(checks, now)?))
+        Ok((&LIMITER, limiter_args(checks, when)?))
     } else {
-        Ok((&TOKEN_BUCKET, token_bucket_args(checks, now)?))
+        Ok((&TOKEN_BUCKET, token_bucket_args(checks, when)?))
     }
 }
 
@@ -131,7 +175,7 @@ pub enum CallError {
     Instant(Micros),
 }
 
-fn validate_call(checks: &[Check<'_>], now: Option<Micros>) -> Result<String, CallError> {
+fn validate_call(checks: &[Check<'_>], when: When) -> Result<String, CallError> {
     if checks.is_empty() || checks.len() > MAX_CHECKS {
         return Err(CallError::Count(checks.len()));
     }
@@ -143,17 +187,18 @@ fn validate_call(checks: &[Check<'_>], now: Option<Micros>) -> Result<String, Ca
             return Err(CallError::Duplicate(c.key.to_string()));
         }
     }
-    match now {
-        None => Ok(String::new()),
-        Some(t) if (0..=MAX_INSTANT).contains(&t) => Ok(t.to_string()),
-        Some(t) => Err(CallError::Instant(t)),
+    match when {
+        When::Redis => Ok(String::new()),
+        When::RedisUntil(t) if (0..=MAX_INSTANT).contains(&t) => Ok(format!("<{t}")),
+        When::At(t) if (0..=MAX_INSTANT).contains(&t) => Ok(t.to_string()),
+        When::RedisUntil(t) | When::At(t) => Err(CallError::Instant(t)),
     }
 }
 
-/// `ARGV` for [`LIMITER`]; `now = None` lets Redis' `TIME` decide.
-pub fn limiter_args(checks: &[Check<'_>], now: Option<Micros>) -> Result<Vec<String>, CallError> {
+/// `ARGV` for [`LIMITER`] at `when` (`None`: Redis' `TIME`).
+pub fn limiter_args(checks: &[Check<'_>], when: impl Into<When>) -> Result<Vec<String>, CallError> {
     let mut args = Vec::with_capacity(1 + 4 * checks.len());
-    args.push(validate_call(checks, now)?);
+    args.push(validate_call(checks, when.into())?);
     for c in checks {
         let q = c.quota;
         let code = match q.algorithm() {
@@ -180,13 +225,13 @@ pub fn limiter_args(checks: &[Check<'_>], now: Option<Micros>) -> Result<Vec<Str
     Ok(args)
 }
 
-/// `ARGV` for [`TOKEN_BUCKET`]; `now = None` lets Redis' `TIME` decide.
+/// `ARGV` for [`TOKEN_BUCKET`] at `when` (`None`: Redis' `TIME`).
 pub fn token_bucket_args(
     checks: &[Check<'_>],
-    now: Option<Micros>,
+    when: impl Into<When>,
 ) -> Result<Vec<String>, CallError> {
     let mut args = Vec::with_capacity(1 + 2 * checks.len());
-    args.push(validate_call(checks, now)?);
+    args.push(validate_call(checks, when.into())?);
     for c in checks {
         args.push(c.quota.burst_window().to_string());
         args.push(c.quota.cost_window(c.cost).to_string());
@@ -373,6 +418,59 @@ pub fn interpret_token_bucket(
         shadow: vec![false; checks.len()],
         decisions,
     })
+}
+
+/// The keys and `ARGV` of [`REFUND`] for an admitted `verdict` over `checks`: every
+/// bucket the call consumed (enforced or shadow, cost above zero), with what it
+/// consumed. `None` when nothing was consumed.
+pub fn refund_call<'a>(
+    checks: &[Check<'a>],
+    verdict: &Verdict,
+) -> Option<(Vec<&'a str>, Vec<String>)> {
+    if !verdict.admitted {
+        return None;
+    }
+    let mut keys = vec![];
+    let mut args = vec![verdict.now.to_string()];
+    for (c, d) in checks.iter().zip(&verdict.decisions) {
+        if c.cost == 0 || !d.allowed() {
+            continue;
+        }
+        let q = c.quota;
+        keys.push(c.key);
+        match q.algorithm() {
+            Algorithm::TokenBucket => args.extend([
+                "t".into(),
+                q.cost_window(c.cost).to_string(),
+                "0".into(),
+                "0".into(),
+            ]),
+            Algorithm::FixedWindow | Algorithm::SlidingCounter => {
+                let code = if q.algorithm() == Algorithm::FixedWindow {
+                    "f"
+                } else {
+                    "c"
+                };
+                args.extend([
+                    code.into(),
+                    q.period().to_string(),
+                    c.cost.to_string(),
+                    "0".into(),
+                ])
+            }
+            Algorithm::SlidingLog => {
+                // the log's entries were named after the count the call read
+                let count = d.limit.saturating_sub(d.remaining + u64::from(c.cost));
+                args.extend([
+                    "l".into(),
+                    q.period().to_string(),
+                    c.cost.to_string(),
+                    count.to_string(),
+                ])
+            }
+        }
+    }
+    (!keys.is_empty()).then_some((keys, args))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::bucket::{BucketState, Decision, decide};
 use crate::config::EdgeConfig;
 use crate::policy::{Algorithm, Quota};
+use crate::stats::{Endpoint, SampleEntry};
 use crate::time::Micros;
 use crate::windows::{FixedWindow, SlidingCounter, SlidingLog, fixed_window, sliding_counter};
 
@@ -123,41 +124,7 @@ impl Simulator {
     }
 }
 
-/// One request of the edge's decision sample.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SampledRequest {
-    pub at_ms: i64,
-    pub key_id: String,
-    pub plan: String,
-    /// The matched route's name (`None`: no route).
-    pub route: Option<String>,
-}
-
-impl SampledRequest {
-    /// Parses `<ms>|<key id>|<plan>|<route or _>` (the edge's `fg:sample` entries);
-    /// anything else is `None`.
-    pub fn parse(entry: &str) -> Option<Self> {
-        let mut parts = entry.splitn(4, '|');
-        let at_ms = parts.next()?.parse().ok()?;
-        let key_id = parts.next()?.to_string();
-        let plan = parts.next()?.to_string();
-        let route = parts.next()?;
-        crate::keys::validate_key_id(&key_id).ok()?;
-        crate::policy::validate_name("plan", &plan).ok()?;
-        let route = (route != "_").then(|| route.to_string());
-        if let Some(r) = &route {
-            crate::policy::validate_name("route", r).ok()?;
-        }
-        Some(SampledRequest {
-            at_ms,
-            key_id,
-            plan,
-            route,
-        })
-    }
-}
-
-/// What a replay found for one endpoint (`_` = requests matching no route).
+/// What a replay found for one endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndpointReplay {
     pub requests: u64,
@@ -170,20 +137,18 @@ pub struct EndpointReplay {
 }
 
 /// Replays `requests` (oldest first) against `config`, per endpoint. Requests whose
-/// plan is not configured count as throttled (the edge would answer 403).
-pub fn replay(
-    config: &EdgeConfig,
-    requests: &[SampledRequest],
-) -> BTreeMap<String, EndpointReplay> {
+/// plan is not configured count as throttled (the edge would answer 403); a request
+/// to a route `config` does not have counts as unmatched.
+pub fn replay(config: &EdgeConfig, requests: &[SampleEntry]) -> BTreeMap<Endpoint, EndpointReplay> {
     let mut sim = Simulator::default();
-    let mut out: BTreeMap<String, EndpointReplay> = BTreeMap::new();
+    let mut out: BTreeMap<Endpoint, EndpointReplay> = BTreeMap::new();
     for r in requests {
         let route = r
-            .route
-            .as_deref()
+            .endpoint
+            .route()
             .and_then(|name| config.routes().routes().iter().find(|x| x.name == name));
         let entry = out
-            .entry(route.map_or("_".to_string(), |x| x.name.clone()))
+            .entry(Endpoint::of(route.map(|x| x.name.as_str())))
             .or_default();
         entry.requests += 1;
         let checks = match config.checks(&r.key_id, &r.plan, route, None) {
@@ -222,14 +187,14 @@ mod tests {
       "plans":{"free":["default"]},
       "routes":[{"name":"search","pattern":"/v1/search","policies":["search","watch"]}]}"#;
 
-    fn sample(n: usize, key: &str, route: &str) -> Vec<SampledRequest> {
+    fn sample(n: usize, key: &str, route: Option<&str>) -> Vec<SampleEntry> {
         (0..n)
-            .map(|i| {
-                SampledRequest::parse(&format!(
-                    "{}|{key}|free|{route}",
-                    1_764_000_000_000 + i as i64
-                ))
-                .unwrap()
+            .map(|i| SampleEntry {
+                at_ms: 1_764_000_000_000 + i as i64,
+                key_id: key.into(),
+                plan: "free".into(),
+                endpoint: Endpoint::of(route),
+                outcome: crate::stats::Outcome::Allowed,
             })
             .collect()
     }
@@ -237,35 +202,24 @@ mod tests {
     #[test]
     fn a_replay_counts_the_429s_per_endpoint_and_key_and_what_shadows_would_do() {
         let config = EdgeConfig::from_json(CONFIG).unwrap();
-        let mut requests = sample(5, "Ab3dE5gH1j", "search");
-        requests.extend(sample(2, "Zz3dE5gH1j", "search"));
-        requests.extend(sample(4, "Ab3dE5gH1j", "_"));
+        let mut requests = sample(5, "Ab3dE5gH1j", Some("search"));
+        requests.extend(sample(2, "Zz3dE5gH1j", Some("search")));
+        requests.extend(sample(4, "Ab3dE5gH1j", None));
+        requests.extend(sample(1, "Ab3dE5gH1j", Some("gone")));
         requests.sort_by_key(|r| r.at_ms);
         let r = replay(&config, &requests);
-        assert_eq!(r["search"].requests, 7);
-        assert_eq!(
-            r["search"].throttled, 2,
-            "5 from one key against 3 per minute"
-        );
-        assert_eq!(r["search"].keys_throttled.len(), 1);
+        let search = &r[&Endpoint::Route("search".into())];
+        assert_eq!(search.requests, 7);
+        assert_eq!(search.throttled, 2, "5 from one key against 3 per minute");
+        assert_eq!(search.keys_throttled.len(), 1);
         // the shadow (1 per minute) would have throttled every admitted request after
         // each key's first, but never did
-        assert_eq!(r["search"].shadow_throttled, 2 + 1);
-        assert_eq!(r["_"].throttled, 0);
-    }
-
-    #[test]
-    fn sample_entries_are_parsed_strictly() {
-        assert!(SampledRequest::parse("1|Ab3dE5gH1j|free|_").is_some());
-        for bad in [
-            "",
-            "x|Ab3dE5gH1j|free|_",
-            "1|bad id|free|_",
-            "1|Ab3dE5gH1j|Free|_",
-            "1|Ab3dE5gH1j|free|<b>",
-            "1|Ab3dE5gH1j|free",
-        ] {
-            assert!(SampledRequest::parse(bad).is_none(), "{bad}");
-        }
+        assert_eq!(search.shadow_throttled, 2 + 1);
+        assert_eq!(r[&Endpoint::Unmatched].throttled, 0);
+        assert_eq!(
+            r[&Endpoint::Unmatched].requests,
+            5,
+            "a route the configuration no longer has is unmatched"
+        );
     }
 }

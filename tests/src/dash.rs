@@ -24,11 +24,23 @@ pub struct Dashboard {
 
 /// Seeds the demo configuration and the first operator, then serves the dashboard.
 pub async fn start_dashboard(redis: &RedisServer) -> Dashboard {
-    start_dashboard_with(&StoreOptions::new(redis.url(), Duration::from_secs(2))).await
+    start_dashboard_with(redis, vec![]).await
+}
+
+/// As [`start_dashboard`], believing `X-Forwarded-For` from `trusted_proxies`.
+pub async fn start_dashboard_with(
+    redis: &RedisServer,
+    trusted_proxies: Vec<ipnet::IpNet>,
+) -> Dashboard {
+    let options = StoreOptions::new(redis.url(), Duration::from_secs(2));
+    start_dashboard_over(&options, trusted_proxies).await
 }
 
 /// [`start_dashboard`] over any store (`rediss://`, Cluster, REST).
-pub async fn start_dashboard_with(options: &StoreOptions) -> Dashboard {
+pub async fn start_dashboard_over(
+    options: &StoreOptions,
+    trusted_proxies: Vec<ipnet::IpNet>,
+) -> Dashboard {
     let store = NativeStore::connect(options)
         .await
         .expect("connect to the store");
@@ -42,7 +54,8 @@ pub async fn start_dashboard_with(options: &StoreOptions) -> Dashboard {
         store,
         site_root().to_str().expect("a UTF-8 path"),
         false,
-    );
+    )
+    .trusting(trusted_proxies);
     let (url, stop) = crate::serve(floodgate_dashboard::server::router(state)).await;
     Dashboard { url, _stop: stop }
 }
@@ -65,13 +78,48 @@ pub struct Operator {
 
 /// POSTs a sign-in form; returns the response.
 pub async fn post_login(url: &str, user: &str, password: &str) -> reqwest::Response {
-    client()
+    post_login_from(url, None, user, password, None).await
+}
+
+/// An HTTP client (no redirects) whose connections come from `local`, a loopback
+/// address such as 127.0.0.7: the dashboard sees a different client address.
+pub fn client_from(local: std::net::IpAddr) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(local)
+        .build()
+        .expect("a client")
+}
+
+/// POSTs a sign-in form from loopback address `from` (default 127.0.0.1), with a
+/// device cookie when given; returns the response.
+pub async fn post_login_from(
+    url: &str,
+    from: Option<std::net::IpAddr>,
+    user: &str,
+    password: &str,
+    device_cookie: Option<&str>,
+) -> reqwest::Response {
+    let http = from.map_or_else(client, client_from);
+    let mut req = http
         .post(format!("{url}/api/login"))
         .header("origin", url)
-        .form(&[("username", user), ("password", password)])
-        .send()
-        .await
-        .expect("post the login form")
+        .form(&[("username", user), ("password", password)]);
+    if let Some(c) = device_cookie {
+        req = req.header("cookie", c);
+    }
+    req.send().await.expect("post the login form")
+}
+
+/// The `name=value` of cookie `name` a response sets.
+pub fn set_cookie(res: &reqwest::Response, name: &str) -> Option<String> {
+    res.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with(&format!("{name}=")))
+        .and_then(|c| c.split(';').next())
+        .map(str::to_string)
 }
 
 impl Operator {
@@ -82,17 +130,7 @@ impl Operator {
             "login answered {}",
             res.status()
         );
-        let cookie = res
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|c| c.starts_with("fg_session="))
-            .expect("a session cookie")
-            .split(';')
-            .next()
-            .unwrap()
-            .to_string();
+        let cookie = set_cookie(&res, "fg_session").expect("a session cookie");
         let http = client();
         let info: Value = http
             .post(format!("{url}/api/session"))
@@ -131,11 +169,33 @@ impl Operator {
 
     /// Calls a server function and parses its JSON answer (panics on an error status).
     pub async fn json(&self, name: &str, fields: &[(&str, &str)]) -> Value {
+        let (status, v) = self.answer(name, fields).await;
+        assert!(status.is_success(), "{name} answered {status}: {v}");
+        v
+    }
+
+    /// Calls a server function: its status and JSON answer (an error's too).
+    pub async fn answer(
+        &self,
+        name: &str,
+        fields: &[(&str, &str)],
+    ) -> (reqwest::StatusCode, Value) {
         let res = self.call(name, fields).await;
         let status = res.status();
         let body = res.text().await.unwrap_or_default();
-        assert!(status.is_success(), "{name} answered {status}: {body}");
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{name}: {e}: {body}"))
+        let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{name}: {e}: {body}"));
+        (status, v)
+    }
+
+    /// Calls a server function that must refuse: its JSON error (an
+    /// [`floodgate_dashboard::model::AppError`]); panics on a success.
+    pub async fn refused(&self, name: &str, fields: &[(&str, &str)]) -> Value {
+        let (status, v) = self.answer(name, fields).await;
+        assert!(
+            status.is_client_error() || status.is_server_error(),
+            "{name} answered {status}: {v}"
+        );
+        v
     }
 
     /// The current configuration version.
@@ -157,4 +217,21 @@ impl Operator {
             .expect("get a page");
         (res.status(), res.text().await.unwrap_or_default())
     }
+}
+
+/// The statuses the edge at `edge` answers `n` searches (`GET /v1/search?q=x`) by
+/// the key `secret`, in order.
+pub async fn search_statuses(edge: &str, secret: &str, n: usize) -> Vec<u16> {
+    let http = reqwest::Client::new();
+    let mut out = vec![];
+    for _ in 0..n {
+        let res = http
+            .get(format!("{edge}/v1/search?q=x"))
+            .bearer_auth(secret)
+            .send()
+            .await
+            .expect("the edge answers");
+        out.push(res.status().as_u16());
+    }
+    out
 }

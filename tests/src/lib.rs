@@ -7,6 +7,7 @@ pub mod http;
 pub mod scale;
 pub mod silent;
 pub mod tls;
+pub mod upstream;
 pub mod webdriver;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -429,7 +430,9 @@ impl Drop for Endpoint {
 /// `tests/node` with its npm packages installed (`npm ci` on first use).
 pub fn node_modules() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node");
-    if !dir.join("node_modules/@upstash/redis").exists() {
+    if !dir.join("node_modules/@upstash/redis").exists()
+        || !dir.join("node_modules/axe-core").exists()
+    {
         let status = Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(&dir)
@@ -527,6 +530,30 @@ pub async fn serve(
     (url, stop)
 }
 
+/// Serves a native edge host in-process on a free loopback port until the returned
+/// guard is dropped. Returns the base URL.
+pub async fn serve_native(
+    pipeline: floodgate_edge::pipeline::Pipeline<
+        floodgate_edge::native_host::NativeStore,
+        floodgate_shared::time::SystemClock,
+    >,
+    config: floodgate_edge::native_host::HostConfig,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let host = floodgate_edge::native_host::Host::new(pipeline, config).expect("a valid host");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = floodgate_edge::native_host::serve(listener, host, async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    (url, stop)
+}
+
 /// serve.mjs and its workerd: stopped by closing stdin, then waited for briefly.
 struct WorkerProcess(Option<tokio::process::Child>);
 
@@ -547,20 +574,64 @@ impl Drop for WorkerProcess {
     }
 }
 
-/// The native host in-process over any store, in front of `upstream`.
+/// Runs each listed case (an `async fn(EdgeKind)`) against the native host and
+/// against the Worker, as `<case>::native` and `<case>::worker`.
+#[macro_export]
+macro_rules! on_both_hosts {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn native() {
+                super::$case($crate::EdgeKind::Native).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn worker() {
+                super::$case($crate::EdgeKind::Worker).await
+            }
+        }
+    )*};
+}
+
+/// A configuration and one API key of plan `free`, stored in `redis`.
+pub struct Seeded {
+    pub secret: String,
+    pub key_id: String,
+}
+
+/// Stores `config` in `redis` and creates one key of plan `free`.
+pub async fn seed(redis: &RedisServer, config: &str) -> Seeded {
+    let store =
+        floodgate_edge::store::resp::RespStore::connect(&redis.url(), Duration::from_secs(2))
+            .await
+            .expect("connect to the test redis");
+    floodgate_edge::admin::set_config(&store, config)
+        .await
+        .expect("a valid configuration");
+    let (record, secret) =
+        floodgate_edge::admin::create_key(&store, "tests", "free", 1_764_000_000)
+            .await
+            .expect("a key is created");
+    Seeded {
+        secret,
+        key_id: record.id,
+    }
+}
+
+/// The native host in-process over any store (`rediss://`, Cluster, REST), in
+/// front of `upstream`.
 pub async fn start_native_edge(
     store: floodgate_edge::store::NativeStore,
     upstream: &str,
     cache_ttl_ms: i64,
 ) -> EdgeInstance {
-    use floodgate_edge::native_host::{self, HostConfig};
+    use floodgate_edge::native_host::HostConfig;
     use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
     let settings = PipelineConfig {
         cache_ttl: cache_ttl_ms * 1000,
         ..PipelineConfig::default()
     };
     let pipeline = Pipeline::new(store, floodgate_shared::time::SystemClock, settings);
-    let (url, stop) = serve(native_host::router(pipeline, HostConfig::new(upstream))).await;
+    let (url, stop) = serve_native(pipeline, HostConfig::new(upstream)).await;
     EdgeInstance {
         url,
         _guards: vec![Box::new(stop)],
@@ -583,6 +654,28 @@ pub struct EdgeInstance {
     _guards: Vec<Box<dyn std::any::Any + Send>>,
 }
 
+/// How a test edge is set up (both hosts take the same knobs).
+#[derive(Debug, Clone)]
+pub struct EdgeOptions {
+    pub cache_ttl_ms: i64,
+    /// The store deadline (`--deadline-ms` / `DEADLINE_MS`); the host's default when
+    /// `None`. Tests that are not about deadlines use 2 s, so a busy machine never
+    /// turns a slow answer into a failure mode.
+    pub deadline_ms: Option<u64>,
+    /// How long the upstream may take to answer (`UPSTREAM_TIMEOUT_MS` in the Worker).
+    pub upstream_timeout_ms: u64,
+}
+
+impl Default for EdgeOptions {
+    fn default() -> Self {
+        Self {
+            cache_ttl_ms: 5_000,
+            deadline_ms: Some(2_000),
+            upstream_timeout_ms: 30_000,
+        }
+    }
+}
+
 /// Starts an edge of `kind` in front of `upstream`, reading config, keys and buckets
 /// from `redis`.
 pub async fn start_edge(
@@ -591,64 +684,136 @@ pub async fn start_edge(
     upstream: &str,
     cache_ttl_ms: i64,
 ) -> EdgeInstance {
+    let options = EdgeOptions {
+        cache_ttl_ms,
+        ..EdgeOptions::default()
+    };
+    start_edge_with(kind, redis, upstream, &options).await
+}
+
+/// Starts an edge of `kind` with `options`.
+pub async fn start_edge_with(
+    kind: EdgeKind,
+    redis: &RedisServer,
+    upstream: &str,
+    options: &EdgeOptions,
+) -> EdgeInstance {
+    use floodgate_edge::native_host::{HostConfig, NativeStore};
+    use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
     match kind {
         EdgeKind::Native => {
+            let deadline = options.deadline_ms.map_or(
+                Duration::from_micros(floodgate_edge::pipeline::DEFAULT_DEADLINE as u64),
+                Duration::from_millis,
+            );
             let store = floodgate_edge::store::resp::RespStore::connect(
                 &redis.url(),
-                std::time::Duration::from_secs(2),
+                store_deadline(deadline),
             )
             .await
             .expect("connect to redis");
-            start_native_edge(
-                floodgate_edge::store::NativeStore::Resp(store),
-                upstream,
-                cache_ttl_ms,
-            )
-            .await
+            let settings = PipelineConfig {
+                cache_ttl: options.cache_ttl_ms * 1000,
+                deadline: deadline.as_micros() as i64,
+                ..PipelineConfig::default()
+            };
+            let pipeline = Pipeline::new(
+                NativeStore::Resp(store),
+                floodgate_shared::time::SystemClock,
+                settings,
+            );
+            let mut host = HostConfig::new(upstream);
+            host.rules.timeouts.upstream = Duration::from_millis(options.upstream_timeout_ms);
+            let (url, stop) = serve_native(pipeline, host).await;
+            EdgeInstance {
+                url,
+                _guards: vec![Box::new(stop)],
+            }
         }
         EdgeKind::Worker => {
             let token = "worker-test-token";
             let endpoint = Endpoint::start(redis, token).await;
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../edge/worker");
-            assert!(
-                dir.join("build/index.js").exists() && dir.join("node_modules/miniflare").exists(),
-                "the Worker is not built: run scripts/worker build (scripts/test does)"
-            );
-            let port = free_port();
-            // workerd logs every client disconnect as an error: keep its stderr in a file
-            let log = std::env::temp_dir().join(format!("floodgate-workerd-{port}.log"));
-            let log_file = std::fs::File::create(&log).expect("create the workerd log");
-            let mut child = tokio::process::Command::new(dir.join("node_modules/.bin/node"))
-                .arg("serve.mjs")
-                .current_dir(&dir)
-                .env("PORT", port.to_string())
-                .env("UPSTREAM_URL", upstream)
-                .env("UPSTASH_REDIS_REST_URL", &endpoint.url)
-                .env("UPSTASH_REDIS_REST_TOKEN", token)
-                .env("CACHE_TTL_MS", cache_ttl_ms.to_string())
-                .env("STOP_ON_STDIN_EOF", "1")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(log_file)
-                .kill_on_drop(true)
-                .spawn()
-                .expect("node runs serve.mjs");
-            let stdout = child.stdout.take().unwrap();
-            let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-            let ready = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
-                .await
-                .expect("workerd starts within 60 s")
-                .expect("read serve.mjs output");
-            assert!(
-                ready.as_deref().is_some_and(|l| l.starts_with("ready")),
-                "serve.mjs said {ready:?}; see {}",
-                log.display()
-            );
-            // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
+            let worker = start_worker(&endpoint.url, token, upstream, options).await;
             EdgeInstance {
-                url: format!("http://127.0.0.1:{port}"),
-                _guards: vec![Box::new(WorkerProcess(Some(child))), Box::new(endpoint)],
+                url: worker.url.clone(),
+                _guards: vec![Box::new(worker), Box::new(endpoint)],
             }
         }
+    }
+}
+
+/// The built Worker in workerd (serve.mjs), against the REST endpoint at `rest_url`;
+/// stops when dropped.
+pub struct WorkerInstance {
+    pub url: String,
+    _process: WorkerProcess,
+}
+
+/// Starts the built Worker in workerd in front of `upstream`.
+pub async fn start_worker(
+    rest_url: &str,
+    token: &str,
+    upstream: &str,
+    options: &EdgeOptions,
+) -> WorkerInstance {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../edge/worker");
+    assert!(
+        dir.join("build/index.js").exists() && dir.join("node_modules/miniflare").exists(),
+        "the Worker is not built: run scripts/worker build (scripts/test does)"
+    );
+    let port = free_port();
+    // workerd logs every client disconnect as an error: keep its stderr in a file
+    let log = std::env::temp_dir().join(format!("floodgate-workerd-{port}.log"));
+    let log_file = std::fs::File::create(&log).expect("create the workerd log");
+    let mut command = tokio::process::Command::new(dir.join("node_modules/.bin/node"));
+    command
+        .arg("serve.mjs")
+        .current_dir(&dir)
+        .env("PORT", port.to_string())
+        .env("UPSTREAM_URL", upstream)
+        .env("UPSTASH_REDIS_REST_URL", rest_url)
+        .env("UPSTASH_REDIS_REST_TOKEN", token)
+        .env("CACHE_TTL_MS", options.cache_ttl_ms.to_string())
+        .env(
+            "UPSTREAM_TIMEOUT_MS",
+            options.upstream_timeout_ms.to_string(),
+        )
+        .env("STOP_ON_STDIN_EOF", "1");
+    if let Some(ms) = options.deadline_ms {
+        command.env("DEADLINE_MS", ms.to_string());
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs serve.mjs");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("workerd starts within 60 s")
+        .expect("read serve.mjs output");
+    assert!(
+        ready.as_deref().is_some_and(|l| l.starts_with("ready")),
+        "serve.mjs said {ready:?}; see {}",
+        log.display()
+    );
+    // the Worker's console (breaker transitions) goes to stdout: keep reading it,
+    // or node dies of EPIPE at the first line
+    let console = log.with_extension("console.log");
+    tokio::spawn(async move {
+        let mut out = String::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            out.push_str(&line);
+            out.push('\n');
+            let _ = std::fs::write(&console, &out);
+        }
+    });
+    // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
+    WorkerInstance {
+        url: format!("http://127.0.0.1:{port}"),
+        _process: WorkerProcess(Some(child)),
     }
 }

@@ -80,7 +80,7 @@ impl SilentProxy {
                         shared.accepted.fetch_add(1, Ordering::SeqCst);
                         let frozen =
                             Arc::new(AtomicBool::new(shared.blackholed.load(Ordering::SeqCst)));
-                        floodgate_edge::lock(&shared.frozen).push(frozen.clone());
+                        floodgate_edge::sync::lock(&shared.frozen).push(frozen.clone());
                         tokio::spawn(async move {
                             if frozen.load(Ordering::SeqCst) {
                                 // held: accepted, never answered, never closed
@@ -121,7 +121,7 @@ impl SilentProxy {
     /// Every open connection freezes for good; new ones are held silent.
     pub fn blackhole(&self) {
         self.state.blackholed.store(true, Ordering::SeqCst);
-        for f in floodgate_edge::lock(&self.state.frozen).iter() {
+        for f in floodgate_edge::sync::lock(&self.state.frozen).iter() {
             f.store(true, Ordering::SeqCst);
         }
     }

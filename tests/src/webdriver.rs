@@ -61,6 +61,12 @@ impl Browser {
     /// Starts chromedriver on a free loopback port and opens a headless session.
     /// Screenshots go to `target/test-artifacts/<artifacts>/`.
     pub async fn start(artifacts: &str) -> Self {
+        Self::start_with(artifacts, true).await
+    }
+
+    /// As [`Browser::start`], with JavaScript on or off (pages then work as plain
+    /// HTML: links and form posts).
+    pub async fn start_with(artifacts: &str, javascript: bool) -> Self {
         let driver_bin = find_binary(&["chromedriver"]).expect(
             "chromedriver is installed (apt-get install chromium-driver; scripts/test does)",
         );
@@ -85,13 +91,20 @@ impl Browser {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let prefs = if javascript {
+            json!({})
+        } else {
+            json!({"profile.managed_default_content_settings.javascript": 2})
+        };
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chrome,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
                          "--disable-background-networking", "--disable-dev-shm-usage",
-                         "--window-size=1280,1600", "--no-first-run"]
+                         "--window-size=1280,1600", "--no-first-run"],
+                "prefs": prefs
             }
         }}});
         let created: Value = http
@@ -202,6 +215,92 @@ impl Browser {
             Some(json!({"script": script, "args": args})),
         )
         .await
+    }
+
+    /// Runs `script` asynchronously: it gets its arguments and, last, a callback to
+    /// call with its value.
+    pub async fn exec_async(&self, script: &str, args: Value) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/async",
+            Some(json!({"script": script, "args": args})),
+        )
+        .await
+    }
+
+    /// Sends a Chrome DevTools Protocol command.
+    pub async fn cdp(&self, cmd: &str, params: Value) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/goog/cdp/execute",
+            Some(json!({"cmd": cmd, "params": params})),
+        )
+        .await
+    }
+
+    /// The browser console's messages since the last call (`LEVEL message` lines).
+    pub async fn console(&self) -> Vec<String> {
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                "/se/log",
+                Some(json!({"type": "browser"})),
+            )
+            .await;
+        v.as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{} {}",
+                            e["level"].as_str().unwrap_or(""),
+                            e["message"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Lets pages of `origin` write (and the test read) the clipboard.
+    pub async fn grant_clipboard(&self, origin: &str) {
+        let v = self
+            .cdp(
+                "Browser.grantPermissions",
+                json!({"origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]}),
+            )
+            .await;
+        assert!(v.is_object() || v.is_null(), "grant the clipboard: {v}");
+    }
+
+    /// Runs axe-core (from `tests/node/node_modules`) on the current page and
+    /// returns its serious and critical violations as `rule: target…` lines.
+    pub async fn axe(&self) -> Vec<String> {
+        let source =
+            std::fs::read_to_string(crate::node_modules().join("node_modules/axe-core/axe.min.js"))
+                .expect("axe-core is installed (cd tests/node && npm ci; scripts/test does)");
+        let loaded = self
+            .exec(&format!("{source}\n;return typeof axe;"), json!([]))
+            .await;
+        assert_eq!(loaded, "object", "axe-core loads into the page");
+        let result = self
+            .exec_async(
+                "const done = arguments[arguments.length - 1];\
+                 axe.run(document, {resultTypes: ['violations']}).then(r => done(r.violations\
+                   .filter(v => v.impact === 'serious' || v.impact === 'critical')\
+                   .map(v => v.id + ' (' + v.impact + '): ' + v.help + ' — ' +\
+                        v.nodes.slice(0, 3).map(n => n.target.join(' ')).join(' | '))))\
+                 .catch(e => done(['axe failed: ' + e]));",
+                json!([]),
+            )
+            .await;
+        result
+            .as_array()
+            .unwrap_or_else(|| panic!("axe answered {result}"))
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect()
     }
 
     /// Waits (bounded) until `script` returns true.

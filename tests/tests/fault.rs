@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 
 use floodgate_edge::admin;
 use floodgate_edge::native_host::NativeStore;
-use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
-use floodgate_edge::store::resp::{DEFAULT_DEADLINE, RespStore};
+use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
+use floodgate_edge::store::resp::RespStore;
+
+/// The answer deadline the pipeline runs with (its default).
+const DEFAULT_DEADLINE: Duration =
+    Duration::from_micros(floodgate_edge::pipeline::DEFAULT_DEADLINE as u64);
 use floodgate_shared::time::SystemClock;
 use floodgate_tests::{RedisServer, Sentinel};
 
@@ -104,7 +108,7 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
     let (_, secret) = admin::create_key(&admin_store, "fault", "free", 1_764_000_000)
         .await
         .unwrap();
-    let store = RespStore::connect(store_url, DEFAULT_DEADLINE)
+    let store = RespStore::connect(store_url, store_deadline(DEFAULT_DEADLINE))
         .await
         .unwrap();
     let pipeline = Arc::new(Pipeline::new(
@@ -143,9 +147,12 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
                         client_ip: None,
                     };
                     let started = Instant::now();
-                    let g = p.gate(head).await;
+                    let decided = p.gate(head).await;
                     let latency = started.elapsed();
-                    let kind = classify(&g);
+                    for task in decided.background {
+                        tokio::spawn(task);
+                    }
+                    let kind = classify(&decided.gate);
                     let at_us = t0.elapsed().as_micros() as u32;
                     if matches!(kind, Kind::Admitted | Kind::Throttled) {
                         // recovery counts requests SENT after the heal

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use floodgate_edge::admin;
-use floodgate_edge::native_host::{self, HostConfig, NativeStore};
+use floodgate_edge::native_host::{HostConfig, NativeStore};
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
 use floodgate_edge::store::Store;
 use floodgate_edge::store::resp::RespStore;
-use floodgate_tests::{RedisServer, serve};
+use floodgate_tests::{RedisServer, serve, serve_native};
 use redis::Commands;
 use reqwest::StatusCode;
 
@@ -71,11 +71,14 @@ async fn stack() -> Stack {
     let pipeline = Pipeline::new(
         NativeStore::Resp(store),
         floodgate_shared::time::SystemClock,
-        PipelineConfig::default(),
+        PipelineConfig {
+            deadline: 2_000_000,
+            ..PipelineConfig::default()
+        },
     );
-    let mut host = HostConfig::new(up_url);
-    host.upstream_timeout = Duration::from_millis(400);
-    let (edge, edge_stop) = serve(native_host::router(pipeline, host)).await;
+    let mut host = HostConfig::new(&up_url);
+    host.rules.timeouts.upstream = Duration::from_millis(400);
+    let (edge, edge_stop) = serve_native(pipeline, host).await;
     Stack {
         slots_key: format!("fg:{{k:{}}}:default:inflight", record.id),
         redis,
@@ -211,18 +214,21 @@ async fn slots_nobody_releases_expire() {
         .await
         .unwrap();
     let key = "fg:{k:leak}:p:inflight";
-    assert!(store.acquire_slot(key, "a", 2, 300).await.unwrap());
-    assert!(store.acquire_slot(key, "b", 2, 300).await.unwrap());
-    assert!(!store.acquire_slot(key, "c", 2, 300).await.unwrap(), "full");
+    assert!(store.acquire_slot(key, "a", 2, 300, None).await.unwrap());
+    assert!(store.acquire_slot(key, "b", 2, 300, None).await.unwrap());
+    assert!(
+        !store.acquire_slot(key, "c", 2, 300, None).await.unwrap(),
+        "full"
+    );
     store.release_slot(key, "a").await.unwrap();
     assert!(
-        store.acquire_slot(key, "c", 2, 300).await.unwrap(),
+        store.acquire_slot(key, "c", 2, 300, None).await.unwrap(),
         "released"
     );
-    assert!(!store.acquire_slot(key, "d", 2, 300).await.unwrap());
+    assert!(!store.acquire_slot(key, "d", 2, 300, None).await.unwrap());
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
-        store.acquire_slot(key, "d", 2, 300).await.unwrap(),
+        store.acquire_slot(key, "d", 2, 300, None).await.unwrap(),
         "expired"
     );
     let ttl: i64 = redis.connection().pttl(key).unwrap();

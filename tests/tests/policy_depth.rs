@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use floodgate_edge::admin;
 use floodgate_edge::demo_upstream::{self, Seen};
 use floodgate_edge::store::resp::RespStore;
+use floodgate_shared::stats;
 use floodgate_tests::{EdgeKind, RedisServer, serve, start_edge};
 
 const CONFIG: &str = r#"{
@@ -265,8 +266,14 @@ async fn a_shadow_policy_is_counted_and_never_enforced() {
         let mut total = 0u64;
         for m in [minute - 1, minute] {
             let n: Option<u64> = redis::cmd("HGET")
-                .arg(format!("fg:stats:{m}"))
-                .arg("search|shadow_throttled")
+                .arg(stats::minute_key(m as i64))
+                .arg(
+                    stats::StatsField::Endpoint(
+                        stats::Endpoint::Route("search".into()),
+                        stats::Counted::ShadowThrottled,
+                    )
+                    .to_string(),
+                )
                 .query(&mut conn)
                 .unwrap();
             total += n.unwrap_or(0);
@@ -279,20 +286,17 @@ async fn a_shadow_policy_is_counted_and_never_enforced() {
     }
     // and the decisions were sampled for backtests
     let sample: Vec<String> = redis::cmd("LRANGE")
-        .arg("fg:sample")
+        .arg(stats::SAMPLE_KEY)
         .arg(0)
         .arg(-1)
         .query(&mut conn)
         .unwrap();
     assert_eq!(sample.len(), 6);
-    let parsed: Vec<_> = sample
-        .iter()
-        .filter_map(|e| floodgate_shared::simulate::SampledRequest::parse(e))
-        .collect();
+    let parsed: Vec<stats::SampleEntry> = sample.iter().filter_map(|e| e.parse().ok()).collect();
     assert_eq!(parsed.len(), 6);
     assert!(
         parsed
             .iter()
-            .all(|r| r.route.as_deref() == Some("search") && r.plan == "free")
+            .all(|r| r.endpoint.route() == Some("search") && r.plan == "free")
     );
 }

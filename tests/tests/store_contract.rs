@@ -17,7 +17,7 @@ use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 use floodgate_shared::time::SystemClock;
 use floodgate_tests::cluster::RedisCluster;
-use floodgate_tests::dash::{Operator, start_dashboard_with};
+use floodgate_tests::dash::{Operator, start_dashboard_over};
 use floodgate_tests::{DEMO_CONFIG, Endpoint, RedisServer, unique_key};
 
 const TOKEN: &str = "contract-token";
@@ -131,11 +131,37 @@ async fn contract<S: Store>(store: &S, name: &str) {
         v
     };
     assert_eq!(admitted, [true, true, true, false], "{name}");
+    // a refund gives back what an admitted call took
+    let r = format!("fg:{{c:{name}}}:refunded");
+    let checks = [Check::new(&r, &q, 1)];
+    let v = store.check(&checks, None).await.unwrap();
+    assert_eq!(v.decisions[0].remaining, 2, "{name}");
+    store.refund(&checks, &v).await.unwrap();
+    let v = store.check(&checks, None).await.unwrap();
+    assert_eq!(
+        v.decisions[0].remaining, 2,
+        "{name}: the refunded token is back"
+    );
     let slots = format!("fg:{{c:{name}}}:bucket:inflight");
-    assert!(store.acquire_slot(&slots, "a", 1, 60_000).await.unwrap());
-    assert!(!store.acquire_slot(&slots, "b", 1, 60_000).await.unwrap());
+    assert!(
+        store
+            .acquire_slot(&slots, "a", 1, 60_000, None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .acquire_slot(&slots, "b", 1, 60_000, None)
+            .await
+            .unwrap()
+    );
     store.release_slot(&slots, "a").await.unwrap();
-    assert!(store.acquire_slot(&slots, "b", 1, 60_000).await.unwrap());
+    assert!(
+        store
+            .acquire_slot(&slots, "b", 1, 60_000, None)
+            .await
+            .unwrap()
+    );
 }
 
 /// Lease mode over a store: exact and leased decisions admit exactly the bucket.
@@ -195,7 +221,7 @@ async fn the_dashboard_works_over_rest_and_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let over_cluster = StoreOptions::new(cluster.url(), Duration::from_secs(2));
     for (name, options) in [("rest", over_rest), ("cluster", over_cluster)] {
-        let dash = start_dashboard_with(&options).await;
+        let dash = start_dashboard_over(&options, vec![]).await;
         let op = Operator::sign_in(&dash.url).await;
         let version = op.version().await;
         let v = op

@@ -13,7 +13,7 @@ use floodgate_edge::store::rest::RestStore;
 use floodgate_edge::store::{NativeStore, Store, StoreErrorKind, StoreOptions};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
-use floodgate_tests::dash::{Operator, start_dashboard_with};
+use floodgate_tests::dash::{Operator, start_dashboard_over};
 use floodgate_tests::tls::TlsRedis;
 use floodgate_tests::{DEMO_CONFIG, Endpoint, serve, start_native_edge};
 
@@ -115,7 +115,7 @@ async fn the_cli_edge_rest_endpoint_and_dashboard_work_over_tls_as_an_acl_user()
     assert_eq!(health.status().as_u16(), 200);
 
     // the dashboard over the TLS store: sign in, read the configuration
-    let dash = start_dashboard_with(&options(&redis)).await;
+    let dash = start_dashboard_over(&options(&redis), vec![]).await;
     let op = Operator::sign_in(&dash.url).await;
     let config = op.json("config", &[]).await;
     assert!(!op.version().await.is_empty(), "{config}");

@@ -51,15 +51,14 @@ impl ScriptCall {
 }
 
 /// How a store sends several script calls in one round trip.
-#[allow(async_fn_in_trait)]
-pub(crate) trait SendScripts {
+pub(crate) trait SendScripts: super::MaybeSync {
     /// One outcome per call, in order (an error reply is that call's `Err`);
     /// `Err` as a whole when the round trip failed.
-    async fn send_scripts(
+    fn send_scripts(
         &self,
         calls: &[ScriptCall],
         limit: Duration,
-    ) -> Result<Vec<Result<Value, StoreError>>, StoreError>;
+    ) -> impl Future<Output = Result<Vec<Result<Value, StoreError>>, StoreError>> + super::MaybeSend;
 }
 
 type Reply = futures_channel::oneshot::Sender<Result<Value, StoreError>>;

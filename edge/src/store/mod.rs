@@ -19,7 +19,8 @@ use std::time::Duration;
 use floodgate_shared::Micros;
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, Taken, leases_key};
 use floodgate_shared::script::{
-    CallError, Check, IN_FLIGHT, LuaScript, ProtocolError, Verdict, interpret, script_call,
+    CallError, Check, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale, Verdict, When, interpret,
+    refund_call, script_call, stale_reply,
 };
 
 #[cfg(any(feature = "native", feature = "rest"))]
@@ -203,6 +204,35 @@ impl From<ProtocolError> for StoreError {
     }
 }
 
+impl From<Stale> for StoreError {
+    /// Redis ran the call too late for its caller: as good as no answer in time.
+    fn from(e: Stale) -> Self {
+        Self::new(StoreErrorKind::Timeout, e.to_string())
+    }
+}
+
+/// `Send` natively, nothing in wasm32 (the Worker is single-threaded and its
+/// futures are not `Send`): the bound store futures carry, so a host can move a
+/// store call that missed its deadline to a background task on either.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSend: Send {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + ?Sized> MaybeSend for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSend {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSend for T {}
+
+/// `Sync` natively, nothing in wasm32 (see [`MaybeSend`]).
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSync: Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Sync + ?Sized> MaybeSync for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSync {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSync for T {}
+
 /// A reply, in Floodgate's own terms (whatever client or protocol carried it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
@@ -294,6 +324,9 @@ impl Value {
     }
 }
 
+/// A hash's fields and values, as [`Store::hgetall_many`] reads them.
+pub type HashFields = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// How [`Store::set`] writes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SetOptions {
@@ -335,199 +368,316 @@ pub fn words<S: AsRef<[u8]> + ?Sized>(parts: &[&S]) -> Vec<Vec<u8>> {
 
 /// A place where buckets and records live: the primitives each store
 /// implements, and everything Floodgate does with Redis written once on top.
-#[allow(async_fn_in_trait)]
-pub trait Store {
+/// Every future is `Send` natively ([`MaybeSend`]), so a host can finish a call
+/// that missed its deadline in the background.
+pub trait Store: MaybeSync {
     /// Runs a registered script in ONE round trip: `EVALSHA`, and `EVAL` with the
     /// source within the same call when the server does not know it (after a
     /// restart, a failover or `SCRIPT FLUSH`).
-    async fn run(
+    fn run(
         &self,
         script: &LuaScript,
         keys: &[&str],
         args: &[String],
-    ) -> Result<Value, StoreError>;
+    ) -> impl Future<Output = Result<Value, StoreError>> + MaybeSend;
 
     /// One command (binary-safe arguments). An error reply is `Err`.
-    async fn command(&self, args: &[&[u8]]) -> Result<Value, StoreError>;
+    fn command(
+        &self,
+        args: &[&[u8]],
+    ) -> impl Future<Output = Result<Value, StoreError>> + MaybeSend;
 
     /// Several commands in ONE round trip, not atomic; one reply per command,
     /// error replies as [`Value::Error`].
-    async fn pipeline(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError>;
+    fn pipeline(
+        &self,
+        commands: &[Vec<Vec<u8>>],
+    ) -> impl Future<Output = Result<Vec<Value>, StoreError>> + MaybeSend;
 
     /// A script replying with an array of integers.
-    async fn run_ints(
+    fn run_ints(
         &self,
         script: &LuaScript,
         keys: &[&str],
         args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        self.run(script, keys, args).await?.into_ints()
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + MaybeSend {
+        async move { self.run(script, keys, args).await?.into_ints() }
     }
 
     /// Checks (and, when every bucket has room, consumes) all `checks` atomically
-    /// in one round trip. `now = None` uses the store's clock (Redis `TIME`);
-    /// tests pass an explicit instant.
-    async fn check(
+    /// in one round trip, by the clock `when` says: Redis' `TIME` (`None`), Redis'
+    /// `TIME` only until an instant ([`When::RedisUntil`]: a later call changes
+    /// nothing and fails as a timeout), or an explicit instant (tests).
+    fn check(
         &self,
         checks: &[Check<'_>],
-        now: Option<Micros>,
-    ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, now)?;
-        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.run_ints(script, &keys, &args).await?;
-        Ok(interpret(checks, &reply)?)
+        when: impl Into<When> + MaybeSend,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + MaybeSend {
+        async move {
+            let (script, args) = script_call(checks, when)?;
+            let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+            let reply = self.run_ints(script, &keys, &args).await?;
+            verdict(checks, &reply)
+        }
+    }
+
+    /// Gives back what an admitted `verdict` over `checks` consumed
+    /// (`lua/refund.lua`), for a request refused after all.
+    fn refund(
+        &self,
+        checks: &[Check<'_>],
+        verdict: &Verdict,
+    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
+        let call = refund_call(checks, verdict);
+        async move {
+            match call {
+                Some((keys, args)) => self.run(&REFUND, &keys, &args).await?.ok().map(|_| ()),
+                None => Ok(()),
+            }
+        }
     }
 
     /// Takes an in-flight slot `id` in the set `key` when fewer than `limit`
     /// unexpired slots are held (`lua/in_flight.lua`); the slot expires after
-    /// `ttl_ms` unless released. `Ok(false)`: the limit is reached.
-    async fn acquire_slot(
+    /// `ttl_ms` unless released. `until`: the last instant (Redis' clock) at which
+    /// the caller still waits for the answer (later: nothing is taken, a timeout).
+    /// `Ok(false)`: the limit is reached.
+    fn acquire_slot(
         &self,
         key: &str,
         id: &str,
         limit: u32,
         ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
-        let args = [id.to_string(), limit.to_string(), ttl_ms.to_string()];
-        slot_taken(&self.run_ints(&IN_FLIGHT, &[key], &args).await?)
+        until: Option<Micros>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + MaybeSend {
+        let args = slot_args(id, limit, ttl_ms, until);
+        async move { slot_taken(&self.run_ints(&IN_FLIGHT, &[key], &args).await?) }
     }
 
     /// Releases a slot (a no-op when it already expired).
-    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
-        self.command(&[b"ZREM", key.as_bytes(), id.as_bytes()])
-            .await
-            .map(|_| ())
+    fn release_slot(
+        &self,
+        key: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
+        async move {
+            self.command(&[b"ZREM", key.as_bytes(), id.as_bytes()])
+                .await
+                .map(|_| ())
+        }
     }
 
     /// Lease mode: decides one request exactly and leases tokens from the bucket
     /// `key` (`lua/lease_take.lua`; `args` from `LeaseConfig::take_args`).
-    async fn take_lease(&self, key: &str, args: &[String]) -> Result<Taken, StoreError> {
-        let leases = leases_key(key);
-        let reply = self.run_ints(&LEASE_TAKE, &[key, &leases], args).await?;
-        Taken::from_reply(&reply).map_err(StoreError::protocol)
+    fn take_lease(
+        &self,
+        key: &str,
+        args: &[String],
+    ) -> impl Future<Output = Result<Taken, StoreError>> + MaybeSend {
+        async move {
+            let leases = leases_key(key);
+            let reply = self.run_ints(&LEASE_TAKE, &[key, &leases], args).await?;
+            Taken::from_reply(&reply).map_err(StoreError::protocol)
+        }
     }
 
     /// Lease mode: gives unused leased tokens back (`lua/lease_return.lua`).
-    async fn return_lease(&self, key: &str, args: &[String]) -> Result<(), StoreError> {
-        let leases = leases_key(key);
-        self.run(&LEASE_RETURN, &[key, &leases], args)
-            .await?
-            .ok()
-            .map(|_| ())
+    fn return_lease(
+        &self,
+        key: &str,
+        args: &[String],
+    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
+        async move {
+            let leases = leases_key(key);
+            self.run(&LEASE_RETURN, &[key, &leases], args)
+                .await?
+                .ok()
+                .map(|_| ())
+        }
     }
 
     /// A health check within the deadline (the breaker's half-open probe).
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.command(&[b"PING"]).await.map(|_| ())
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
+        async move { self.command(&[b"PING"]).await.map(|_| ()) }
     }
 
     /// The value of a string key; `None` when absent (or not a string: the edge
     /// treats a foreign key as no record).
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.command(&[b"GET", key.as_bytes()]).await {
-            Err(e) if e.redis() == Some(RedisErrorKind::WrongType) => Ok(None),
-            reply => reply?.into_bytes(),
+    fn get(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + MaybeSend {
+        async move { string_or_none(self.command(&[b"GET", key.as_bytes()]).await) }
+    }
+
+    /// The values of several string keys (`None` when absent or not a string), in
+    /// ONE round trip.
+    fn get_many(
+        &self,
+        keys: &[&str],
+    ) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, StoreError>> + MaybeSend {
+        let commands: Vec<Vec<Vec<u8>>> = keys
+            .iter()
+            .map(|k| vec![b"GET".to_vec(), k.as_bytes().to_vec()])
+            .collect();
+        async move {
+            self.pipeline(&commands)
+                .await?
+                .into_iter()
+                .map(|v| string_or_none(v.ok()))
+                .collect()
         }
     }
 
     /// [`Store::get`] as text (invalid UTF-8 replaced).
-    async fn get_text(&self, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .get(key)
-            .await?
-            .map(|b| String::from_utf8_lossy(&b).into_owned()))
+    fn get_text(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + MaybeSend {
+        async move {
+            Ok(self
+                .get(key)
+                .await?
+                .map(|b| String::from_utf8_lossy(&b).into_owned()))
+        }
     }
 
     /// Runs several write commands in ONE round trip (not atomic); fails if any
     /// command failed.
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
+    fn write_batch(
+        &self,
+        commands: Vec<Vec<String>>,
+    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
         let commands: Vec<Vec<Vec<u8>>> = commands
             .into_iter()
             .map(|c| c.into_iter().map(String::into_bytes).collect())
             .collect();
-        for reply in self.pipeline(&commands).await? {
-            reply.ok()?;
+        async move {
+            for reply in self.pipeline(&commands).await? {
+                reply.ok()?;
+            }
+            Ok(())
         }
-        Ok(())
     }
 
     /// `SET` with its options. `Ok(false)`: a condition (`NX`/`XX`) refused it.
-    async fn set(&self, key: &str, value: &[u8], options: SetOptions) -> Result<bool, StoreError> {
-        let mut args: Vec<&[u8]> = vec![b"SET", key.as_bytes(), value];
-        let ms;
-        if let Some(after) = options.expire {
-            ms = after.as_millis().max(1).to_string();
-            args.extend([b"PX".as_slice(), ms.as_bytes()]);
+    fn set(
+        &self,
+        key: &str,
+        value: &[u8],
+        options: SetOptions,
+    ) -> impl Future<Output = Result<bool, StoreError>> + MaybeSend {
+        async move {
+            let mut args: Vec<&[u8]> = vec![b"SET", key.as_bytes(), value];
+            let ms;
+            if let Some(after) = options.expire {
+                ms = after.as_millis().max(1).to_string();
+                args.extend([b"PX".as_slice(), ms.as_bytes()]);
+            }
+            match options.condition {
+                Some(SetCondition::Missing) => args.push(b"NX"),
+                Some(SetCondition::Present) => args.push(b"XX"),
+                None => {}
+            }
+            Ok(!matches!(self.command(&args).await?, Value::Nil))
         }
-        match options.condition {
-            Some(SetCondition::Missing) => args.push(b"NX"),
-            Some(SetCondition::Present) => args.push(b"XX"),
-            None => {}
-        }
-        Ok(!matches!(self.command(&args).await?, Value::Nil))
     }
 
     /// `DEL`: how many of `keys` existed.
-    async fn del(&self, keys: &[&str]) -> Result<u64, StoreError> {
-        let mut args: Vec<&[u8]> = vec![b"DEL"];
-        args.extend(keys.iter().map(|k| k.as_bytes()));
-        Ok(self.command(&args).await?.into_int()?.max(0) as u64)
+    fn del(&self, keys: &[&str]) -> impl Future<Output = Result<u64, StoreError>> + MaybeSend {
+        async move {
+            let mut args: Vec<&[u8]> = vec![b"DEL"];
+            args.extend(keys.iter().map(|k| k.as_bytes()));
+            Ok(self.command(&args).await?.into_int()?.max(0) as u64)
+        }
     }
 
-    async fn hget(&self, key: &str, field: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.command(&[b"HGET", key.as_bytes(), field.as_bytes()])
-            .await?
-            .into_bytes()
+    fn hget(
+        &self,
+        key: &str,
+        field: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + MaybeSend {
+        async move {
+            self.command(&[b"HGET", key.as_bytes(), field.as_bytes()])
+                .await?
+                .into_bytes()
+        }
     }
 
     /// `HSETNX`: whether the field was new.
-    async fn hsetnx(&self, key: &str, field: &str, value: &[u8]) -> Result<bool, StoreError> {
-        Ok(self
-            .command(&[b"HSETNX", key.as_bytes(), field.as_bytes(), value])
-            .await?
-            .into_int()?
-            == 1)
+    fn hsetnx(
+        &self,
+        key: &str,
+        field: &str,
+        value: &[u8],
+    ) -> impl Future<Output = Result<bool, StoreError>> + MaybeSend {
+        async move {
+            Ok(self
+                .command(&[b"HSETNX", key.as_bytes(), field.as_bytes(), value])
+                .await?
+                .into_int()?
+                == 1)
+        }
     }
 
-    async fn hkeys(&self, key: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.command(&[b"HKEYS", key.as_bytes()])
-            .await?
-            .into_byte_list()
+    fn hkeys(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + MaybeSend {
+        async move {
+            self.command(&[b"HKEYS", key.as_bytes()])
+                .await?
+                .into_byte_list()
+        }
     }
 
     /// Every field and value of each hash in `keys`, in ONE round trip.
-    async fn hgetall_many(
+    fn hgetall_many(
         &self,
         keys: &[String],
-    ) -> Result<Vec<Vec<(Vec<u8>, Vec<u8>)>>, StoreError> {
+    ) -> impl Future<Output = Result<Vec<HashFields>, StoreError>> + MaybeSend {
         let commands: Vec<Vec<Vec<u8>>> = keys
             .iter()
             .map(|k| vec![b"HGETALL".to_vec(), k.as_bytes().to_vec()])
             .collect();
-        let mut out = Vec::with_capacity(keys.len());
-        for reply in self.pipeline(&commands).await? {
-            let flat = reply.into_byte_list()?;
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut it = flat.into_iter();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                pairs.push((k, v));
+        async move {
+            let mut out = Vec::with_capacity(commands.len());
+            for reply in self.pipeline(&commands).await? {
+                let flat = reply.into_byte_list()?;
+                let mut pairs = Vec::with_capacity(flat.len() / 2);
+                let mut it = flat.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((k, v));
+                }
+                out.push(pairs);
             }
-            out.push(pairs);
+            Ok(out)
         }
-        Ok(out)
     }
 
     /// The elements of a list in `start..=stop` (a missing key is an empty list).
-    async fn lrange(&self, key: &str, start: i64, stop: i64) -> Result<Vec<Vec<u8>>, StoreError> {
-        let (start, stop) = (start.to_string(), stop.to_string());
-        self.command(&[b"LRANGE", key.as_bytes(), start.as_bytes(), stop.as_bytes()])
-            .await?
-            .into_byte_list()
+    fn lrange(
+        &self,
+        key: &str,
+        start: i64,
+        stop: i64,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + MaybeSend {
+        async move {
+            let (start, stop) = (start.to_string(), stop.to_string());
+            self.command(&[b"LRANGE", key.as_bytes(), start.as_bytes(), stop.as_bytes()])
+                .await?
+                .into_byte_list()
+        }
     }
 
     /// Pushes `item` at the head of the list `key` and keeps its newest `keep`
     /// items, in one round trip.
-    async fn push_capped(&self, key: &str, item: &[u8], keep: usize) -> Result<(), StoreError> {
+    fn push_capped(
+        &self,
+        key: &str,
+        item: &[u8],
+        keep: usize,
+    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
         let last = keep.max(1) - 1;
         let commands = vec![
             vec![b"LPUSH".to_vec(), key.as_bytes().to_vec(), item.to_vec()],
@@ -538,16 +688,45 @@ pub trait Store {
                 last.to_string().into_bytes(),
             ],
         ];
-        for reply in self.pipeline(&commands).await? {
-            reply.ok()?;
+        async move {
+            for reply in self.pipeline(&commands).await? {
+                reply.ok()?;
+            }
+            Ok(())
         }
-        Ok(())
     }
 }
 
-/// Reads the in-flight script's reply `{taken, held}`.
+/// A string reply, `None` for nil and for a key holding another type.
+fn string_or_none(reply: Result<Value, StoreError>) -> Result<Option<Vec<u8>>, StoreError> {
+    match reply {
+        Err(e) if e.redis() == Some(RedisErrorKind::WrongType) => Ok(None),
+        reply => reply?.into_bytes(),
+    }
+}
+
+/// Interprets a bucket script's reply to `checks`: a verdict, or a stale call.
+pub fn verdict(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, StoreError> {
+    if let Some(stale) = stale_reply(reply) {
+        return Err(stale.into());
+    }
+    Ok(interpret(checks, reply)?)
+}
+
+/// The arguments of `lua/in_flight.lua`.
+pub fn slot_args(id: &str, limit: u32, ttl_ms: u64, until: Option<Micros>) -> Vec<String> {
+    let mut args = vec![id.to_string(), limit.to_string(), ttl_ms.to_string()];
+    args.extend(until.map(|t| t.to_string()));
+    args
+}
+
+/// Reads the in-flight script's reply `{taken, held}` (`{2, 0}`: too late).
 pub fn slot_taken(reply: &[i64]) -> Result<bool, StoreError> {
     match reply {
+        [2, _] => Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            "Redis took the slot call after its caller had given up on it",
+        )),
         [taken, _held] => Ok(*taken == 1),
         other => Err(StoreError::protocol(format!(
             "unexpected in-flight reply {other:?}"
@@ -555,7 +734,7 @@ pub fn slot_taken(reply: &[i64]) -> Result<bool, StoreError> {
     }
 }
 
-pub use crate::lock;
+pub use crate::sync::lock;
 
 #[cfg(test)]
 mod tests {

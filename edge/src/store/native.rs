@@ -34,7 +34,7 @@ pub struct StoreOptions {
     /// The bearer token of a REST URL.
     pub rest_token: Option<String>,
     /// How long a connection may stay silent, calls waiting, before it is
-    /// replaced (default: 4 deadlines, at least 250 ms).
+    /// replaced (default: the deadline, at least 250 ms).
     pub silence: Option<Duration>,
 }
 
@@ -66,7 +66,7 @@ impl StoreOptions {
 
     pub fn silence(&self) -> Duration {
         self.silence
-            .unwrap_or_else(|| (self.deadline * 4).max(Duration::from_millis(250)))
+            .unwrap_or_else(|| self.deadline.max(Duration::from_millis(250)))
     }
 
     /// The CA file's contents, checked to hold at least one certificate.

@@ -1,20 +1,32 @@
-//! Floodgate's edge in a Cloudflare Worker: wiring only. Everything else is the
-//! host-free pipeline in `floodgate-edge` over the Upstash REST store.
+//! Floodgate's edge in a Cloudflare Worker: wiring only. The decision is the
+//! host-free pipeline in `floodgate-edge` over the Upstash REST store; what a
+//! client observes of the proxying is `floodgate_edge::proxy`'s rules, shared with
+//! the native host. This file is their I/O through workerd's `fetch`.
 //!
-//! Bindings (wrangler.toml): secrets `UPSTASH_REDIS_REST_URL`, `UPSTASH_REDIS_REST_TOKEN`;
-//! vars `UPSTREAM_URL`, optional `CACHE_TTL_MS`, `DEADLINE_MS`, `FORWARD_KEY`,
-//! `BREAKER_THRESHOLD` (consecutive failures that open the breaker, default 5) and
-//! `BREAKER_COOL_DOWN_MS` (default 1000). Breaker transitions go to the console log.
+//! Bindings (wrangler.toml): secrets `UPSTASH_REDIS_REST_URL`,
+//! `UPSTASH_REDIS_REST_TOKEN`; var `UPSTREAM_URL`; optional vars (defaults in
+//! brackets): `DEADLINE_MS` (50: the longest a request waits for one Redis call),
+//! `UPSTREAM_TIMEOUT_MS` (30000), `CACHE_TTL_MS` (5000), `NEGATIVE_CACHE_TTL_MS`
+//! (60000), `BREAKER_THRESHOLD` (5), `BREAKER_COOL_DOWN_MS` (1000), `KEY_HEADER`
+//! (authorization), `FORWARD_KEY` (false), `IDENTITY_HEADER` (x-floodgate-key-id),
+//! `UNKNOWN_KEYS_PER_IP_PER_MIN` (20), `UNKNOWN_KEYS_PER_MIN` (600),
+//! `MAX_BODY_BYTES` (10485760). Breaker transitions go to the console log.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
+use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
+use floodgate_edge::proxy::{
+    HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body,
+};
 use floodgate_edge::store::rest::RestStore;
-use floodgate_shared::contract::{HOP_BY_HOP, IDENTITY_HEADER};
+use floodgate_edge::timer::{Raced, race};
 use floodgate_shared::time::{Clock, Micros};
-use worker::{Context, Env, Headers, Method, Request, RequestInit, Response, Result, event};
+use worker::{
+    AbortController, Context, Env, Fetch, Headers, Method, Request, RequestInit, Response,
+    ResponseBuilder, Result, event,
+};
 
 /// `Date.now()`: `SystemTime::now` panics in wasm32.
 struct WorkerClock;
@@ -27,9 +39,14 @@ impl Clock for WorkerClock {
 
 type EdgePipeline = Pipeline<RestStore, WorkerClock>;
 
+/// One per isolate, so its caches, breaker and deny cache outlive a request.
+struct Edge {
+    pipeline: EdgePipeline,
+    rules: ProxyRules,
+}
+
 thread_local! {
-    /// One pipeline per isolate, so its caches outlive a request.
-    static PIPELINE: RefCell<Option<Rc<EdgePipeline>>> = const { RefCell::new(None) };
+    static EDGE: RefCell<Option<Rc<Edge>>> = const { RefCell::new(None) };
 }
 
 fn var(env: &Env, name: &str) -> Option<String> {
@@ -39,64 +56,121 @@ fn var(env: &Env, name: &str) -> Option<String> {
         .or_else(|| env.secret(name).ok().map(|v| v.to_string()))
 }
 
-fn pipeline(env: &Env) -> Result<Rc<EdgePipeline>> {
-    if let Some(p) = PIPELINE.with(|p| p.borrow().clone()) {
-        return Ok(p);
+fn edge(env: &Env) -> std::result::Result<Rc<Edge>, String> {
+    if let Some(e) = EDGE.with(|e| e.borrow().clone()) {
+        return Ok(e);
     }
+    let upstream = var(env, "UPSTREAM_URL").ok_or("UPSTREAM_URL is not set")?;
     let url = var(env, "UPSTASH_REDIS_REST_URL").ok_or("UPSTASH_REDIS_REST_URL is not set")?;
     let token =
         var(env, "UPSTASH_REDIS_REST_TOKEN").ok_or("UPSTASH_REDIS_REST_TOKEN is not set")?;
-    let ms = |name: &str, default: u64| {
-        var(env, name)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
+    let num = |name: &str, default: u64| -> std::result::Result<u64, String> {
+        match var(env, name) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| format!("{name} must be a whole number, got {v:?}")),
+        }
     };
-    let store = RestStore::new(&url, &token, Duration::from_millis(ms("DEADLINE_MS", 1000)))
-        .map_err(|e| worker::Error::RustError(e.to_string()))?;
+    let ms = |name: &str, default: u64| num(name, default).map(|v| v as i64 * 1000);
+    let deadline = num("DEADLINE_MS", 50)?.max(1);
+    let store = RestStore::new(
+        &url,
+        &token,
+        store_deadline(Duration::from_millis(deadline)),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut rules = ProxyRules::new(&upstream);
+    if let Some(h) = var(env, "KEY_HEADER") {
+        rules.key_header = h.trim().to_ascii_lowercase();
+    }
+    if let Some(h) = var(env, "IDENTITY_HEADER") {
+        rules.identity_header = h.trim().to_ascii_lowercase();
+    }
+    rules.forward_key = var(env, "FORWARD_KEY").as_deref() == Some("true");
+    rules.timeouts.upstream = Duration::from_millis(num("UPSTREAM_TIMEOUT_MS", 30_000)?);
+    rules.limits.max_body = Some(num("MAX_BODY_BYTES", 10 * 1024 * 1024)?);
     let settings = PipelineConfig {
-        cache_ttl: ms("CACHE_TTL_MS", 5000) as i64 * 1000,
-        breaker_threshold: ms("BREAKER_THRESHOLD", 5).clamp(1, u32::MAX as u64) as u32,
-        breaker_cool_down: ms("BREAKER_COOL_DOWN_MS", 1000) as i64 * 1000,
+        bearer: rules.bearer(),
+        deadline: deadline as i64 * 1000,
+        cache_ttl: ms("CACHE_TTL_MS", 5_000)?,
+        negative_cache_ttl: ms("NEGATIVE_CACHE_TTL_MS", 60_000)?,
+        breaker_threshold: num("BREAKER_THRESHOLD", 5)?.clamp(1, u32::MAX as u64) as u32,
+        breaker_cool_down: ms("BREAKER_COOL_DOWN_MS", 1_000)?,
+        unknown_keys_per_ip_per_min: num("UNKNOWN_KEYS_PER_IP_PER_MIN", 20)?.min(u32::MAX as u64)
+            as u32,
+        unknown_keys_per_min: num("UNKNOWN_KEYS_PER_MIN", 600)?.min(u32::MAX as u64) as u32,
         log: console_log,
         ..PipelineConfig::default()
     };
-    let p = Rc::new(Pipeline::new(store, WorkerClock, settings));
-    PIPELINE.with(|slot| *slot.borrow_mut() = Some(p.clone()));
-    Ok(p)
+    let e = Rc::new(Edge {
+        pipeline: Pipeline::new(store, WorkerClock, settings),
+        rules,
+    });
+    EDGE.with(|slot| *slot.borrow_mut() = Some(e.clone()));
+    Ok(e)
 }
 
 fn console_log(line: &str) {
     worker::console_log!("{line}");
 }
 
-fn json(status: u16, error: &str) -> Result<Response> {
-    let mut r =
-        Response::ok(serde_json::json!({ "error": error }).to_string())?.with_status(status);
-    r.headers_mut().set("content-type", "application/json")?;
+/// One of the pipeline's or the rules' answers.
+fn answer(gate: Gate) -> Result<Response> {
+    let Gate::Respond {
+        status,
+        headers,
+        body,
+    } = gate
+    else {
+        return Err("only answers are written here".into());
+    };
+    let mut r = Response::ok(body)?.with_status(status);
+    for (k, v) in headers {
+        r.headers_mut().set(k, &v)?;
+    }
     Ok(r)
+}
+
+fn head_size(req: &Request, url: &worker::Url) -> HeadSize {
+    let (mut header_count, mut header_bytes) = (0, 0);
+    for (k, v) in req.headers().entries() {
+        header_count += 1;
+        header_bytes += k.len() + v.len();
+    }
+    HeadSize {
+        path: url.path().len(),
+        query: url.query().map_or(0, str::len),
+        header_count,
+        header_bytes,
+        content_length: req
+            .headers()
+            .get("content-length")
+            .ok()
+            .flatten()
+            .and_then(|v| v.parse().ok()),
+    }
 }
 
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
-    let upstream = match var(&env, "UPSTREAM_URL") {
-        Some(u) => u.trim_end_matches('/').to_string(),
-        None => return json(500, "UPSTREAM_URL is not set"),
-    };
-    let pipeline = match pipeline(&env) {
-        Ok(p) => p,
-        Err(e) => return json(500, &format!("misconfigured: {e}")),
+    let edge = match edge(&env) {
+        Ok(e) => e,
+        Err(e) => return answer(Gate::json(500, "Floodgate is misconfigured", Some(&e))),
     };
     let url = req.url()?;
-    if url.path() == "/__floodgate/health" {
+    if url.path() == HEALTH_PATH {
         // this isolate's breaker and degraded totals (see docs/failure.md)
-        let mut r = Response::ok(pipeline.health().to_json())?;
+        let mut r = Response::ok(edge.pipeline.health().to_json())?;
         r.headers_mut().set("content-type", "application/json")?;
+        r.headers_mut().set("cache-control", "no-store")?;
         return Ok(r);
     }
-    if url.path().len() > floodgate_shared::routes::MAX_PATH_LEN {
-        return json(414, "Request URI too long");
+    if let Err(r) = edge.rules.check_head(&head_size(&req, &url)) {
+        return answer(r.answer());
     }
-    let credentials = req.headers().get("authorization")?;
+    let credentials = req.headers().get(&edge.rules.key_header)?;
     let client_ip = req
         .headers()
         .get("cf-connecting-ip")?
@@ -106,25 +180,18 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         credentials: credentials.as_deref().map(str::as_bytes),
         client_ip,
     };
-    let gate = pipeline.gate(head).await;
+    let decided = edge.pipeline.gate(head).await;
+    for task in decided.background {
+        ctx.wait_until(task);
+    }
     // per-endpoint counters: written in one batch at most once a second, after the
     // response (waitUntil), never delaying it
-    let flusher = pipeline.clone();
+    let flusher = edge.clone();
     ctx.wait_until(async move {
-        let _ = flusher.flush_stats(1_000_000).await;
+        let _ = flusher.pipeline.flush_stats(1_000_000).await;
     });
-    let (key_id, quota, slots) = match gate {
-        Gate::Respond {
-            status,
-            headers,
-            body,
-        } => {
-            let mut r = Response::ok(body)?.with_status(status);
-            for (k, v) in headers {
-                r.headers_mut().set(k, &v)?;
-            }
-            return Ok(r);
-        }
+    let (key_id, quota, slots) = match decided.gate {
+        g @ Gate::Respond { .. } => return answer(g),
         Gate::Forward {
             key_id,
             headers,
@@ -133,50 +200,91 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         } => (key_id, headers, slots),
     };
 
-    let forward_key = var(&env, "FORWARD_KEY").as_deref() == Some("true");
+    let rules = &edge.rules;
+    let named = connection_named(req.headers().get("connection")?.as_deref());
     let out = Headers::new();
     for (k, v) in req.headers().entries() {
-        let lower = k.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&lower.as_str())
-            || lower == IDENTITY_HEADER
-            || (!forward_key && lower == "authorization")
-        {
-            continue;
+        if rules.forwards_request_header(&k, &named) {
+            out.append(&k, &v)?;
         }
-        out.append(&k, &v)?;
     }
-    out.set(IDENTITY_HEADER, &key_id)?;
-    let target = format!(
-        "{upstream}{}{}",
+    if let Some(id) = &key_id {
+        out.set(&rules.identity_header, id)?;
+    }
+    if let Some(xff) =
+        rules.forwarded_for(req.headers().get("x-forwarded-for")?.as_deref(), client_ip)
+    {
+        out.set("x-forwarded-for", &xff)?;
+    }
+    let target = rules.target(&format!(
+        "{}{}",
         url.path(),
         url.query().map(|q| format!("?{q}")).unwrap_or_default()
-    );
+    ));
+    let method = req.method();
+    let controller = AbortController::default();
     let mut init = RequestInit::new();
-    init.with_method(req.method()).with_headers(out);
-    if !matches!(req.method(), Method::Get | Method::Head) {
-        if let Some(body) = req.inner().body() {
-            init.with_body(Some(body.into()));
-        }
+    init.with_method(method.clone()).with_headers(out);
+    if !matches!(method, Method::Get | Method::Head)
+        && let Some(body) = req.inner().body()
+    {
+        init.with_body(Some(body.into()));
     }
     let upstream_req = Request::new_with_init(&target, &init)?;
-    let sent = worker::Fetch::Request(upstream_req).send().await;
-    // in-flight slots go back once the upstream has answered (or failed); the body
-    // then streams without holding one
-    if !slots.is_empty() {
-        let releaser = pipeline.clone();
-        ctx.wait_until(async move { releaser.release(&slots).await });
-    }
-    let mut resp = match sent {
-        Ok(r) => r,
-        Err(_) => return json(502, "Upstream unavailable"),
+    let signal = controller.signal();
+    let sent = race(
+        Box::pin(async move { Fetch::Request(upstream_req).send_with_signal(&signal).await }),
+        rules.timeouts.upstream,
+    )
+    .await;
+    let release = |edge: &Rc<Edge>, slots: Vec<floodgate_edge::pipeline::Slot>| {
+        let edge = edge.clone();
+        async move { edge.pipeline.release(&slots).await }
     };
-    let headers = resp.headers().clone();
+    let resp = match sent {
+        Raced::Done(Ok(r)) => r,
+        Raced::Done(Err(_)) => {
+            ctx.wait_until(release(&edge, slots));
+            return answer(Refusal::UpstreamUnavailable.answer());
+        }
+        Raced::Late(_) => {
+            controller.abort();
+            ctx.wait_until(release(&edge, slots));
+            return answer(Refusal::UpstreamTimeout.answer());
+        }
+    };
+    let status = resp.status_code();
+    let from: web_sys::Response = resp.into();
+    let named = connection_named(from.headers().get("connection").ok().flatten().as_deref());
+    let headers = Headers::new();
+    for (k, v) in Headers(from.headers()).entries() {
+        if rules.forwards_response_header(&k, &named) {
+            headers.append(&k, &v)?;
+        }
+    }
     for (k, v) in quota {
         headers.set(k, &v)?;
     }
-    let status = resp.status_code();
-    let body = resp.stream()?;
-    Ok(Response::from_stream(body)?
+    let builder = ResponseBuilder::new()
         .with_status(status)
-        .with_headers(headers))
+        .with_headers(headers);
+    let body = from.body().filter(|_| has_body(method.as_ref(), status));
+    let Some(body) = body else {
+        ctx.wait_until(release(&edge, slots));
+        return Ok(builder.empty());
+    };
+    if slots.is_empty() {
+        // the upstream's own stream: its length and its failures reach the client
+        return Ok(builder.stream(body));
+    }
+    // slots go back once the body is out: pipe it through, release when done
+    let pass =
+        web_sys::TransformStream::new().map_err(|e| worker::Error::JsError(format!("{e:?}")))?;
+    let piped = wasm_bindgen_futures::JsFuture::from(body.pipe_to(&pass.writable()));
+    let edge2 = edge.clone();
+    ctx.wait_until(async move {
+        let _ = piped.await;
+        edge2.pipeline.release(&slots).await;
+    });
+    Ok(builder.stream(pass.readable()))
 }

@@ -984,6 +984,9 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         on_remote,
     );
     let on_remote_url = format!("http://127.0.0.1:{on_remote}");
+    // nginx (one worker, on CPU 0 like the edge) limiting per Authorization header
+    // with limit_req in its own memory, in front of the same upstream
+    let nginx = Nginx::start(up);
 
     println!(
         "\n## The edge: native host, limiter on vs off (same upstream; median of 3 alternating rounds)"
@@ -995,31 +998,52 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         true => wrk(url, secret, 64, secs),
         false => rt.block_on(saturate(url, secret, 64, secs, 200_000)),
     };
-    let (mut r_on, mut r_remote, mut r_off) = (vec![], vec![], vec![]);
+    let nginx_url = nginx
+        .as_ref()
+        .map(|n| format!("http://127.0.0.1:{}", n.port));
+    let (mut r_on, mut r_remote, mut r_off, mut r_nginx) = (vec![], vec![], vec![], vec![]);
     for _ in 0..3 {
         r_on.push(load(&on_url, &secret));
         r_remote.push(load(&on_remote_url, &remote_secret));
         r_off.push(load(&off_url, &secret));
+        if let Some(url) = &nginx_url {
+            r_nginx.push(load(url, &secret));
+        }
     }
-    for v in [&mut r_on, &mut r_remote, &mut r_off] {
+    for v in [&mut r_on, &mut r_remote, &mut r_off, &mut r_nginx] {
         v.sort_by(f64::total_cmp);
     }
+    let nginx_rate = r_nginx.get(1).copied();
+    let vs_nginx = |r: f64| nginx_rate.map_or("n/a".to_string(), |n| format!("{:.2}", r / n));
     println!(
-        "| host | requests/s at saturation (64 connections, {}) | ÷ limiter off |",
+        "| host | requests/s at saturation (64 connections, {}) | ÷ limiter off | ÷ nginx limit_req |",
         if have_wrk { "wrk" } else { "reqwest" }
     );
-    println!("|---|---|---|");
+    println!("|---|---|---|---|");
     println!(
-        "| limiter on, Redis on CPU 0 beside the edge | {:.0} | {:.2} |",
+        "| limiter on, Redis on CPU 0 beside the edge | {:.0} | {:.2} | {} |",
         r_on[1],
-        r_on[1] / r_off[1]
+        r_on[1] / r_off[1],
+        vs_nginx(r_on[1])
     );
     println!(
-        "| limiter on, Redis on CPU 1 (as if remote) | {:.0} | **{:.2}** |",
+        "| limiter on, Redis on CPU 1 (as if remote) | {:.0} | **{:.2}** | **{}** |",
         r_remote[1],
-        r_remote[1] / r_off[1]
+        r_remote[1] / r_off[1],
+        vs_nginx(r_remote[1])
     );
-    println!("| limiter off | {:.0} | 1.00 |", r_off[1]);
+    println!(
+        "| limiter off | {:.0} | 1.00 | {} |",
+        r_off[1],
+        vs_nginx(r_off[1])
+    );
+    match nginx_rate {
+        Some(n) => println!(
+            "| nginx 1.22 `limit_req` (in-process, not global) | {n:.0} | {:.2} | 1.00 |",
+            n / r_off[1]
+        ),
+        None => println!("| nginx | not installed (Debian nginx-light) | | |"),
+    }
 
     let rate = 5000.0;
     let fixed_secs = 4.0 / scale as f64;
@@ -1128,6 +1152,70 @@ fn bench_worker(
         js.len() / 1024,
         (gz(&wasm) + gz(&js)) / 1024
     );
+}
+
+/// nginx in the foreground (one worker process on CPU 0), limiting per
+/// `Authorization` header with `limit_req` at a rate no load here reaches (so it
+/// counts every request, refuses none) and proxying with kept-alive upstream
+/// connections. Killed when dropped. `None` when nginx is not installed.
+struct Nginx {
+    port: u16,
+    _proc: Proc,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Nginx {
+    fn start(upstream_port: u16) -> Option<Self> {
+        let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())?;
+        let port = floodgate_tests::free_port();
+        let dir = std::env::temp_dir().join(format!("floodgate-nginx-{port}"));
+        std::fs::create_dir_all(&dir).ok()?;
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+             limit_req_zone $http_authorization zone=keys:10m rate=10000000r/s;\n\
+             upstream up {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}\n\
+             server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
+             limit_req zone=keys burst=10000000 nodelay;\n      proxy_pass http://up;\n\
+             proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).ok()?;
+        let mut cmd = if Command::new("taskset").arg("-V").output().is_ok() {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0", bin]);
+            c
+        } else {
+            Command::new(bin)
+        };
+        let child = cmd
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .args(["-g", "daemon off;"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let proc = Proc(child);
+        wait_port(port);
+        Some(Nginx {
+            port,
+            _proc: proc,
+            dir,
+        })
+    }
 }
 
 /// Saturation with wrk (one thread, `connections` connections, `secs` seconds).

@@ -1,0 +1,448 @@
+//! A hardened HTTP/1.1 server loop for the native hosts: what `axum::serve` does,
+//! plus what a server facing the internet needs.
+//!
+//! - **Connection cap** ([`ServerLimits::max_connections`], by default derived from
+//!   the process's descriptor limit). When it is reached, the connections that are
+//!   doing nothing make room first: an idle kept-alive connection is closed, then
+//!   the one that has spent longest sending an unfinished request head (it gets a
+//!   408). Only when every held connection is inside a request does a new one get
+//!   `503 {"error":"Too many connections"}`. So clients that hold connections
+//!   without finishing requests can never lock normal clients out.
+//! - **Header timeout**: a request head must be complete within
+//!   [`ServerLimits::header_timeout`] of its first byte: `408` JSON, then closed.
+//! - **Idle timeout**: a connection with no request in progress is closed after
+//!   [`ServerLimits::idle_timeout`] (also one that never sends anything), and so
+//!   is one whose client stops reading a response for that long.
+//! - Running out of descriptors at `accept` closes an idle connection and backs off
+//!   instead of spinning.
+//!
+//! One reaper task scans the connections every [`REAP_EVERY`]; each connection's
+//! state is a few atomics its socket wrapper and its requests update.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::Service;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+use crate::proxy::Refusal;
+use crate::sync::lock;
+
+/// How often the reaper looks at every connection.
+pub const REAP_EVERY: Duration = Duration::from_millis(100);
+
+/// The server's limits (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// hyper's own bounds, above the proxy's checks (which answer with JSON):
+    /// header lines and the read buffer (bytes).
+    pub max_headers: usize,
+    pub max_buf: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_headers: 128,
+            max_buf: 64 * 1024,
+        }
+    }
+}
+
+/// The default connection cap: half the descriptors the process may open (the
+/// other half is for upstream connections), less a reserve, at most 16,384.
+pub fn default_max_connections() -> usize {
+    let limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse::<usize>().ok())
+        })
+        .unwrap_or(1024);
+    (limit.saturating_sub(32) / 2).clamp(16, 16_384)
+}
+
+/// What the reaper knows of one connection.
+struct ConnState {
+    /// Requests being handled (until their response body is done).
+    in_flight: AtomicUsize,
+    /// ms since the server started: the last byte read or written.
+    last_activity: AtomicU64,
+    /// ms since start when the current request head began (0: none begun).
+    head_started: AtomicU64,
+    /// ms since start when a write began waiting on a client that does not read.
+    write_blocked: AtomicU64,
+    /// Why the connection is being closed (0: it is not): a [`Refusal`] written to
+    /// the socket first.
+    closing: AtomicU8,
+    close: Notify,
+}
+
+const CLOSE_SILENT: u8 = 1;
+const CLOSE_408: u8 = 2;
+const CLOSE_503: u8 = 3;
+
+impl ConnState {
+    fn new(now: u64) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            last_activity: AtomicU64::new(now),
+            head_started: AtomicU64::new(0),
+            write_blocked: AtomicU64::new(0),
+            closing: AtomicU8::new(0),
+            close: Notify::new(),
+        }
+    }
+
+    fn shut(&self, how: u8) {
+        if self
+            .closing
+            .compare_exchange(0, how, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.close.notify_one();
+        }
+    }
+}
+
+/// The server's clock: ms since it started (never 0).
+#[derive(Clone, Copy)]
+struct Epoch(Instant);
+
+impl Epoch {
+    fn ms(&self) -> u64 {
+        self.0.elapsed().as_millis() as u64 + 1
+    }
+}
+
+/// A socket that reports its activity to its [`ConnState`].
+struct Watched {
+    stream: TcpStream,
+    state: Arc<ConnState>,
+    epoch: Epoch,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.state.closing.load(Ordering::Relaxed) != 0 {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r
+            && buf.filled().len() > before
+        {
+            let now = this.epoch.ms();
+            this.state.last_activity.store(now, Ordering::Relaxed);
+            if this.state.in_flight.load(Ordering::Relaxed) == 0 {
+                let _ = this.state.head_started.compare_exchange(
+                    0,
+                    now,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write(cx, data);
+        this.note_write(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.note_write(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Watched {
+    fn note_write(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                self.state
+                    .last_activity
+                    .store(self.epoch.ms(), Ordering::Relaxed);
+                self.state.write_blocked.store(0, Ordering::Relaxed);
+            }
+            Poll::Pending => {
+                let _ = self.state.write_blocked.compare_exchange(
+                    0,
+                    self.epoch.ms(),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // a refusal on a bare socket: the JSON answer, if the socket takes it now
+        let refusal = match self.state.closing.load(Ordering::SeqCst) {
+            CLOSE_408 => Some(Refusal::RequestTimeout),
+            CLOSE_503 => Some(Refusal::Overloaded),
+            _ => None,
+        };
+        if let Some(r) = refusal {
+            let _ = self.stream.try_write(&r.raw_response());
+        }
+    }
+}
+
+/// Marks a request in progress on its connection until dropped (the response
+/// body finished, or the request was abandoned).
+pub struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connection a request arrived on, in the request's extensions: its service
+/// keeps the returned guard as long as the response (body included) lives.
+#[derive(Clone)]
+pub struct Connection {
+    state: Arc<ConnState>,
+}
+
+impl Connection {
+    pub fn in_flight(&self) -> InFlight {
+        self.state.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.state.head_started.store(0, Ordering::Relaxed);
+        InFlight(self.state.clone())
+    }
+}
+
+struct Registry {
+    next: u64,
+    conns: HashMap<u64, Arc<ConnState>>,
+}
+
+impl Registry {
+    /// Picks the connection to close to make room: an idle one (the least recently
+    /// active), else the oldest unfinished head. `None`: all are busy.
+    fn victim(&self) -> Option<(u64, u8)> {
+        let idle = self
+            .conns
+            .iter()
+            .filter(|(_, s)| s.closing.load(Ordering::Relaxed) == 0)
+            .filter(|(_, s)| s.in_flight.load(Ordering::Relaxed) == 0);
+        let mut best: Option<(u64, u8, (u8, u64))> = None;
+        for (id, s) in idle {
+            let head = s.head_started.load(Ordering::Relaxed);
+            // idle before unfinished heads; older first
+            let rank = if head == 0 {
+                (0, s.last_activity.load(Ordering::Relaxed))
+            } else {
+                (1, head)
+            };
+            let how = if head == 0 { CLOSE_SILENT } else { CLOSE_408 };
+            if best.as_ref().is_none_or(|(_, _, r)| rank < *r) {
+                best = Some((*id, how, rank));
+            }
+        }
+        best.map(|(id, how, _)| (id, how))
+    }
+
+    /// Closes one connection doing nothing; whether there was one.
+    fn make_room(&self) -> bool {
+        match self.victim() {
+            Some((id, how)) => {
+                self.conns[&id].shut(how);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on `listener` with `make_service(peer)` per connection until
+/// `shutdown` completes, then lets requests in progress finish (bounded by the
+/// idle timeout).
+pub async fn serve<F, S, B>(
+    listener: TcpListener,
+    limits: ServerLimits,
+    make_service: F,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()>
+where
+    F: Fn(std::net::SocketAddr, Connection) -> S,
+    S: Service<hyper::Request<Incoming>, Response = hyper::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let epoch = Epoch(Instant::now());
+    let registry = Arc::new(Mutex::new(Registry {
+        next: 0,
+        conns: HashMap::new(),
+    }));
+    let reaper = tokio::spawn(reap(registry.clone(), limits, epoch));
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        // hyper's own timer bounds the wait for a request head from its start
+        // (connection open or previous response); ours, finer, runs from its
+        // first byte (header) and between requests (idle)
+        .header_read_timeout(limits.idle_timeout + limits.header_timeout)
+        .half_close(true)
+        .keep_alive(true)
+        .max_headers(limits.max_headers)
+        .max_buf_size(limits.max_buf.max(8192));
+    let mut shutdown = std::pin::pin!(shutdown);
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(());
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // out of descriptors (or another transient error): make room, back off
+                lock(&registry).make_room();
+                if !matches!(e.raw_os_error(), Some(23 | 24)) {
+                    eprintln!("floodgate: accept failed: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::new(ConnState::new(epoch.ms()));
+        let id = {
+            let mut reg = lock(&registry);
+            if reg.conns.len() >= limits.max_connections && !reg.make_room() {
+                state.shut(CLOSE_503);
+                drop(reg);
+                drop(Watched {
+                    stream,
+                    state,
+                    epoch,
+                });
+                continue;
+            }
+            let id = reg.next;
+            reg.next += 1;
+            reg.conns.insert(id, state.clone());
+            id
+        };
+        let io = TokioIo::new(Watched {
+            stream,
+            state: state.clone(),
+            epoch,
+        });
+        let service = make_service(
+            peer,
+            Connection {
+                state: state.clone(),
+            },
+        );
+        let conn = builder.serve_connection(io, service);
+        let registry = registry.clone();
+        let done = done_tx.clone();
+        let mut stopping = done_rx.clone();
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let _ = tokio::select! {
+                r = conn.as_mut() => r.map_err(|_| ()),
+                _ = state.close.notified() => Err(()),
+                _ = stopping.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().await.map_err(|_| ())
+                }
+            };
+            lock(&registry).conns.remove(&id);
+            drop(done);
+        });
+    }
+    // stop: no new connections; those in progress finish their requests
+    drop(listener);
+    let _ = done_tx.send(());
+    drop(done_tx);
+    let drain = async { while done_rx.changed().await.is_ok() {} };
+    let _ = tokio::time::timeout(limits.idle_timeout, drain).await;
+    reaper.abort();
+    Ok(())
+}
+
+/// Closes connections past their timeouts.
+async fn reap(registry: Arc<Mutex<Registry>>, limits: ServerLimits, epoch: Epoch) {
+    let header = limits.header_timeout.as_millis() as u64;
+    let idle = limits.idle_timeout.as_millis() as u64;
+    loop {
+        tokio::time::sleep(REAP_EVERY).await;
+        let now = epoch.ms();
+        let reg = lock(&registry);
+        for s in reg.conns.values() {
+            let busy = s.in_flight.load(Ordering::Relaxed) > 0;
+            let head = s.head_started.load(Ordering::Relaxed);
+            let last = s.last_activity.load(Ordering::Relaxed);
+            let blocked = s.write_blocked.load(Ordering::Relaxed);
+            let idle_too_long = !busy && head == 0 && now.saturating_sub(last) > idle;
+            let unread_too_long = busy && blocked != 0 && now.saturating_sub(blocked) > idle;
+            if !busy && head != 0 && now.saturating_sub(head) > header {
+                s.shut(CLOSE_408);
+            } else if idle_too_long || unread_too_long {
+                s.shut(CLOSE_SILENT);
+            }
+        }
+    }
+}

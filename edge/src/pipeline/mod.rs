@@ -1,0 +1,1161 @@
+//! The edge's request pipeline, free of any host: authenticate the API key, resolve
+//! the policies that apply, check them all in ONE store round trip, and tell the
+//! host what to do — answer directly (401/403/429/503) or forward upstream with
+//! the quota headers — plus the work to finish after answering (background tasks:
+//! refunds, late replies). The Worker and the native host are thin adapters
+//! around it; what both do with the HTTP exchange itself is [`crate::proxy`].
+//!
+//! A request goes through phases, each returning early with its answer:
+//! credentials → caller (key record and configuration, cached) → policies →
+//! deny cache → the bucket check → in-flight slots → forward.
+//!
+//! Every store call (key and configuration reads included) goes through the
+//! circuit breaker and has an answer deadline ([`PipelineConfig::deadline`]): a
+//! request never waits longer than that for one call, and a call that misses it
+//! keeps running in the background. Redis itself refuses a bucket check it runs
+//! after the instance stopped waiting (the instant is passed in Redis' clock, see
+//! [`offset`]), and a late reply that admitted a request the client was refused is
+//! refunded, so a refused request costs no quota.
+//!
+//! Configuration and key records are cached in memory for a short TTL (unknown
+//! keys longer), so a warm request costs one round trip in total (the bucket
+//! check). A revoked key stops working within that TTL.
+
+mod answer;
+mod deny;
+pub mod offset;
+mod records;
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use floodgate_shared::apikeys::{
+    KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
+};
+use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
+use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
+use floodgate_shared::policy::{FailureMode, Policy, Quota};
+use floodgate_shared::routes::Route;
+use floodgate_shared::script::{Check, Verdict, When};
+use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
+
+pub use self::answer::{DEGRADED_HEADER, Gate, Slot};
+use self::deny::{Denied, DenyCache};
+use self::offset::OffsetBound;
+use self::records::{Lookup, Records, UnknownKeyBudget};
+use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
+use crate::fallback::LocalBuckets;
+use crate::stats::{Outcome, Stats, StatsField};
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
+use crate::sync::lock;
+use crate::timer::{Raced, race};
+
+/// What the pipeline needs to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The raw path, without the query.
+    pub path: &'a str,
+    /// The value of the credentials header, if any.
+    pub credentials: Option<&'a [u8]>,
+    pub client_ip: Option<IpAddr>,
+}
+
+/// A boxed future: `Send` natively (so a host can spawn it), not in wasm32.
+#[cfg(not(target_arch = "wasm32"))]
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future: `Send` natively (so a host can spawn it), not in wasm32.
+#[cfg(target_arch = "wasm32")]
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Work to finish after the answer: the native host spawns it, the Worker hands it
+/// to `ctx.wait_until`.
+pub type Task = BoxFuture<'static, ()>;
+
+fn boxed<'a, T>(f: impl Future<Output = T> + MaybeSend + 'a) -> BoxFuture<'a, T> {
+    Box::pin(f)
+}
+
+/// The pipeline's decision about one request.
+pub struct Decided {
+    pub gate: Gate,
+    /// Tasks the host runs after answering (never on the request's path).
+    pub background: Vec<Task>,
+}
+
+/// How the pipeline behaves.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// `true`: credentials are `Authorization: Bearer <key>`; `false`: the header
+    /// holds the key itself (the host picks the header).
+    pub bearer: bool,
+    /// How long configuration and key records are cached (µs).
+    pub cache_ttl: Micros,
+    /// How long a key found not to exist is remembered as such (µs).
+    pub negative_cache_ttl: Micros,
+    /// Most key records cached at once (unknown keys included).
+    pub max_cached_keys: usize,
+    /// Answer a bucket that just denied locally until its Retry-After, without
+    /// calling the store (see [`deny`]).
+    pub deny_cache: bool,
+    /// The longest a request waits for one store call (µs): then it gets its
+    /// policies' failure mode, and the call goes on in the background.
+    pub deadline: Micros,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    /// How long the open breaker keeps requests off the store (µs), before it
+    /// health-checks the store.
+    pub breaker_cool_down: Micros,
+    /// How long an in-flight slot lives unless released (µs): slots of a crashed
+    /// instance free themselves then. Longer than the longest request.
+    pub in_flight_ttl: Micros,
+    /// Lookups that find no key, per client address per minute, before the edge
+    /// refuses uncached keys from that address without a lookup (0: no limit).
+    pub unknown_keys_per_ip_per_min: u32,
+    /// The same budget for the whole instance (0: no limit).
+    pub unknown_keys_per_min: u32,
+    /// Where breaker transitions are logged (one line each): stderr natively, the
+    /// console in the Worker.
+    pub log: fn(&str),
+}
+
+/// Logs to stderr (natively; a no-op sink in wasm32, where hosts pass their own).
+pub fn log_to_stderr(line: &str) {
+    eprintln!("{line}");
+}
+
+/// Default breaker threshold: consecutive retryable failures that open it.
+pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+/// Default breaker cool-down before the health check (µs).
+pub const DEFAULT_BREAKER_COOL_DOWN: Micros = MICROS_PER_SEC;
+/// Default answer deadline of a store call next to Redis (µs): see
+/// `docs/failure.md` for the measurements behind it.
+pub const DEFAULT_DEADLINE: Micros = 3_000;
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            bearer: true,
+            cache_ttl: 5 * MICROS_PER_SEC,
+            negative_cache_ttl: 60 * MICROS_PER_SEC,
+            max_cached_keys: 100_000,
+            deny_cache: true,
+            deadline: DEFAULT_DEADLINE,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            breaker_cool_down: DEFAULT_BREAKER_COOL_DOWN,
+            in_flight_ttl: 60 * MICROS_PER_SEC,
+            unknown_keys_per_ip_per_min: 20,
+            unknown_keys_per_min: 600,
+            log: log_to_stderr,
+        }
+    }
+}
+
+/// How long a store call may run in the background after missing an answer
+/// deadline of `deadline`: the store's own (transport) deadline, which hosts give
+/// their stores. Long enough for a late reply to be settled (refunded), short
+/// enough that an outage leaves few calls behind.
+pub fn store_deadline(deadline: Duration) -> Duration {
+    (deadline * 20).clamp(Duration::from_secs(1), Duration::from_secs(10))
+}
+
+/// Running totals since the instance started, for alerting (see [`Health`]).
+#[derive(Default)]
+struct Totals {
+    fail_open: AtomicU64,
+    fail_closed: AtomicU64,
+    local_fallback: AtomicU64,
+    unknown_key_lookups: AtomicU64,
+    unknown_key_refused: AtomicU64,
+    late_calls: AtomicU64,
+    refunds: AtomicU64,
+    /// µs of breaker time already written to `breaker|open_ms`.
+    open_us_counted: std::sync::Mutex<Micros>,
+}
+
+/// One instance's view of its store, served as JSON by the hosts
+/// (`GET /__floodgate/health`) for alerting on fail-open duration and volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub breaker: Phase,
+    pub stats: BreakerStats,
+    /// Requests answered without Redis, per failure mode, since start: every
+    /// answer marked `X-RateLimit-Degraded` (and the 503s of an instance that
+    /// could not read its configuration or a key).
+    pub fail_open: u64,
+    pub fail_closed: u64,
+    pub local_fallback: u64,
+    /// Key lookups that found no key, and uncached keys refused without a lookup
+    /// because their address (or the instance) had spent its budget.
+    pub unknown_key_lookups: u64,
+    pub unknown_key_refused: u64,
+    /// Store calls that missed their answer deadline, and late admissions given
+    /// back because their request had been refused.
+    pub late_calls: u64,
+    pub refunds: u64,
+    /// The answer deadline of one store call (µs).
+    pub deadline_us: Micros,
+}
+
+impl Health {
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "breaker": self.breaker.name(),
+            "breaker_opened": self.stats.opened,
+            "breaker_closed": self.stats.closed,
+            "breaker_probes": self.stats.probes,
+            "breaker_skipped": self.stats.skipped,
+            "degraded_seconds": self.stats.degraded_us as f64 / 1e6,
+            "degraded_requests": {
+                "fail_open": self.fail_open,
+                "fail_closed": self.fail_closed,
+                "local_fallback": self.local_fallback,
+            },
+            "unknown_keys": {
+                "lookups": self.unknown_key_lookups,
+                "refused": self.unknown_key_refused,
+            },
+            "late_calls": self.late_calls,
+            "refunds": self.refunds,
+            "deadline_ms": self.deadline_us as f64 / 1e3,
+        })
+        .to_string()
+    }
+}
+
+/// The mode applied when several policies match: fail_closed over local_fallback
+/// over fail_open.
+pub fn strictest(modes: impl Iterator<Item = FailureMode>) -> FailureMode {
+    FailureMode::strictest(modes)
+}
+
+/// A store call's fate under the breaker and the answer deadline.
+enum Called<T> {
+    Done(T),
+    /// Refused, skipped (breaker open) or late; a late call is still running.
+    Failed(
+        StoreError,
+        Option<BoxFuture<'static, Result<T, StoreError>>>,
+    ),
+}
+
+/// A request's checks, owned: a bucket check that misses its deadline goes on
+/// in the background with them.
+struct OwnedCheck {
+    key: String,
+    quota: Quota,
+    cost: u32,
+    shadow: bool,
+}
+
+fn as_checks(owned: &[OwnedCheck]) -> Vec<Check<'_>> {
+    owned
+        .iter()
+        .map(|c| Check {
+            key: &c.key,
+            quota: &c.quota,
+            cost: c.cost,
+            shadow: c.shadow,
+        })
+        .collect()
+}
+
+/// An authenticated request's context.
+struct Ctx<'c> {
+    config: &'c EdgeConfig,
+    record: KeyRecord,
+    route: Option<&'c Route>,
+    /// `(bucket key, policy)` per matching policy.
+    policies: Vec<(String, &'c Policy)>,
+    started: Micros,
+}
+
+impl Ctx<'_> {
+    fn route_name(&self) -> Option<&str> {
+        self.route.map(|r| r.name.as_str())
+    }
+
+    fn enforced(&self) -> impl Iterator<Item = &(String, &Policy)> {
+        self.policies.iter().filter(|(_, p)| !p.shadow())
+    }
+
+    fn mode(&self) -> FailureMode {
+        FailureMode::strictest(self.enforced().map(|(_, p)| p.failure_mode()))
+    }
+}
+
+/// The pipeline over a store `S` (RESP, REST or Cluster) and a clock `C`.
+pub struct Pipeline<S, C> {
+    store: S,
+    clock: C,
+    settings: PipelineConfig,
+    records: Records,
+    unknown_keys: UnknownKeyBudget,
+    stats: Stats,
+    denied: DenyCache,
+    breaker: Breaker,
+    local: LocalBuckets,
+    totals: Arc<Totals>,
+    offset: OffsetBound,
+    slot_ids: SlotIds,
+}
+
+/// Unique slot ids: a per-instance random prefix and a counter.
+struct SlotIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl SlotIds {
+    fn new(now: Micros) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_i64(now);
+        Self {
+            prefix: format!("{:016x}", h.finish()),
+            next: AtomicU64::new(0),
+        }
+    }
+    fn next(&self) -> String {
+        format!(
+            "{}-{:x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// The IETF `RateLimit-Policy` and `RateLimit` fields for every enforced policy of
+/// the request, when the configuration asks for them.
+fn ietf(
+    config: &EdgeConfig,
+    policies: &[(String, &Policy)],
+    verdict: &Verdict,
+) -> Vec<(&'static str, String)> {
+    if !config.headers().ietf {
+        return vec![];
+    }
+    let states: Vec<PolicyState<'_>> = policies
+        .iter()
+        .zip(&verdict.decisions)
+        .filter(|((_, p), _)| !p.shadow())
+        .map(|((_, p), d)| PolicyState {
+            name: p.name(),
+            quota: p.quota(),
+            decision: d,
+        })
+        .collect();
+    ietf_fields(&states).map(Vec::from).unwrap_or_default()
+}
+
+/// The seed of a client's Retry-After jitter: its key and the instant.
+fn jitter_seed(key_id: &str, now: Micros) -> u64 {
+    key_id
+        .bytes()
+        .fold(now as u64, |h, b| h.rotate_left(5) ^ u64::from(b))
+}
+
+fn skipped() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Connect,
+        "circuit breaker open: the store is not called",
+    )
+}
+
+impl<S, C> Pipeline<S, C>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+    C: Clock,
+{
+    pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
+        let slot_ids = SlotIds::new(clock.now());
+        Self {
+            store,
+            clock,
+            records: Records::new(
+                settings.cache_ttl,
+                settings.negative_cache_ttl,
+                settings.max_cached_keys,
+            ),
+            unknown_keys: UnknownKeyBudget::new(
+                settings.unknown_keys_per_ip_per_min,
+                settings.unknown_keys_per_min,
+            ),
+            stats: Stats::default(),
+            denied: DenyCache::default(),
+            local: LocalBuckets::default(),
+            totals: Arc::default(),
+            offset: OffsetBound::default(),
+            slot_ids,
+            breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
+            settings,
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The circuit breaker's counters (transitions, requests kept off the store,
+    /// time degraded), for alerting.
+    pub fn breaker_stats(&self) -> BreakerStats {
+        self.breaker.stats(self.clock.now())
+    }
+
+    pub fn breaker_phase(&self) -> Phase {
+        self.breaker.phase()
+    }
+
+    /// The breaker's phase and counters and the degraded totals, for alerting.
+    pub fn health(&self) -> Health {
+        let t = &self.totals;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Health {
+            breaker: self.breaker.phase(),
+            stats: self.breaker_stats(),
+            fail_open: load(&t.fail_open),
+            fail_closed: load(&t.fail_closed),
+            local_fallback: load(&t.local_fallback),
+            unknown_key_lookups: load(&t.unknown_key_lookups),
+            unknown_key_refused: load(&t.unknown_key_refused),
+            late_calls: load(&t.late_calls),
+            refunds: load(&t.refunds),
+            deadline_us: self.settings.deadline,
+        }
+    }
+
+    /// Logs a breaker transition, if there was one, and counts new outages.
+    fn logged(&self, moved: Option<Transition>) {
+        if let Some(t) = moved {
+            (self.settings.log)(&t.to_string());
+            if (t.from, t.to) == (Phase::Closed, Phase::Open) {
+                self.stats.bump(t.at, StatsField::BreakerOpened, 1);
+            }
+        }
+    }
+
+    fn deadline(&self) -> Duration {
+        Duration::from_micros(self.settings.deadline.max(1) as u64)
+    }
+
+    /// The last instant (Redis' clock) at which a call sent now is still awaited.
+    fn until(&self, sent: Micros) -> When {
+        self.offset
+            .to_redis(sent + self.settings.deadline)
+            .map_or(When::Redis, When::RedisUntil)
+    }
+
+    /// Runs one store call under the circuit breaker and the answer deadline. Open
+    /// breaker: not called at all. Half-open: this request health-checks the
+    /// store first. A call that misses the deadline counts as a failure and is
+    /// handed back still running.
+    async fn call<T: 'static>(&self, fut: BoxFuture<'static, Result<T, StoreError>>) -> Called<T> {
+        let (permit, moved) = self.breaker.permit(self.clock.now());
+        self.logged(moved);
+        match permit {
+            Permit::Skip => return Called::Failed(skipped(), None),
+            Permit::Probe => {
+                let store = self.store.clone();
+                let ping = race(boxed(async move { store.ping().await }), self.deadline()).await;
+                let failed = match ping {
+                    Raced::Done(Ok(())) => None,
+                    Raced::Done(Err(e)) => Some(e),
+                    Raced::Late(_) => Some(self.late_error()),
+                };
+                let now = self.clock.now();
+                if let Some(e) = failed {
+                    // any failed health check reopens, whatever the error
+                    self.logged(self.breaker.probe_failed(now, &e));
+                    return Called::Failed(e, None);
+                }
+                self.logged(self.breaker.probe_succeeded(now));
+            }
+            Permit::Call => {}
+        }
+        match race(fut, self.deadline()).await {
+            Raced::Done(Ok(v)) => {
+                self.logged(self.breaker.success(self.clock.now()));
+                Called::Done(v)
+            }
+            Raced::Done(Err(e)) => {
+                if e.is_retryable() {
+                    self.logged(self.breaker.failure(self.clock.now(), &e));
+                }
+                Called::Failed(e, None)
+            }
+            Raced::Late(still) => {
+                let e = self.late_error();
+                self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
+                self.logged(self.breaker.failure(self.clock.now(), &e));
+                Called::Failed(e, Some(still))
+            }
+        }
+    }
+
+    fn late_error(&self) -> StoreError {
+        StoreError::new(
+            StoreErrorKind::Timeout,
+            format!("no reply within {:?}", self.deadline()),
+        )
+    }
+
+    /// Takes one in-flight slot per policy with `max_in_flight`; all or none.
+    /// `Ok(Err(()))`: some limit is full.
+    async fn take_slots(
+        &self,
+        ctx: &Ctx<'_>,
+        later: &mut Vec<Task>,
+    ) -> Result<Result<Vec<Slot>, ()>, StoreError> {
+        let mut taken = vec![];
+        for (key, p) in ctx.enforced() {
+            let Some(limit) = p.max_in_flight() else {
+                continue;
+            };
+            let slot = Slot {
+                key: floodgate_shared::script::in_flight_key(key),
+                id: self.slot_ids.next(),
+            };
+            let ttl_ms = (self.settings.in_flight_ttl / 1_000).max(1) as u64;
+            let until = match self.until(self.clock.now()) {
+                When::RedisUntil(t) => Some(t),
+                _ => None,
+            };
+            let store = self.store.clone();
+            let (k, id) = (slot.key.clone(), slot.id.clone());
+            let fut = boxed(async move { store.acquire_slot(&k, &id, limit, ttl_ms, until).await });
+            let outcome = match self.call(fut).await {
+                Called::Done(taken) => Ok(taken),
+                Called::Failed(e, late) => {
+                    if let Some(late) = late {
+                        // taken after all? give it back
+                        let store = self.store.clone();
+                        let s = slot.clone();
+                        later.push(boxed(async move {
+                            if let Ok(true) = late.await {
+                                let _ = store.release_slot(&s.key, &s.id).await;
+                            }
+                        }));
+                    }
+                    Err(e)
+                }
+            };
+            match outcome {
+                Ok(true) => taken.push(slot),
+                Ok(false) => {
+                    later.push(self.release_task(taken));
+                    return Ok(Err(()));
+                }
+                Err(e) => {
+                    later.push(self.release_task(taken));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Ok(taken))
+    }
+
+    fn release_task(&self, slots: Vec<Slot>) -> Task {
+        let store = self.store.clone();
+        boxed(async move {
+            for s in slots {
+                let _ = store.release_slot(&s.key, &s.id).await;
+            }
+        })
+    }
+
+    /// Gives back in-flight slots (errors ignored: an unreleased slot expires).
+    pub async fn release(&self, slots: &[Slot]) {
+        for s in slots {
+            let _ = self.store.release_slot(&s.key, &s.id).await;
+        }
+    }
+
+    /// Writes the pending per-endpoint counters in one batch, if a flush is due
+    /// (`every` µs since the last). Hosts call it off the request path. While the
+    /// breaker is not closed the counters wait (bounded) instead of being lost.
+    pub async fn flush_stats(&self, every: Micros) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        {
+            let degraded = self.breaker.stats(now).degraded_us;
+            let mut counted = lock(&self.totals.open_us_counted);
+            let ms = (degraded - *counted) / 1_000;
+            if ms > 0 {
+                *counted += ms * 1_000;
+                self.stats.bump(now, StatsField::BreakerOpenMs, ms as u64);
+            }
+        }
+        if self.breaker.phase() != Phase::Closed {
+            return Ok(());
+        }
+        match self.stats.take_due(now, every) {
+            Some(batch) => self.store.write_batch(batch).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Decides what happens to one request.
+    pub async fn gate(&self, req: RequestHead<'_>) -> Decided {
+        let mut later = vec![];
+        let gate = match self.phases(&req, &mut later).await {
+            Ok(g) | Err(g) => g,
+        };
+        Decided {
+            gate,
+            background: later,
+        }
+    }
+
+    async fn phases(&self, req: &RequestHead<'_>, later: &mut Vec<Task>) -> Result<Gate, Gate> {
+        let secret = self.credentials(req)?;
+        let (record, config) = self.caller(secret, req).await?;
+        let ctx = self.policies(&config, record, req)?;
+        if ctx.policies.is_empty() {
+            // a plan without policies: admitted, and counted like any decision
+            self.count(&ctx, Outcome::Allowed, None);
+            return Ok(Gate::forward(
+                &ctx.record.id,
+                ctx.route_name(),
+                vec![],
+                vec![],
+            ));
+        }
+        self.deny_cached(&ctx)?;
+        let owned: Arc<Vec<OwnedCheck>> = Arc::new(
+            ctx.policies
+                .iter()
+                .map(|(key, p)| OwnedCheck {
+                    key: key.clone(),
+                    quota: *p.quota(),
+                    cost: p.cost(),
+                    shadow: p.shadow(),
+                })
+                .collect(),
+        );
+        let (verdict, latency) = self.check(&ctx, &owned, later).await?;
+        let headers = self.admitted(&ctx, &verdict)?;
+        let slots = match self.take_slots(&ctx, later).await {
+            Ok(Ok(slots)) => slots,
+            Ok(Err(())) => {
+                later.push(self.refund_task(owned, verdict));
+                self.count(&ctx, Outcome::Throttled, latency);
+                return Err(Gate::json(
+                    floodgate_shared::contract::DENIED_STATUS,
+                    "Too many requests in flight",
+                    Some("wait for a response before sending more"),
+                )
+                .with_header("Retry-After", "1"));
+            }
+            Err(e) => {
+                let limited = ctx.enforced().filter(|(_, p)| p.max_in_flight().is_some());
+                if FailureMode::strictest(limited.map(|(_, p)| p.failure_mode()))
+                    == FailureMode::FailClosed
+                {
+                    later.push(self.refund_task(owned, verdict));
+                    return Err(self.degraded_refusal(
+                        Some(&ctx),
+                        ctx.route_name(),
+                        &format!("in-flight slots unavailable: {e}"),
+                    ));
+                }
+                // fail_open and local_fallback: admit without a slot
+                self.count(&ctx, Outcome::Allowed, latency);
+                return Ok(
+                    Gate::forward(&ctx.record.id, ctx.route_name(), headers, vec![])
+                        .with_header(DEGRADED_HEADER, "fail-open"),
+                );
+            }
+        };
+        self.count(&ctx, Outcome::Allowed, latency);
+        Ok(Gate::forward(
+            &ctx.record.id,
+            ctx.route_name(),
+            headers,
+            slots,
+        ))
+    }
+
+    /// Phase 1: the API key from the credentials header (shape only, no lookup).
+    fn credentials<'r>(&self, req: &RequestHead<'r>) -> Result<&'r str, Gate> {
+        key_from_header(req.credentials, self.settings.bearer).map_err(|p| match p {
+            KeyProblem::Missing => Gate::json(
+                401,
+                "Missing API key",
+                Some("send Authorization: Bearer <your API key>"),
+            ),
+            KeyProblem::Malformed => Gate::json(401, "Invalid API key", None),
+        })
+    }
+
+    /// Phase 2: the caller's key record and the configuration, from the caches or
+    /// in ONE store round trip for whatever is missing. Unknown keys are charged to
+    /// their address's budget; a store that cannot answer leaves the stale cache,
+    /// or the failure mode of every policy the request could match.
+    async fn caller(
+        &self,
+        secret: &str,
+        req: &RequestHead<'_>,
+    ) -> Result<(KeyRecord, Arc<EdgeConfig>), Gate> {
+        let now = self.clock.now();
+        let hash = hash_secret(secret);
+        let key = self.records.key(&hash, now);
+        let config = self.records.config(now);
+        let need_key = !matches!(key, Lookup::Fresh(_));
+        if need_key
+            && key == Lookup::Missing
+            && let Err(wait) = self.unknown_keys.room(req.client_ip, now)
+        {
+            self.totals
+                .unknown_key_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Gate::json(
+                429,
+                "Too many invalid API keys",
+                Some("this address sent too many API keys that do not exist; retry later"),
+            )
+            .with_header("Retry-After", ceil_secs(wait).max(1).to_string()));
+        }
+        let need_config = !matches!(config, Lookup::Fresh(_));
+        let (key, config) = if need_key || need_config {
+            self.refresh(&hash, need_key, need_config, key, config, req)
+                .await?
+        } else {
+            (key.fresh().flatten(), config.fresh().expect("fresh"))
+        };
+        match key {
+            Some(r) if r.status == KeyStatus::Active => Ok((r, config)),
+            Some(_) => Err(Gate::json(401, "API key revoked", None)),
+            None => Err(Gate::json(401, "Invalid API key", None)),
+        }
+    }
+
+    /// Reads what the caches miss (key record, configuration or both) in one call.
+    async fn refresh(
+        &self,
+        hash: &str,
+        need_key: bool,
+        need_config: bool,
+        key: Lookup<Option<KeyRecord>>,
+        config: Lookup<Arc<EdgeConfig>>,
+        req: &RequestHead<'_>,
+    ) -> Result<(Option<KeyRecord>, Arc<EdgeConfig>), Gate> {
+        let mut names = vec![];
+        if need_config {
+            names.push(CONFIG_KEY.to_string());
+        }
+        if need_key {
+            names.push(record_key(hash));
+        }
+        let store = self.store.clone();
+        let read = boxed(async move {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            store.get_many(&refs).await
+        });
+        let values = match self.call(read).await {
+            Called::Done(v) => v,
+            Called::Failed(e, _) => {
+                // the store cannot answer: serve what the caches hold, however old
+                return match (key.any(), config.any()) {
+                    (Some(k), Some(c)) => Ok((k, c)),
+                    (_, c) => Err(self.unverified(c.as_deref(), req, &e)),
+                };
+            }
+        };
+        let now = self.clock.now();
+        let mut values = values.into_iter();
+        let config = if need_config {
+            match self.parse_config(values.next().flatten()) {
+                Ok(c) => {
+                    let c = Arc::new(c);
+                    self.records.set_config(c.clone(), now);
+                    c
+                }
+                // a broken or missing configuration: keep the last good one
+                Err(why) => match config.any() {
+                    Some(c) => c,
+                    None => return Err(self.degraded_refusal(None, None, &why)),
+                },
+            }
+        } else {
+            config.any().expect("fresh")
+        };
+        let key = if need_key {
+            let record = values
+                .next()
+                .flatten()
+                .and_then(|raw| KeyRecord::from_json(&raw));
+            if record.is_none() {
+                self.totals
+                    .unknown_key_lookups
+                    .fetch_add(1, Ordering::Relaxed);
+                self.unknown_keys.charge(req.client_ip, now);
+            }
+            self.records.set_key(hash.to_string(), record.clone(), now);
+            record
+        } else {
+            key.any().flatten()
+        };
+        Ok((key, config))
+    }
+
+    fn parse_config(&self, raw: Option<Vec<u8>>) -> Result<EdgeConfig, String> {
+        let raw = raw.ok_or("no configuration is stored (floodgate-cli config set)")?;
+        let text =
+            std::str::from_utf8(&raw).map_err(|_| "the stored configuration is not UTF-8")?;
+        EdgeConfig::from_json(text).map_err(|e| format!("the stored configuration is invalid: {e}"))
+    }
+
+    /// A caller whose key cannot be verified because the store is unreachable:
+    /// forwarded without an identity when every policy the request could match
+    /// fails open, else refused (503). Both are marked and counted.
+    fn unverified(
+        &self,
+        config: Option<&EdgeConfig>,
+        req: &RequestHead<'_>,
+        e: &StoreError,
+    ) -> Gate {
+        let why = format!("cannot verify the API key: {e}");
+        let Some(config) = config else {
+            return self.degraded_refusal(None, None, &why);
+        };
+        let route = config.routes().resolve(req.path);
+        let candidates = config.any_caller(route, req.client_ip.is_some());
+        let route_name = route.map(|r| r.name.as_str());
+        match FailureMode::strictest(candidates.iter().map(|p| p.failure_mode())) {
+            FailureMode::FailOpen => {
+                self.degraded(None, FailureMode::FailOpen, route_name);
+                Gate::Forward {
+                    key_id: None,
+                    route: route_name.map(str::to_string),
+                    headers: vec![(DEGRADED_HEADER, "fail-open".into())],
+                    slots: vec![],
+                }
+            }
+            // a local share needs the key's plan: an unverified key has none
+            FailureMode::LocalFallback | FailureMode::FailClosed => {
+                self.degraded_refusal(None, route_name, &why)
+            }
+        }
+    }
+
+    /// Counts a degraded answer under `mode` (per route too; per key and in the
+    /// sample when the caller is known).
+    fn degraded(&self, record: Option<&KeyRecord>, mode: FailureMode, route: Option<&str>) {
+        let now = self.clock.now();
+        match record {
+            Some(r) => self.stats.record(now, route, r, Outcome::Degraded, None),
+            None => self.stats.record_unkeyed(now, route, Outcome::Degraded),
+        }
+        self.stats.record_degraded_mode(now, route, mode);
+        match mode {
+            FailureMode::FailOpen => &self.totals.fail_open,
+            FailureMode::FailClosed => &self.totals.fail_closed,
+            FailureMode::LocalFallback => &self.totals.local_fallback,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// 503, marked fail-closed and counted: the limiter could not decide.
+    fn degraded_refusal(&self, ctx: Option<&Ctx<'_>>, route: Option<&str>, why: &str) -> Gate {
+        self.degraded(ctx.map(|c| &c.record), FailureMode::FailClosed, route);
+        Gate::unavailable(why).with_header(DEGRADED_HEADER, "fail-closed")
+    }
+
+    /// Phase 3: the buckets this request must pass.
+    fn policies<'c>(
+        &self,
+        config: &'c EdgeConfig,
+        record: KeyRecord,
+        req: &RequestHead<'_>,
+    ) -> Result<Ctx<'c>, Gate> {
+        let route = config.routes().resolve(req.path);
+        let policies = match config.checks(&record.id, &record.plan, route, req.client_ip) {
+            None => {
+                return Err(Gate::json(
+                    403,
+                    "The API key's plan is not configured",
+                    None,
+                ));
+            }
+            Some(Err(e)) => {
+                return Err(Gate::json(
+                    403,
+                    "The request cannot be rate limited",
+                    Some(&e.to_string()),
+                ));
+            }
+            Some(Ok(c)) => c,
+        };
+        Ok(Ctx {
+            config,
+            record,
+            route,
+            policies,
+            started: self.clock.now(),
+        })
+    }
+
+    fn count(&self, ctx: &Ctx<'_>, outcome: Outcome, latency: Option<u64>) {
+        self.stats.record(
+            self.clock.now(),
+            ctx.route_name(),
+            &ctx.record,
+            outcome,
+            latency,
+        );
+    }
+
+    /// Phase 4: a bucket the store denied a moment ago is answered here, with the
+    /// quota headers (and IETF fields) of the denying policies, until it can
+    /// admit the request again.
+    fn deny_cached(&self, ctx: &Ctx<'_>) -> Result<(), Gate> {
+        if !self.settings.deny_cache {
+            return Ok(());
+        }
+        let now = ctx.started;
+        let hits = self
+            .denied
+            .lookup(ctx.enforced().map(|(k, _)| k.as_str()), now);
+        let Some((_, worst)) = hits.iter().max_by_key(|(_, d)| d.until) else {
+            return Ok(());
+        };
+        self.count(ctx, Outcome::Throttled, None);
+        let wait = ceil_secs(worst.until - now).max(1);
+        let headers = RateLimitHeaders {
+            limit: worst.limit,
+            remaining: 0,
+            reset: ceil_secs(worst.full_at.max(now)),
+            retry_after: Some(jittered(
+                wait,
+                ctx.config.headers().retry_jitter_secs,
+                jitter_seed(&ctx.record.id, now),
+            )),
+        };
+        let mut gate = Gate::rate_limited(&headers);
+        if ctx.config.headers().ietf {
+            let enforced: Vec<&(String, &Policy)> = ctx.enforced().collect();
+            let decisions: Vec<(&Policy, floodgate_shared::bucket::Decision)> = hits
+                .iter()
+                .map(|(i, d)| {
+                    let p = enforced[*i].1;
+                    (
+                        p,
+                        floodgate_shared::bucket::Decision {
+                            outcome: floodgate_shared::Outcome::Denied {
+                                retry_after: Some(d.until - now),
+                            },
+                            limit: d.limit,
+                            remaining: 0,
+                            now,
+                            full_at: d.full_at.max(now),
+                        },
+                    )
+                })
+                .collect();
+            let states: Vec<PolicyState<'_>> = decisions
+                .iter()
+                .map(|(p, d)| PolicyState {
+                    name: p.name(),
+                    quota: p.quota(),
+                    decision: d,
+                })
+                .collect();
+            gate = gate.with_headers(ietf_fields(&states).map(Vec::from).unwrap_or_default());
+        }
+        Err(gate)
+    }
+
+    /// Phase 5: the bucket check, ONE store call for every policy. A store that
+    /// cannot answer in time gets the policies' failure mode.
+    /// The verdict and the call's latency (µs).
+    async fn check(
+        &self,
+        ctx: &Ctx<'_>,
+        owned: &Arc<Vec<OwnedCheck>>,
+        later: &mut Vec<Task>,
+    ) -> Result<(Verdict, Option<u64>), Gate> {
+        let sent = self.clock.now();
+        let when = self.until(sent);
+        let store = self.store.clone();
+        let calls = owned.clone();
+        let fut = boxed(async move {
+            let checks = as_checks(&calls);
+            store.check(&checks, when).await
+        });
+        let called = self.call(fut).await;
+        let finished = self.clock.now();
+        let latency = u64::try_from(finished - sent).ok();
+        match called {
+            Called::Done(verdict) => {
+                self.offset.observe(verdict.now, finished);
+                if self.settings.deny_cache && !verdict.admitted {
+                    self.remember_denials(ctx, &verdict, sent, finished);
+                }
+                if verdict.shadow_denied() && verdict.admitted {
+                    self.stats
+                        .record_shadow(finished, ctx.route_name(), &ctx.record.id);
+                }
+                if !verdict.admitted {
+                    // (admitted requests are counted once their slots are settled)
+                    self.count(ctx, Outcome::Throttled, latency);
+                }
+                Ok((verdict, latency))
+            }
+            Called::Failed(e, late) => {
+                let (gate, refused) = self.failure_mode(ctx, &e);
+                if let Some(late) = late
+                    && refused
+                {
+                    // the call may still admit in Redis: give that back
+                    let store = self.store.clone();
+                    let totals = self.totals.clone();
+                    let owned = owned.clone();
+                    later.push(boxed(async move {
+                        if let Ok(v) = late.await
+                            && v.admitted
+                        {
+                            let checks = as_checks(&owned);
+                            if store.refund(&checks, &v).await.is_ok() {
+                                totals.refunds.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }));
+                }
+                Err(gate)
+            }
+        }
+    }
+
+    /// Remembers the denying buckets of `verdict` until they admit again.
+    fn remember_denials(&self, ctx: &Ctx<'_>, verdict: &Verdict, sent: Micros, finished: Micros) {
+        for ((key, _), d) in ctx
+            .policies
+            .iter()
+            .zip(&verdict.decisions)
+            .filter(|((_, p), _)| !p.shadow())
+        {
+            if let floodgate_shared::Outcome::Denied {
+                retry_after: Some(wait),
+            } = d.outcome
+            {
+                // Redis decided somewhere between `sent` and `finished` on our
+                // clock; anchoring at `sent` can only end the local denial early
+                // (the store then decides), never late.
+                let denied = Denied {
+                    until: sent + wait,
+                    full_at: sent + (d.full_at - d.now),
+                    limit: d.limit,
+                };
+                self.denied.remember(key, denied, finished);
+            }
+        }
+    }
+
+    /// The answer to a store that could not decide: the strictest failure mode of
+    /// the request's policies, marked and counted. Also says whether the client
+    /// was refused (so a late admission must be refunded).
+    fn failure_mode(&self, ctx: &Ctx<'_>, e: &StoreError) -> (Gate, bool) {
+        let mode = ctx.mode();
+        let route = ctx.route_name();
+        match mode {
+            FailureMode::FailClosed => {
+                let g = self.degraded_refusal(
+                    Some(ctx),
+                    route,
+                    &format!("rate limit state unavailable: {e}"),
+                );
+                (g, true)
+            }
+            FailureMode::FailOpen => {
+                self.degraded(Some(&ctx.record), mode, ctx.route_name());
+                let g = Gate::forward(&ctx.record.id, route, vec![], vec![])
+                    .with_header(DEGRADED_HEADER, "fail-open");
+                (g, false)
+            }
+            FailureMode::LocalFallback => {
+                self.degraded(Some(&ctx.record), mode, ctx.route_name());
+                let local: Vec<(&str, &Quota, u32)> = ctx
+                    .enforced()
+                    .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
+                    .collect();
+                let verdict = self.local.check(&local, self.clock.now());
+                match Answer::for_decision(verdict.headline()) {
+                    Answer::Forward { headers } => {
+                        let g = Gate::forward(&ctx.record.id, route, headers.pairs(), vec![])
+                            .with_header(DEGRADED_HEADER, "local-fallback");
+                        (g, false)
+                    }
+                    Answer::Reject { headers, .. } => {
+                        let g = Gate::rate_limited(&headers)
+                            .with_header(DEGRADED_HEADER, "local-fallback");
+                        (g, true)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Phase 6: the verdict's answer: the quota headers to add when admitted, or
+    /// the 429 with Retry-After (jittered, never early) and the IETF fields.
+    fn admitted(
+        &self,
+        ctx: &Ctx<'_>,
+        verdict: &Verdict,
+    ) -> Result<Vec<(&'static str, String)>, Gate> {
+        match Answer::for_decision(verdict.headline()) {
+            Answer::Forward { headers } => {
+                let mut h = headers.pairs();
+                h.extend(ietf(ctx.config, &ctx.policies, verdict));
+                Ok(h)
+            }
+            Answer::Reject { mut headers, .. } => {
+                headers.retry_after = headers.retry_after.map(|w| {
+                    jittered(
+                        w,
+                        ctx.config.headers().retry_jitter_secs,
+                        jitter_seed(&ctx.record.id, verdict.now),
+                    )
+                });
+                Err(Gate::rate_limited(&headers).with_headers(ietf(
+                    ctx.config,
+                    &ctx.policies,
+                    verdict,
+                )))
+            }
+        }
+    }
+
+    /// Gives back an admitted verdict's tokens (its request was refused after all).
+    fn refund_task(&self, owned: Arc<Vec<OwnedCheck>>, verdict: Verdict) -> Task {
+        let store = self.store.clone();
+        let totals = self.totals.clone();
+        boxed(async move {
+            let checks = as_checks(&owned);
+            if store.refund(&checks, &verdict).await.is_ok() {
+                totals.refunds.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_call_may_run_for_longer_than_its_answer_deadline() {
+        assert_eq!(
+            store_deadline(Duration::from_millis(3)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            store_deadline(Duration::from_millis(100)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            store_deadline(Duration::from_secs(5)),
+            Duration::from_secs(10)
+        );
+    }
+}

@@ -1,0 +1,526 @@
+//! The typed contract between the edge (which writes traffic counters and the
+//! decision sample to Redis) and the dashboard (which reads them): hash and list
+//! names, every counter field, and the sample entry, each with `Display` (what the
+//! edge writes) and `FromStr` (what the dashboard parses), checked by a round-trip
+//! property test over every legal route name.
+//!
+//! Layout (`docs/failure.md` has the table and the memory bounds):
+//! - `fg:stats:<unix minute>`: per-minute [`StatsField`]s, kept [`MINUTE_TTL_SECS`];
+//! - `fg:stats10:<unix second / 10>`: the same endpoint outcome and latency fields
+//!   per 10 seconds ([`StatsField::is_fine`]), kept [`TEN_SECOND_TTL_SECS`];
+//! - `fg:keystats:<unix minute>`: per API key [`KeyField`]s, kept [`MINUTE_TTL_SECS`];
+//! - `fg:key_last_used`: API key id → Unix seconds of its latest decision;
+//! - `fg:sample`: the newest [`SAMPLE_KEEP`] [`SampleEntry`]s, newest first.
+//!
+//! Route names are `[a-z0-9_-]{1,32}`: every field puts a route name after
+//! `route:` and ends it at `|`, two characters no route name contains, so a route
+//! called `mode`, `lat`, `key` or `_` is counted as itself, and unmatched traffic
+//! (`unmatched`) is never confused with a route.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::policy::FailureMode;
+
+/// How long the per-minute hashes stay (two days: the 24 h range and a margin).
+pub const MINUTE_TTL_SECS: u64 = 2 * 86_400;
+/// How long the per-10-second hashes stay (the 15 min and 1 h ranges at 10 s).
+pub const TEN_SECOND_TTL_SECS: u64 = 2 * 3_600;
+/// The list holding the most recent decisions (newest first), for backtests.
+pub const SAMPLE_KEY: &str = "fg:sample";
+/// How many decisions the sample keeps (all edges together).
+pub const SAMPLE_KEEP: usize = 20_000;
+/// API key id → Unix seconds of the key's latest decision (any edge).
+pub const LAST_USED_KEY: &str = "fg:key_last_used";
+
+/// The per-minute hash of `minute` (Unix minutes).
+pub fn minute_key(minute: i64) -> String {
+    format!("fg:stats:{minute}")
+}
+
+/// The per-10-second hash of `slot` (Unix seconds / 10).
+pub fn ten_second_key(slot: i64) -> String {
+    format!("fg:stats10:{slot}")
+}
+
+/// The per-minute hash of per-API-key counters of `minute`.
+pub fn key_minute_key(minute: i64) -> String {
+    format!("fg:keystats:{minute}")
+}
+
+/// A field or entry that does not follow the contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not a Floodgate stats field: {:?}", self.0)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+fn bad<T>(s: &str) -> Result<T, ParseError> {
+    Err(ParseError(s.chars().take(80).collect()))
+}
+
+/// Where a request went: a configured route (by name) or no route at all.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Endpoint {
+    Route(String),
+    /// The path matched no route.
+    Unmatched,
+}
+
+impl Endpoint {
+    /// The endpoint of a request that matched `route` (or none).
+    pub fn of(route: Option<&str>) -> Self {
+        route.map_or(Endpoint::Unmatched, |r| Endpoint::Route(r.to_string()))
+    }
+
+    /// The route's name, `None` for unmatched traffic.
+    pub fn route(&self) -> Option<&str> {
+        match self {
+            Endpoint::Route(r) => Some(r),
+            Endpoint::Unmatched => None,
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Route(r) => write!(f, "route:{r}"),
+            Endpoint::Unmatched => f.write_str("unmatched"),
+        }
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        match s.strip_prefix("route:") {
+            Some(r) if crate::policy::validate_name("route", r).is_ok() => {
+                Ok(Endpoint::Route(r.to_string()))
+            }
+            Some(_) => bad(s),
+            None if s == "unmatched" => Ok(Endpoint::Unmatched),
+            None => bad(s),
+        }
+    }
+}
+
+/// As its text (`route:<name>`, `unmatched`), so it can key a JSON map.
+impl serde::Serialize for Endpoint {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Endpoint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What the edge answered one request.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Admitted by Redis (forwarded upstream).
+    Allowed,
+    /// Answered 429 (by Redis, the deny cache or the in-flight limit).
+    Throttled,
+    /// Decided without Redis, by the policies' failure mode.
+    Degraded,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 3] = [Outcome::Allowed, Outcome::Throttled, Outcome::Degraded];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Throttled => "throttled",
+            Outcome::Degraded => "degraded",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Self> {
+        Outcome::ALL.into_iter().find(|o| o.name() == s)
+    }
+}
+
+/// What a counter counts per endpoint or per key: an [`Outcome`], or an admitted
+/// request a shadow policy would have throttled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Counted {
+    Outcome(Outcome),
+    ShadowThrottled,
+}
+
+impl fmt::Display for Counted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Counted::Outcome(o) => f.write_str(o.name()),
+            Counted::ShadowThrottled => f.write_str("shadow_throttled"),
+        }
+    }
+}
+
+impl FromStr for Counted {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        match Outcome::from_name(s) {
+            Some(o) => Ok(Counted::Outcome(o)),
+            None if s == "shadow_throttled" => Ok(Counted::ShadowThrottled),
+            None => bad(s),
+        }
+    }
+}
+
+fn mode_from_name(s: &str) -> Option<FailureMode> {
+    [
+        FailureMode::FailOpen,
+        FailureMode::FailClosed,
+        FailureMode::LocalFallback,
+    ]
+    .into_iter()
+    .find(|m| m.name() == s)
+}
+
+/// Store-call latency histogram bucket upper bounds (µs); the last is "above 1 s".
+pub const LATENCY_BOUNDS_US: [u64; 12] = [
+    250,
+    500,
+    1_000,
+    2_000,
+    3_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    1_000_000,
+    u64::MAX,
+];
+
+/// The histogram bucket (its upper bound, µs) holding a latency of `us`.
+pub fn latency_bound(us: u64) -> u64 {
+    LATENCY_BOUNDS_US
+        .iter()
+        .copied()
+        .find(|b| us <= *b)
+        .unwrap_or(u64::MAX)
+}
+
+/// One counter of a per-minute or per-10-second hash.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StatsField {
+    /// `route:<name>|<counted>` or `unmatched|<counted>`.
+    Endpoint(Endpoint, Counted),
+    /// `<endpoint>|degraded:<mode>`: degraded decisions by failure mode (they sum
+    /// to the endpoint's `degraded`).
+    EndpointMode(Endpoint, FailureMode),
+    /// `mode:<mode>`: degraded decisions of every endpoint by failure mode.
+    Mode(FailureMode),
+    /// `lat:<upper bound µs>` (`lat:inf` above 1 s): store calls by latency.
+    Latency(u64),
+    /// `breaker:opened`: closed → open transitions of the circuit breaker.
+    BreakerOpened,
+    /// `breaker:open_ms`: ms the breaker spent open or half-open.
+    BreakerOpenMs,
+    /// `sample:dropped`: decisions an edge could not add to the sample (its
+    /// queue between two flushes was full).
+    SampleDropped,
+}
+
+impl StatsField {
+    /// Whether the field is also kept per 10 seconds (endpoint outcomes and latency;
+    /// the rest only per minute).
+    pub fn is_fine(&self) -> bool {
+        matches!(self, StatsField::Endpoint(..) | StatsField::Latency(_))
+    }
+}
+
+impl fmt::Display for StatsField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StatsField::Endpoint(e, c) => write!(f, "{e}|{c}"),
+            StatsField::EndpointMode(e, m) => write!(f, "{e}|degraded:{}", m.name()),
+            StatsField::Mode(m) => write!(f, "mode:{}", m.name()),
+            StatsField::Latency(u64::MAX) => f.write_str("lat:inf"),
+            StatsField::Latency(b) => write!(f, "lat:{b}"),
+            StatsField::BreakerOpened => f.write_str("breaker:opened"),
+            StatsField::BreakerOpenMs => f.write_str("breaker:open_ms"),
+            StatsField::SampleDropped => f.write_str("sample:dropped"),
+        }
+    }
+}
+
+impl FromStr for StatsField {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        if let Some((endpoint, what)) = s.split_once('|') {
+            let endpoint: Endpoint = endpoint.parse()?;
+            return match what.strip_prefix("degraded:") {
+                Some(mode) => mode_from_name(mode)
+                    .map(|m| StatsField::EndpointMode(endpoint, m))
+                    .map_or_else(|| bad(s), Ok),
+                None => Ok(StatsField::Endpoint(endpoint, what.parse()?)),
+            };
+        }
+        match s.split_once(':') {
+            Some(("mode", m)) => mode_from_name(m).map(StatsField::Mode),
+            Some(("lat", "inf")) => Some(StatsField::Latency(u64::MAX)),
+            Some(("lat", b)) => b
+                .parse()
+                .ok()
+                .filter(|b| LATENCY_BOUNDS_US.contains(b))
+                .map(StatsField::Latency),
+            Some(("breaker", "opened")) => Some(StatsField::BreakerOpened),
+            Some(("breaker", "open_ms")) => Some(StatsField::BreakerOpenMs),
+            Some(("sample", "dropped")) => Some(StatsField::SampleDropped),
+            _ => None,
+        }
+        .map_or_else(|| bad(s), Ok)
+    }
+}
+
+/// One counter of a per-API-key hash: `<key id>|<counted>`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyField {
+    pub key_id: String,
+    pub counted: Counted,
+}
+
+impl fmt::Display for KeyField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}", self.key_id, self.counted)
+    }
+}
+
+impl FromStr for KeyField {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let Some((id, counted)) = s.split_once('|') else {
+            return bad(s);
+        };
+        if crate::keys::validate_key_id(id).is_err() {
+            return bad(s);
+        }
+        Ok(KeyField {
+            key_id: id.to_string(),
+            counted: counted.parse()?,
+        })
+    }
+}
+
+/// One decision of the edge's sample: when, which key on which plan, where, and
+/// what the edge answered: `<ms>|<key id>|<plan>|<endpoint>|<outcome>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleEntry {
+    /// Unix milliseconds of the decision.
+    pub at_ms: i64,
+    pub key_id: String,
+    pub plan: String,
+    pub endpoint: Endpoint,
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for SampleEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}|{}|{}|{}|{}",
+            self.at_ms,
+            self.key_id,
+            self.plan,
+            self.endpoint,
+            self.outcome.name()
+        )
+    }
+}
+
+impl FromStr for SampleEntry {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let parts: Vec<&str> = s.split('|').collect();
+        let [at, key_id, plan, endpoint, outcome] = parts.as_slice() else {
+            return bad(s);
+        };
+        let (Ok(at_ms), Some(outcome)) = (at.parse(), Outcome::from_name(outcome)) else {
+            return bad(s);
+        };
+        if crate::keys::validate_key_id(key_id).is_err()
+            || crate::policy::validate_name("plan", plan).is_err()
+        {
+            return bad(s);
+        }
+        Ok(SampleEntry {
+            at_ms,
+            key_id: key_id.to_string(),
+            plan: plan.to_string(),
+            endpoint: endpoint.parse()?,
+            outcome,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn endpoint() -> impl Strategy<Value = Endpoint> {
+        prop_oneof![
+            Just(Endpoint::Unmatched),
+            // every legal route name, the troublesome ones made likely
+            prop_oneof![
+                "[a-z0-9_-]{1,32}",
+                Just("_".to_string()),
+                Just("mode".to_string()),
+                Just("lat".to_string()),
+                Just("key".to_string()),
+                Just("breaker".to_string()),
+                Just("sample".to_string()),
+                Just("unmatched".to_string()),
+                Just("route".to_string()),
+            ]
+            .prop_map(Endpoint::Route),
+        ]
+    }
+
+    fn outcome() -> impl Strategy<Value = Outcome> {
+        prop::sample::select(Outcome::ALL.to_vec())
+    }
+
+    fn counted() -> impl Strategy<Value = Counted> {
+        prop_oneof![
+            outcome().prop_map(Counted::Outcome),
+            Just(Counted::ShadowThrottled)
+        ]
+    }
+
+    fn mode() -> impl Strategy<Value = FailureMode> {
+        prop::sample::select(vec![
+            FailureMode::FailOpen,
+            FailureMode::FailClosed,
+            FailureMode::LocalFallback,
+        ])
+    }
+
+    fn field() -> impl Strategy<Value = StatsField> {
+        prop_oneof![
+            (endpoint(), counted()).prop_map(|(e, c)| StatsField::Endpoint(e, c)),
+            (endpoint(), mode()).prop_map(|(e, m)| StatsField::EndpointMode(e, m)),
+            mode().prop_map(StatsField::Mode),
+            prop::sample::select(LATENCY_BOUNDS_US.to_vec()).prop_map(StatsField::Latency),
+            Just(StatsField::BreakerOpened),
+            Just(StatsField::BreakerOpenMs),
+            Just(StatsField::SampleDropped),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_stats_field_parses_back_to_itself(f in field()) {
+            let text = f.to_string();
+            prop_assert_eq!(text.parse::<StatsField>(), Ok(f));
+        }
+
+        #[test]
+        fn every_key_field_parses_back_to_itself(id in "[A-Za-z0-9_-]{1,32}", c in counted()) {
+            let f = KeyField { key_id: id, counted: c };
+            prop_assert_eq!(f.to_string().parse::<KeyField>(), Ok(f));
+        }
+
+        #[test]
+        fn every_sample_entry_parses_back_to_itself(
+            at_ms in 0i64..4_000_000_000_000,
+            key_id in "[A-Za-z0-9_-]{1,32}",
+            plan in "[a-z0-9_-]{1,32}",
+            endpoint in endpoint(),
+            outcome in outcome(),
+        ) {
+            let e = SampleEntry { at_ms, key_id, plan, endpoint, outcome };
+            prop_assert_eq!(e.to_string().parse::<SampleEntry>(), Ok(e));
+        }
+
+        #[test]
+        fn no_two_fields_share_a_text(a in field(), b in field()) {
+            prop_assert_eq!(a == b, a.to_string() == b.to_string());
+        }
+    }
+
+    #[test]
+    fn routes_named_like_the_other_fields_count_as_routes() {
+        for name in ["mode", "lat", "key", "_", "breaker", "unmatched"] {
+            let f = StatsField::Endpoint(
+                Endpoint::Route(name.into()),
+                Counted::Outcome(Outcome::Allowed),
+            );
+            assert_eq!(f.to_string(), format!("route:{name}|allowed"));
+            assert_eq!(f.to_string().parse(), Ok(f));
+        }
+        assert_eq!(
+            "unmatched|throttled".parse(),
+            Ok(StatsField::Endpoint(
+                Endpoint::Unmatched,
+                Counted::Outcome(Outcome::Throttled)
+            ))
+        );
+        assert_eq!(
+            "mode:fail_open".parse(),
+            Ok(StatsField::Mode(FailureMode::FailOpen))
+        );
+    }
+
+    #[test]
+    fn anything_else_is_refused() {
+        for bad in [
+            "",
+            "_|allowed",
+            "search|allowed",
+            "route:|allowed",
+            "route:Search|allowed",
+            "route:a b|allowed",
+            "route:x|maybe",
+            "route:x|degraded:sometimes",
+            "mode:maybe",
+            "lat:7",
+            "lat:",
+            "breaker:closed",
+            "key|K1|allowed",
+        ] {
+            assert!(bad.parse::<StatsField>().is_err(), "{bad}");
+        }
+        for bad in ["", "K1", "K 1|allowed", "K1|nope", "K1|allowed|x"] {
+            assert!(bad.parse::<KeyField>().is_err(), "{bad}");
+        }
+        for bad in [
+            "",
+            "x|Ab3dE5gH1j|free|unmatched|allowed",
+            "1|bad id|free|unmatched|allowed",
+            "1|Ab3dE5gH1j|Free|unmatched|allowed",
+            "1|Ab3dE5gH1j|free|route:<b>|allowed",
+            "1|Ab3dE5gH1j|free|_",
+            "1|Ab3dE5gH1j|free|unmatched",
+            "1|Ab3dE5gH1j|free|unmatched|allowed|x",
+            "1|Ab3dE5gH1j|free|unmatched|shadow_throttled",
+        ] {
+            assert!(bad.parse::<SampleEntry>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn latencies_fall_in_their_histogram_bucket() {
+        assert_eq!(latency_bound(0), 250);
+        assert_eq!(latency_bound(250), 250);
+        assert_eq!(latency_bound(251), 500);
+        assert_eq!(latency_bound(20_000_000), u64::MAX);
+    }
+}

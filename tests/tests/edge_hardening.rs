@@ -1,0 +1,728 @@
+//! The edge tried from outside, as clients and attackers see it, on BOTH hosts (the
+//! native host and the Worker in workerd): answers without a body, an upstream that
+//! dies mid-body or never answers, headers a client must not smuggle upstream,
+//! floods of unknown API keys, the IETF fields on a 429, and requests refused while
+//! Redis stalled, which must cost no quota. Each case pins a defect found on the
+//! edge as it was (issue 13).
+
+use std::time::{Duration, Instant};
+
+use floodgate_edge::admin;
+use floodgate_edge::store::resp::RespStore;
+use floodgate_tests::upstream::{Echo, RawUpstream};
+use floodgate_tests::{
+    EdgeInstance, EdgeKind, EdgeOptions, RedisServer, Seeded, on_both_hosts, seed, start_edge_with,
+};
+use reqwest::StatusCode;
+
+on_both_hosts!(
+    bodyless_answers_pass_through_with_the_quota_headers,
+    a_body_cut_short_by_the_upstream_reaches_the_client_as_an_error,
+    a_hung_upstream_is_a_504_json_within_the_upstream_timeout,
+    headers_named_by_connection_and_identity_spellings_never_reach_the_upstream,
+    content_length_bodies_keep_their_framing,
+    unknown_keys_cost_redis_at_most_their_budget,
+    ietf_fields_on_a_429_never_promise_room_before_retry_after,
+    requests_refused_while_redis_stalled_cost_no_quota,
+);
+
+/// 100 per hour per key (no refill while a test runs), fail-closed.
+const CONFIG: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100, "refill": 1, "period": "1h"}, "failure_mode": "fail_closed"},
+    {"name": "tight", "dimensions": ["api_key", "endpoint"], "quota": {"capacity": 2, "period": "10s"}, "failure_mode": "fail_closed"}
+  ],
+  "plans": {"free": ["default"]},
+  "routes": [{"name": "tight", "pattern": "/tight", "policies": ["tight"]}],
+  "headers": {"ietf": true}
+}"#;
+
+struct Stack {
+    redis: RedisServer,
+    upstream: RawUpstream,
+    edge: String,
+    secret: String,
+    key_id: String,
+    _edge: EdgeInstance,
+}
+
+async fn stack_with(kind: EdgeKind, options: EdgeOptions) -> Stack {
+    let redis = RedisServer::start();
+    let Seeded { secret, key_id } = seed(&redis, CONFIG).await;
+    let upstream = RawUpstream::start().await;
+    let instance = start_edge_with(kind, &redis, &upstream.url, &options).await;
+    Stack {
+        redis,
+        upstream,
+        edge: instance.url.clone(),
+        secret,
+        key_id,
+        _edge: instance,
+    }
+}
+
+async fn stack(kind: EdgeKind) -> Stack {
+    stack_with(kind, EdgeOptions::default()).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+fn remaining(r: &reqwest::Response) -> u64 {
+    header(r, "x-ratelimit-remaining")
+        .expect("quota headers")
+        .parse()
+        .unwrap()
+}
+
+async fn bodyless_answers_pass_through_with_the_quota_headers(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    let head = c
+        .head(format!("{}/things/1", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), StatusCode::OK, "HEAD is answered, not a 500");
+    assert_eq!(remaining(&head), 99);
+    assert!(head.bytes().await.unwrap().is_empty());
+    for (code, left) in [(204u16, 98), (304, 97)] {
+        let r = c
+            .get(format!("{}/status/{code}", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), code);
+        assert_eq!(
+            remaining(&r),
+            left,
+            "one token per request, quota headers on {code}"
+        );
+        assert!(r.bytes().await.unwrap().is_empty());
+    }
+    assert_eq!(s.upstream.total(), 3);
+}
+
+async fn a_body_cut_short_by_the_upstream_reaches_the_client_as_an_error(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let r = client()
+        .get(format!("{}/truncate", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "the head was already on its way"
+    );
+    let body = r.bytes().await;
+    assert!(
+        body.is_err(),
+        "a body the upstream cut at 1,000 of 100,000 bytes must not look complete: got {:?} bytes",
+        body.map(|b| b.len())
+    );
+}
+
+async fn a_hung_upstream_is_a_504_json_within_the_upstream_timeout(kind: EdgeKind) {
+    let options = EdgeOptions {
+        upstream_timeout_ms: 1_000,
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let started = Instant::now();
+    let r = client()
+        .get(format!("{}/hang", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .expect("the edge answers a hung upstream itself");
+    let took = started.elapsed();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "Upstream timed out");
+}
+
+async fn headers_named_by_connection_and_identity_spellings_never_reach_the_upstream(
+    kind: EdgeKind,
+) {
+    let s = stack(kind).await;
+    let r = client()
+        .get(format!("{}/echo", s.edge))
+        .bearer_auth(&s.secret)
+        .header("Connection", "keep-alive, X-Hop-Secret")
+        .header("X-Hop-Secret", "must not pass")
+        .header("X_Floodgate_Key_Id", "spoofed-underscore")
+        .header("X-Floodgate-Key-Id", "spoofed")
+        .header("X-Kept", "passes")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let echo = Echo(r.json().await.unwrap());
+    assert!(
+        echo.header("x-hop-secret").is_empty(),
+        "a header the client's Connection names is hop-by-hop: {:?}",
+        echo.names()
+    );
+    let identities: Vec<String> = echo
+        .names()
+        .into_iter()
+        .filter(|n| n.to_ascii_lowercase().replace('_', "-") == "x-floodgate-key-id")
+        .collect();
+    assert_eq!(
+        identities.len(),
+        1,
+        "exactly one identity header, in any spelling: {identities:?}"
+    );
+    assert_eq!(echo.header("x-floodgate-key-id"), vec![s.key_id.clone()]);
+    assert_eq!(echo.header("x-kept"), vec!["passes".to_string()]);
+    assert!(echo.header("authorization").is_empty());
+}
+
+async fn content_length_bodies_keep_their_framing(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let r = client()
+        .post(format!("{}/upload", s.edge))
+        .bearer_auth(&s.secret)
+        .body(vec![b'a'; 5000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let echo = Echo(r.json().await.unwrap());
+    assert_eq!(echo.framing(), "content-length", "{:?}", echo.0);
+    assert_eq!(echo.header("content-length"), vec!["5000".to_string()]);
+    assert_eq!(echo.0["body_bytes"], 5000);
+}
+
+/// `INFO commandstats` calls of one command.
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+async fn unknown_keys_cost_redis_at_most_their_budget(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    let ok = c
+        .get(format!("{}/before", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let gets_before = calls(&s.redis, "get");
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..300 {
+        // well-formed, random, unknown: the shape check cannot tell
+        let (_, fake) = floodgate_shared::apikeys::new_secret(&rand::random());
+        let r = c
+            .get(format!("{}/probe", s.edge))
+            .bearer_auth(&fake)
+            .header("CF-Connecting-IP", "203.0.113.9")
+            .send()
+            .await
+            .unwrap();
+        *statuses.entry(r.status().as_u16()).or_insert(0) += 1;
+    }
+    let gets = calls(&s.redis, "get") - gets_before;
+    assert!(
+        gets <= 40,
+        "300 unknown keys from one address cost {gets} Redis GETs (statuses {statuses:?})"
+    );
+    assert_eq!(statuses.get(&200), None);
+    let ok = c
+        .get(format!("{}/after", s.edge))
+        .bearer_auth(&s.secret)
+        .header("CF-Connecting-IP", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ok.status(),
+        StatusCode::OK,
+        "a known key keeps working through the flood"
+    );
+    assert_eq!(s.upstream.path("/probe"), 0);
+}
+
+/// The integer parameter `param` of the member named `policy` of a structured-field
+/// list (RFC 9651, parsed by the `sfv` crate).
+fn sf_param(value: &str, policy: &str, param: &str) -> i64 {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse_list()
+        .expect("a structured list");
+    list.iter()
+        .find_map(|e| match e {
+            sfv::ListEntry::Item(i)
+                if i.bare_item.as_string().map(|s| s.as_str()) == Some(policy) =>
+            {
+                i.params
+                    .iter()
+                    .find(|(k, _)| k.as_str() == param)
+                    .and_then(|(_, v)| v.as_integer())
+                    .map(i64::from)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{policy};{param} in {value}"))
+}
+
+async fn ietf_fields_on_a_429_never_promise_room_before_retry_after(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    for _ in 0..2 {
+        let r = c
+            .get(format!("{}/tight", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // the first denial comes from Redis, the second from the instance's deny cache
+    for which in ["redis", "deny cache"] {
+        let r = c
+            .get(format!("{}/tight", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{which}");
+        let retry: i64 = header(&r, "retry-after").unwrap().parse().unwrap();
+        let state = header(&r, "ratelimit")
+            .unwrap_or_else(|| panic!("a 429 from the {which} carries RateLimit"));
+        assert!(
+            header(&r, "ratelimit-policy").is_some(),
+            "a 429 from the {which} carries RateLimit-Policy"
+        );
+        assert_eq!(sf_param(&state, "tight", "r"), 0, "{which}: {state}");
+        let t = sf_param(&state, "tight", "t");
+        assert!(
+            (1..=retry).contains(&t),
+            "{which}: t={t} must be when the denied request fits again, not after Retry-After={retry}"
+        );
+        // 2 per 10 s: a token returns every 5 s
+        assert!(retry <= 5, "{which}: Retry-After {retry}");
+    }
+}
+
+async fn requests_refused_while_redis_stalled_cost_no_quota(kind: EdgeKind) {
+    let options = EdgeOptions {
+        deadline_ms: Some(100),
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let c = client();
+    let get = || {
+        c.get(format!("{}/thing", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+    };
+    let first = get().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(remaining(&first), 99);
+    s.redis.signal("STOP");
+    let mut refused = 0;
+    for _ in 0..6 {
+        let r = get().await.unwrap();
+        assert_ne!(
+            r.status(),
+            StatusCode::OK,
+            "fail-closed while Redis is stopped"
+        );
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        refused += 1;
+    }
+    s.redis.signal("CONT");
+    // Redis now runs whatever was queued while it was stopped; then the breaker closes
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = get().await.unwrap();
+        if r.status() == StatusCode::OK {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the edge recovers");
+    };
+    assert_eq!(
+        remaining(&next),
+        98,
+        "{refused} requests refused with 503 must not have been charged"
+    );
+}
+
+on_both_hosts!(
+    a_stalled_redis_costs_a_request_at_most_the_store_deadline,
+    an_unverifiable_key_gets_the_failure_mode_of_every_policy_it_could_match,
+);
+
+/// GET /__floodgate/health as JSON.
+async fn health(c: &reqwest::Client, edge: &str) -> serde_json::Value {
+    c.get(format!("{edge}{}", floodgate_edge::proxy::HEALTH_PATH))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn a_stalled_redis_costs_a_request_at_most_the_store_deadline(kind: EdgeKind) {
+    // the hosts' own default deadlines (3 ms natively, 50 ms in the Worker)
+    let options = EdgeOptions {
+        deadline_ms: None,
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let c = client();
+    let get = || {
+        c.get(format!("{}/thing", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+    };
+    // warm: key and configuration cached (a busy machine may need a retry)
+    let mut warm = false;
+    for _ in 0..20 {
+        if get().await.unwrap().status() == StatusCode::OK {
+            warm = true;
+            break;
+        }
+    }
+    assert!(warm, "the edge answers while Redis is up");
+    // (warming up on a busy machine may itself have been refused a few times)
+    let before = health(&c, &s.edge).await["degraded_requests"]["fail_closed"]
+        .as_u64()
+        .unwrap();
+    s.redis.signal("STOP");
+    let mut slowest = Duration::ZERO;
+    let mut statuses = vec![];
+    for _ in 0..20 {
+        let started = Instant::now();
+        let r = get().await.unwrap();
+        slowest = slowest.max(started.elapsed());
+        statuses.push(r.status().as_u16());
+        assert_eq!(
+            header(&r, "x-ratelimit-degraded").as_deref(),
+            Some("fail-closed")
+        );
+    }
+    let h = health(&c, &s.edge).await;
+    s.redis.signal("CONT");
+    assert!(statuses.iter().all(|s| *s == 503), "{statuses:?}");
+    assert!(
+        slowest < Duration::from_millis(400),
+        "a request waited {slowest:?} for a stopped Redis"
+    );
+    assert_eq!(h["breaker"], "open", "{h}");
+    assert_eq!(
+        h["degraded_requests"]["fail_closed"].as_u64().unwrap() - before,
+        20,
+        "{h}"
+    );
+}
+
+/// All-fail-open policies (per key and per route).
+const OPEN_CONFIG: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100, "refill": 1, "period": "1h"}, "failure_mode": "fail_open"}
+  ],
+  "plans": {"free": ["default"]}
+}"#;
+
+async fn an_unverifiable_key_gets_the_failure_mode_of_every_policy_it_could_match(kind: EdgeKind) {
+    let options = EdgeOptions {
+        deadline_ms: Some(100),
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let admin_store = RespStore::connect(&s.redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&admin_store, OPEN_CONFIG).await.unwrap();
+    let (_, second) = admin::create_key(&admin_store, "tests", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let c = client();
+    // the configuration and the first key are cached; the second key never was
+    let r = c
+        .get(format!("{}/warm", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    s.redis.signal("STOP");
+    let r = c
+        .get(format!("{}/echo", s.edge))
+        .bearer_auth(&second)
+        .header("X-Floodgate-Key-Id", "spoofed")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let degraded = header(&r, "x-ratelimit-degraded");
+    let echo = Echo(r.json().await.unwrap());
+    let h = health(&c, &s.edge).await;
+    s.redis.signal("CONT");
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "every policy it could match fails open"
+    );
+    assert_eq!(degraded.as_deref(), Some("fail-open"));
+    assert!(
+        echo.header("x-floodgate-key-id").is_empty(),
+        "an unverified caller reaches the upstream with no identity: {:?}",
+        echo.names()
+    );
+    assert_eq!(h["degraded_requests"]["fail_open"], 1, "{h}");
+}
+
+/// A Worker isolate that starts while Redis is stopped answers every request
+/// with its failure mode at once, marked, and its health says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_worker_during_an_outage_marks_and_counts_what_it_answers() {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, CONFIG).await.secret;
+    let upstream = RawUpstream::start().await;
+    let endpoint = floodgate_tests::Endpoint::start(&redis, "t0ken").await;
+    redis.signal("STOP");
+    let worker = floodgate_tests::start_worker(
+        &endpoint.url,
+        "t0ken",
+        &upstream.url,
+        &EdgeOptions {
+            deadline_ms: None,
+            ..EdgeOptions::default()
+        },
+    )
+    .await;
+    let c = client();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = Instant::now();
+        let r = c
+            .get(format!("{}/thing", worker.url))
+            .bearer_auth(&secret)
+            .send()
+            .await
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            header(&r, "x-ratelimit-degraded").as_deref(),
+            Some("fail-closed")
+        );
+    }
+    let h = health(&c, &worker.url).await;
+    redis.signal("CONT");
+    assert!(slowest < Duration::from_millis(400), "waited {slowest:?}");
+    assert_eq!(h["breaker"], "open", "{h}");
+    assert_eq!(h["degraded_requests"]["fail_closed"], 10, "{h}");
+    assert_eq!(upstream.total(), 0);
+}
+
+on_both_hosts!(every_limit_is_a_clear_json_refusal_that_reaches_no_upstream);
+
+async fn every_limit_is_a_clear_json_refusal_that_reaches_no_upstream(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let c = client();
+    let expect = |status: u16, error: &'static str| {
+        move |r: reqwest::Response| async move {
+            assert_eq!(r.status().as_u16(), status, "{error}");
+            assert_eq!(
+                header(&r, "content-type").as_deref(),
+                Some("application/json")
+            );
+            let v: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(v["error"], error);
+        }
+    };
+    let long = "a".repeat(floodgate_shared::routes::MAX_PATH_LEN + 1);
+    let r = c
+        .get(format!("{}/{long}", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    expect(414, "Request URI too long")(r).await;
+    let r = c
+        .get(format!("{}/q?{long}", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    expect(414, "Request URI too long")(r).await;
+    let mut many = reqwest::header::HeaderMap::new();
+    for i in 0..120 {
+        many.insert(
+            reqwest::header::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(),
+            "v".parse().unwrap(),
+        );
+    }
+    let r = c
+        .get(format!("{}/many", s.edge))
+        .bearer_auth(&s.secret)
+        .headers(many)
+        .send()
+        .await
+        .unwrap();
+    expect(431, "Request headers too large")(r).await;
+    // a declared body over the limit is refused from the head alone (the client
+    // here sends only its first bytes, then waits for the answer)
+    let (status, body) = raw_exchange(
+        &s.edge,
+        &format!(
+            "POST /big HTTP/1.1\r\nHost: edge\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\nxxxx",
+            s.secret,
+            10 * 1024 * 1024 + 1
+        ),
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body.contains(r#"{"error":"Request body too large"}"#),
+        "{body}"
+    );
+    assert_eq!(
+        s.upstream.total(),
+        0,
+        "no refused request reached the upstream"
+    );
+    // none of them cost quota
+    let r = c
+        .get(format!("{}/ok", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(remaining(&r), 99);
+}
+
+/// Sends `raw` on a fresh connection to `base` and reads the answer until the
+/// connection closes (or 5 s): its status and its text.
+async fn raw_exchange(base: &str, raw: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw.as_bytes()).await.unwrap();
+    let mut out = vec![];
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            // the whole answer is in: stop waiting for the close
+            Err(_) if !out.is_empty() => break,
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// A streamed (chunked) body that grows past the limit is refused with 413 once
+/// it does, on the native host (the Worker's platform bounds bodies itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_past_the_limit_is_a_413() {
+    let s = stack(EdgeKind::Native).await;
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..11).map(|_| Ok(vec![b'x'; 1024 * 1024])).collect();
+    let r = client()
+        .post(format!("{}/stream", s.edge))
+        .bearer_auth(&s.secret)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "Request body too large");
+}
+
+on_both_hosts!(an_in_flight_slot_is_held_until_the_response_body_is_out);
+
+/// One request in flight per key.
+const ONE_IN_FLIGHT: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100, "refill": 1, "period": "1h"}, "failure_mode": "fail_closed", "max_in_flight": 1}
+  ],
+  "plans": {"free": ["default"]}
+}"#;
+
+async fn an_in_flight_slot_is_held_until_the_response_body_is_out(kind: EdgeKind) {
+    let s = stack(kind).await;
+    let admin_store = RespStore::connect(&s.redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&admin_store, ONE_IN_FLIGHT)
+        .await
+        .unwrap();
+    let c = client();
+    // the head arrives at once, the body a second later
+    let first = c
+        .get(format!("{}/slow", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = c
+        .get(format!("{}/other", s.edge))
+        .bearer_auth(&s.secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        second.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the first response's body is still streaming: its slot is held"
+    );
+    assert_eq!(first.bytes().await.unwrap().as_ref(), b"firstlater");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = c
+            .get(format!("{}/third", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::OK {
+            // two admitted (of 100), the refused one refunded
+            assert_eq!(remaining(&r), 98);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot comes back once the body is out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
