@@ -18,9 +18,13 @@ const LEASE_SCRIPTS: &[(&str, &str)] = &[
     ("POOL_ADD", "pool_add.lua"),
 ];
 
+/// The configuration's audited save (`shared/src/audit.rs`).
+const AUDIT_SCRIPTS: &[(&str, &str)] = &[("CONFIG_CAS", "config_cas.lua")];
+
 fn main() {
     write_shas(SCRIPTS, "script_sha1.rs");
     write_shas(LEASE_SCRIPTS, "lease_sha1.rs");
+    write_shas(AUDIT_SCRIPTS, "audit_sha1.rs");
 }
 
 fn write_shas(scripts: &[(&str, &str)], file: &str) {

@@ -2,9 +2,13 @@
 //!
 //! ```text
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
-//!                     [--site-root target/site] [--secure-cookies]
+//!                     [--redis-ca-file ca.pem] [--site-root target/site] [--secure-cookies]
 //!                     [--trusted-proxy CIDR]...
 //! ```
+//! `--redis` takes any store URL: `rediss://user:password@host:port` (TLS, ACL
+//! user; the CA file also from `FLOODGATE_REDIS_CA_FILE`), `redis+sentinel://`,
+//! `redis+cluster://`, or the deployment's `https://` REST URL (its token in
+//! `FLOODGATE_REST_TOKEN` or `UPSTASH_REDIS_REST_TOKEN`).
 //! The client address (for the sign-in limiter) is the connection's peer; with
 //! `--trusted-proxy` (an address or CIDR, repeatable), a request from such a proxy
 //! is attributed to the nearest address in its `X-Forwarded-For` that is not one.
@@ -17,12 +21,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use floodgate_dashboard::server::{app_state, ensure_operator};
-use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::{NativeStore, StoreOptions};
 
 fn usage(message: &str) -> ! {
     eprintln!("floodgate-dashboard: {message}");
     eprintln!(
-        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--site-root DIR] [--secure-cookies] [--trusted-proxy CIDR]..."
+        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--redis-ca-file PEM] [--site-root DIR] [--secure-cookies] [--trusted-proxy CIDR]..."
     );
     std::process::exit(2)
 }
@@ -34,6 +38,7 @@ async fn main() {
     let mut site_root = "target/site".to_string();
     let mut secure_cookies = false;
     let mut trusted_proxies: Vec<ipnet::IpNet> = vec![];
+    let mut ca_file = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -47,6 +52,7 @@ async fn main() {
                     .unwrap_or_else(|e| usage(&format!("--listen: {e}")))
             }
             "--redis" => redis = value(),
+            "--redis-ca-file" => ca_file = Some(std::path::PathBuf::from(value())),
             "--site-root" => site_root = value(),
             "--secure-cookies" => secure_cookies = true,
             "--trusted-proxy" => {
@@ -60,9 +66,14 @@ async fn main() {
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
-    let store = RespStore::connect(&redis, Duration::from_secs(2))
+    let mut options = StoreOptions::from_env(&redis, Duration::from_secs(2));
+    if ca_file.is_some() {
+        options.ca_file = ca_file;
+    }
+    // the message names the URL, its password redacted
+    let store = NativeStore::connect(&options)
         .await
-        .unwrap_or_else(|e| usage(&format!("cannot reach Redis at {redis}: {e}")));
+        .unwrap_or_else(|e| usage(&format!("cannot reach the store: {e}")));
     let user = std::env::var("FLOODGATE_ADMIN_USER").ok();
     let password = std::env::var("FLOODGATE_ADMIN_PASSWORD").ok().or_else(|| {
         std::env::var("FLOODGATE_ADMIN_PASSWORD_FILE")

@@ -463,17 +463,8 @@ impl From<AuditEntry> for AuditRow {
     }
 }
 
-/// One audit record: who changed what, when, with the item before and after.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditEntry {
-    /// Unix seconds.
-    pub at: i64,
-    pub user: String,
-    pub action: String,
-    pub target: String,
-    pub before: Option<String>,
-    pub after: Option<String>,
-}
+/// One audit record (the type the CLI's audited saves write too).
+pub use floodgate_shared::audit::AuditEntry;
 
 /// The most characters any text field of a form takes (names, labels, patterns).
 pub const MAX_FIELD_CHARS: usize = 256;

@@ -14,10 +14,9 @@ use axum::extract::{ConnectInfo, FromRef, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::resp::wire::Reply;
-use floodgate_edge::store::{BucketStore, StoreError, StoreErrorKind};
-use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
+use floodgate_edge::admin;
+use floodgate_edge::store::{NativeStore, SetOptions, Store, StoreError, Value};
+use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 use floodgate_shared::stats::{
@@ -33,8 +32,7 @@ use crate::model::{AppError, AuditEntry, Range, Resolution, Series, Traffic, his
 
 pub const OPERATOR_PREFIX: &str = "fg:dash:operator:";
 pub const SESSION_PREFIX: &str = "fg:dash:session:";
-pub const AUDIT_KEY: &str = "fg:audit";
-pub const AUDIT_KEEP: usize = 1000;
+pub use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY};
 pub const SESSION_TTL_SECS: u64 = 12 * 3600;
 pub const SESSION_COOKIE: &str = "fg_session";
 /// Marks a browser that signed in before (`docs/dashboard.md`, the threat model).
@@ -50,14 +48,9 @@ pub const TRUST_TTL_SECS: u64 = 30 * 86_400;
 /// The largest request body accepted (forms carry at most a few KB; 1 MB
 /// strings are refused with a field error, larger bodies with 413).
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
-/// The audit copy of an item is cut to this many bytes.
-const AUDIT_ITEM_MAX: usize = 4096;
-
-const CONFIG_CAS: &str = include_str!("../../lua/config_cas.lua");
-
 /// What every request handler shares.
 pub struct Core {
-    pub store: RespStore,
+    pub store: NativeStore,
     /// Adds `Secure` to the cookies (set behind TLS).
     pub secure_cookies: bool,
     /// Proxies whose `X-Forwarded-For` names the client (none by default: the
@@ -115,6 +108,16 @@ impl From<floodgate_edge::admin::AdminError> for AppError {
             A::Invalid(e) => AppError::from_policy(e, None),
             A::Store(e) => AppError::Unavailable(e.to_string()),
             A::NotFound(m) => AppError::invalid("id", m),
+            e @ (A::Conflict { .. } | A::Unversioned { .. }) => AppError::Conflict(e.to_string()),
+        }
+    }
+}
+
+impl From<floodgate_edge::admin::AdminError> for DashError {
+    fn from(e: floodgate_edge::admin::AdminError) -> Self {
+        match e {
+            floodgate_edge::admin::AdminError::Store(e) => DashError::Store(e),
+            other => DashError::Refused(other.to_string()),
         }
     }
 }
@@ -140,39 +143,17 @@ pub fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
-fn unexpected(reply: &Reply) -> DashError {
-    DashError::Store(StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("unexpected reply {reply:?}"),
-    ))
-}
-
-fn check_reply(reply: Reply) -> Result<Reply, DashError> {
-    match reply {
-        Reply::Error(e) => Err(StoreError::new(StoreErrorKind::Redis, e).into()),
-        r => Ok(r),
-    }
-}
-
-fn bulk_string(reply: Reply) -> Result<Option<String>, DashError> {
-    match check_reply(reply)? {
-        Reply::Bulk(Some(b)) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
-        Reply::Bulk(None) => Ok(None),
-        other => Err(unexpected(&other)),
-    }
-}
-
-async fn get_string(store: &RespStore, key: &str) -> Result<Option<String>, DashError> {
-    bulk_string(store.command(&[b"GET", key.as_bytes()]).await?)
+async fn get_string(store: &NativeStore, key: &str) -> Result<Option<String>, DashError> {
+    Ok(store.get_text(key).await?)
 }
 
 /// The replies of `command key extra…` for each of `keys` (one batched round trip).
 async fn per_key(
-    store: &RespStore,
+    store: &NativeStore,
     command: &[u8],
     keys: &[String],
     extra: &[&[u8]],
-) -> Result<Vec<Reply>, DashError> {
+) -> Result<Vec<Value>, DashError> {
     let commands: Vec<Vec<Vec<u8>>> = keys
         .iter()
         .map(|k| {
@@ -181,31 +162,37 @@ async fn per_key(
             c
         })
         .collect();
-    Ok(store.batch(&commands).await?)
+    Ok(store.pipeline(&commands).await?)
 }
 
 /// The values of `keys` (one batched round trip).
-async fn get_strings(store: &RespStore, keys: &[String]) -> Result<Vec<Option<String>>, DashError> {
-    per_key(store, b"GET", keys, &[])
+async fn get_strings(
+    store: &NativeStore,
+    keys: &[String],
+) -> Result<Vec<Option<String>>, DashError> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    Ok(store
+        .get_many(&keys)
         .await?
         .into_iter()
-        .map(bulk_string)
-        .collect()
+        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        .collect())
 }
 
 /// Sets `key` to `value` for `ttl_secs`.
-async fn set_ex(store: &RespStore, key: &str, value: &str, ttl_secs: u64) -> Result<(), DashError> {
-    check_reply(
-        store
-            .command(&[
-                b"SET",
-                key.as_bytes(),
-                value.as_bytes(),
-                b"EX",
-                ttl_secs.to_string().as_bytes(),
-            ])
-            .await?,
-    )?;
+async fn set_ex(
+    store: &NativeStore,
+    key: &str,
+    value: &str,
+    ttl_secs: u64,
+) -> Result<(), DashError> {
+    store
+        .set(
+            key,
+            value.as_bytes(),
+            SetOptions::default().expire(std::time::Duration::from_secs(ttl_secs)),
+        )
+        .await?;
     Ok(())
 }
 
@@ -235,7 +222,7 @@ fn hash_password(password: &str) -> Result<String, DashError> {
 /// Creates the operator unless one of that name exists (the first start's
 /// credentials from the environment). Returns whether it was created.
 pub async fn ensure_operator(
-    store: &RespStore,
+    store: &NativeStore,
     user: &str,
     password: &str,
 ) -> Result<bool, DashError> {
@@ -250,12 +237,7 @@ pub async fn ensure_operator(
         .await
         .map_err(|e| DashError::Refused(e.to_string()))??;
     let key = format!("{OPERATOR_PREFIX}{user}");
-    let reply = check_reply(
-        store
-            .command(&[b"SET", key.as_bytes(), phc.as_bytes(), b"NX"])
-            .await?,
-    )?;
-    Ok(matches!(reply, Reply::Simple(_)))
+    Ok(store.set(&key, phc.as_bytes(), SetOptions::NX).await?)
 }
 
 /// A hash to verify against when the user does not exist, so that unknown and
@@ -312,7 +294,7 @@ enum Trust {
 /// Whether this client signed in as `user` before: from this browser (its device
 /// cookie names `user`) or from this address, within [`TRUST_TTL_SECS`].
 async fn trust(
-    store: &RespStore,
+    store: &NativeStore,
     user: &str,
     client: Option<IpAddr>,
     device: Option<&str>,
@@ -529,155 +511,50 @@ pub async fn lookup_session(
 }
 
 pub async fn sign_out(core: &Core, session: &Session) -> Result<(), DashError> {
-    check_reply(
-        core.store
-            .command(&[
-                b"DEL",
-                format!("{SESSION_PREFIX}{}", session.token_hash).as_bytes(),
-            ])
-            .await?,
-    )?;
+    core.store
+        .del(&[&format!("{SESSION_PREFIX}{}", session.token_hash)])
+        .await?;
     Ok(())
 }
 
 // ----- configuration and audit ---------------------------------------------------
 
 /// The stored configuration text and its version (SHA-1 hex; "" when absent).
-pub async fn load_config(store: &RespStore) -> Result<(String, Option<String>), DashError> {
-    let text = get_string(store, CONFIG_KEY).await?;
-    let version = text
-        .as_deref()
-        .map(|t| sha1_smol::Sha1::from(t.as_bytes()).digest().to_string())
-        .unwrap_or_default();
-    Ok((version, text))
+pub async fn load_config(store: &NativeStore) -> Result<(String, Option<String>), DashError> {
+    Ok(admin::load_config(store).await?)
 }
 
 /// Cuts an item's text for the audit log.
-pub fn audit_item(text: &str) -> String {
-    if text.len() <= AUDIT_ITEM_MAX {
-        return text.to_string();
-    }
-    let mut end = AUDIT_ITEM_MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
+pub use floodgate_edge::admin::audit_item;
 
 /// What a version-checked save did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SaveOutcome {
-    Saved {
-        version: String,
-    },
-    /// Someone saved first; nothing was written.
-    Conflict {
-        current: String,
-    },
-}
+pub use floodgate_shared::audit::SaveOutcome;
 
 /// Saves `config` if the stored one is still `based_on`, with its audit record, in
-/// one atomic script.
+/// one atomic script (the save `floodgate-cli config set` makes too).
 pub async fn save_config(
-    store: &RespStore,
+    store: &NativeStore,
     based_on: &str,
     config: &EdgeConfig,
     entry: &AuditEntry,
 ) -> Result<SaveOutcome, DashError> {
-    let entry = serde_json::to_string(entry).expect("an entry serializes");
-    let reply = check_reply(
-        store
-            .command(&[
-                b"EVAL",
-                CONFIG_CAS.as_bytes(),
-                b"2",
-                CONFIG_KEY.as_bytes(),
-                AUDIT_KEY.as_bytes(),
-                based_on.as_bytes(),
-                config.to_json().as_bytes(),
-                entry.as_bytes(),
-                AUDIT_KEEP.to_string().as_bytes(),
-            ])
-            .await?,
-    )?;
-    match &reply {
-        Reply::Array(Some(items)) if items.len() == 2 => {
-            let version = match &items[1] {
-                Reply::Bulk(Some(v)) => String::from_utf8_lossy(v).into_owned(),
-                _ => return Err(unexpected(&reply)),
-            };
-            match items[0] {
-                Reply::Int(1) => Ok(SaveOutcome::Saved { version }),
-                Reply::Int(0) => Ok(SaveOutcome::Conflict { current: version }),
-                _ => Err(unexpected(&reply)),
-            }
-        }
-        _ => Err(unexpected(&reply)),
-    }
+    Ok(admin::save_config(store, based_on, config, entry).await?)
 }
 
 /// Appends an audit record (key operations; configuration changes record theirs
 /// inside the compare-and-set).
-pub async fn audit(store: &RespStore, entry: &AuditEntry) -> Result<(), DashError> {
-    let entry = serde_json::to_string(entry).expect("an entry serializes");
-    let replies = store
-        .batch(&[
-            vec![b"LPUSH".to_vec(), AUDIT_KEY.into(), entry.into_bytes()],
-            vec![
-                b"LTRIM".to_vec(),
-                AUDIT_KEY.into(),
-                b"0".to_vec(),
-                (AUDIT_KEEP - 1).to_string().into_bytes(),
-            ],
-        ])
-        .await?;
-    for r in replies {
-        check_reply(r)?;
-    }
-    Ok(())
+pub async fn audit(store: &NativeStore, entry: &AuditEntry) -> Result<(), DashError> {
+    Ok(admin::audit(store, entry).await?)
 }
 
-/// The elements of a list in `start..=stop` (a missing key is an empty list).
-async fn lrange(
-    store: &RespStore,
-    key: &str,
-    start: i64,
-    stop: i64,
-) -> Result<Vec<Vec<u8>>, DashError> {
-    match check_reply(
-        store
-            .command(&[
-                b"LRANGE",
-                key.as_bytes(),
-                start.to_string().as_bytes(),
-                stop.to_string().as_bytes(),
-            ])
-            .await?,
-    )? {
-        Reply::Array(Some(items)) => Ok(items
-            .into_iter()
-            .filter_map(|i| match i {
-                Reply::Bulk(Some(b)) => Some(b),
-                _ => None,
-            })
-            .collect()),
-        Reply::Array(None) => Ok(vec![]),
-        other => Err(unexpected(&other)),
-    }
-}
-
-pub async fn audit_log(store: &RespStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
-    let items = lrange(store, AUDIT_KEY, 0, count.max(1) as i64 - 1).await?;
-    Ok(items
-        .iter()
-        .filter_map(|b| serde_json::from_slice(b).ok())
-        .collect())
+pub async fn audit_log(store: &NativeStore, count: usize) -> Result<Vec<AuditEntry>, DashError> {
+    Ok(admin::audit_log(store, count).await?)
 }
 
 /// The edge's sample of recent decisions, oldest first (entries that do not
 /// parse are skipped).
-pub async fn sample(store: &RespStore) -> Result<Vec<SampleEntry>, DashError> {
-    let items = lrange(store, SAMPLE_KEY, 0, -1).await?;
+pub async fn sample(store: &NativeStore) -> Result<Vec<SampleEntry>, DashError> {
+    let items = store.lrange(SAMPLE_KEY, 0, -1).await?;
     let mut entries: Vec<SampleEntry> = items
         .iter()
         .filter_map(|b| std::str::from_utf8(b).ok()?.parse().ok())
@@ -690,54 +567,45 @@ pub async fn sample(store: &RespStore) -> Result<Vec<SampleEntry>, DashError> {
 // ----- traffic -----------------------------------------------------------------
 
 /// A hash's fields and their counts (non-numbers skipped).
-fn fields(reply: Reply) -> Result<Vec<(String, u64)>, DashError> {
-    match check_reply(reply)? {
-        Reply::Array(Some(items)) => {
-            let mut out = vec![];
-            let mut it = items.into_iter();
-            while let (Some(Reply::Bulk(Some(k))), Some(Reply::Bulk(Some(v)))) =
-                (it.next(), it.next())
-            {
-                if let Ok(n) = String::from_utf8_lossy(&v).parse::<u64>() {
-                    out.push((String::from_utf8_lossy(&k).into_owned(), n));
-                }
-            }
-            Ok(out)
-        }
-        Reply::Array(None) => Ok(vec![]),
-        other => Err(unexpected(&other)),
-    }
+fn fields(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(String, u64)> {
+    pairs
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let n = String::from_utf8_lossy(&v).parse::<u64>().ok()?;
+            Some((String::from_utf8_lossy(&k).into_owned(), n))
+        })
+        .collect()
 }
 
 /// The fields of the hashes `keys`, in that order (one batched round trip).
 pub async fn hashes(
-    store: &RespStore,
+    store: &NativeStore,
     keys: &[String],
 ) -> Result<Vec<Vec<(String, u64)>>, DashError> {
-    per_key(store, b"HGETALL", keys, &[])
+    Ok(store
+        .hgetall_many(keys)
         .await?
         .into_iter()
         .map(fields)
-        .collect()
+        .collect())
 }
 
 /// Field `field` of each hash `keys`, summed (0 when absent; one batched round trip).
-async fn hash_field(store: &RespStore, keys: &[String], field: &str) -> Result<u64, DashError> {
+async fn hash_field(store: &NativeStore, keys: &[String], field: &str) -> Result<u64, DashError> {
     let mut total = 0;
     for r in per_key(store, b"HGET", keys, &[field.as_bytes()]).await? {
-        total += bulk_string(r)?
-            .and_then(|v| v.parse::<u64>().ok())
+        total += r
+            .into_bytes()?
+            .and_then(|v| String::from_utf8_lossy(&v).parse::<u64>().ok())
             .unwrap_or(0);
     }
     Ok(total)
 }
 
 /// Each API key's latest decision (Unix seconds).
-pub async fn last_used(store: &RespStore) -> Result<BTreeMap<String, i64>, DashError> {
-    let reply = store
-        .command(&[b"HGETALL", LAST_USED_KEY.as_bytes()])
-        .await?;
-    Ok(fields(reply)?
+pub async fn last_used(store: &NativeStore) -> Result<BTreeMap<String, i64>, DashError> {
+    let hashes = store.hgetall_many(&[LAST_USED_KEY.to_string()]).await?;
+    Ok(fields(hashes.into_iter().next().unwrap_or_default())
         .into_iter()
         .map(|(id, secs)| (id, secs as i64))
         .collect())
@@ -763,7 +631,7 @@ pub fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {
 /// per-minute hashes summed into bars, and the most throttled keys of the last
 /// hour at most (their per-minute hashes).
 pub async fn traffic(
-    store: &RespStore,
+    store: &NativeStore,
     now: i64,
     range: Range,
     resolution: Resolution,
@@ -896,7 +764,7 @@ fn top_throttled(hashes: &[Vec<(String, u64)>]) -> Vec<(String, u64)> {
 
 /// Per key: (allowed, throttled, degraded) over the last `minutes` minutes.
 pub async fn usage(
-    store: &RespStore,
+    store: &NativeStore,
     now: i64,
     minutes: i64,
 ) -> Result<BTreeMap<String, (u64, u64, u64)>, DashError> {
@@ -906,7 +774,11 @@ pub async fn usage(
 }
 
 /// Decisions the edges could not add to the sample between `from_ms` and `to_ms`.
-pub async fn sample_dropped(store: &RespStore, from_ms: i64, to_ms: i64) -> Result<u64, DashError> {
+pub async fn sample_dropped(
+    store: &NativeStore,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<u64, DashError> {
     let keys: Vec<String> = (from_ms.div_euclid(60_000)..=to_ms.div_euclid(60_000))
         .map(minute_key)
         .collect();
@@ -1169,7 +1041,7 @@ async fn favicon() -> Response {
 
 /// The state of a dashboard serving the hydration bundle from `site_root` (its
 /// `pkg/` holds `floodgate_dashboard.js` and `floodgate_dashboard_bg.wasm`).
-pub fn app_state(store: RespStore, site_root: &str, secure_cookies: bool) -> AppState {
+pub fn app_state(store: NativeStore, site_root: &str, secure_cookies: bool) -> AppState {
     let options = LeptosOptions::builder()
         .output_name("floodgate_dashboard")
         .site_root(site_root)

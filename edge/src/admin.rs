@@ -1,23 +1,27 @@
-//! Administration of what the edge reads from Redis: the configuration and the API
-//! keys (stored only as SHA-256 hashes). Used by `floodgate-cli` and the tests; the
-//! dashboard will write the same records.
+//! Administration of what the edge reads from Redis: the configuration (saved
+//! version-checked with its audit record, the same save the dashboard makes) and
+//! the API keys (stored only as SHA-256 hashes). Used by `floodgate-cli`, the
+//! dashboard and the tests, over any [`Store`]: RESP, Redis Cluster or REST.
 //!
-//! Records: `fg:config` (the configuration JSON), `fg:apikey:<sha256>` (a key's
-//! record JSON) and `fg:apikeys` (a hash: key id → sha256, to list and revoke).
+//! Records: `fg:config` (the configuration JSON), `{fg:config}:audit` (the audit
+//! log, newest first), `fg:apikey:<sha256>` (a key's record JSON) and
+//! `fg:apikeys` (a hash: key id → sha256, to list and revoke).
 
 use floodgate_shared::apikeys::{
     ID_LEN, KeyRecord, KeyStatus, RANDOM_LEN, hash_secret, new_secret, record_key,
 };
+use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY, AuditEntry, CONFIG_CAS, SaveOutcome};
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::policy::{PolicyError, validate_name};
 use rand::RngCore;
 
-use crate::store::resp::RespStore;
-use crate::store::resp::wire::Reply;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{SetOptions, Store, StoreError, Value};
 
 /// The index of keys: id → sha256.
 pub const KEY_INDEX: &str = "fg:apikeys";
+
+/// The audit copy of an item is cut to this many bytes.
+const AUDIT_ITEM_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -27,41 +31,178 @@ pub enum AdminError {
     Store(#[from] StoreError),
     #[error("{0}")]
     NotFound(String),
+    /// The stored configuration is not the version the change was based on.
+    #[error(
+        "the stored configuration is version {current}, not {based_on}: someone changed it; \
+         read it again (config show), or pass --force to overwrite it"
+    )]
+    Conflict { based_on: String, current: String },
+    /// A configuration is stored and the change named no version to replace.
+    #[error(
+        "a configuration is stored already (version {current}); pass --based-on {current} \
+         to replace exactly that version, or --force to overwrite whatever is stored"
+    )]
+    Unversioned { current: String },
 }
 
-fn expect_ok(reply: Reply) -> Result<(), StoreError> {
-    match reply {
-        Reply::Error(e) => Err(StoreError::new(StoreErrorKind::Redis, e)),
-        _ => Ok(()),
+/// The version of a configuration text: its SHA-1 (hex), what `config_cas.lua`
+/// compares; `""` for no configuration.
+pub fn config_version(text: Option<&str>) -> String {
+    text.map(|t| sha1_smol::Sha1::from(t.as_bytes()).digest().to_string())
+        .unwrap_or_default()
+}
+
+/// Cuts an item's text for the audit log.
+pub fn audit_item(text: &str) -> String {
+    if text.len() <= AUDIT_ITEM_MAX {
+        return text.to_string();
+    }
+    let mut end = AUDIT_ITEM_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// The stored configuration text, if any.
+pub async fn get_config<S: Store>(store: &S) -> Result<Option<String>, AdminError> {
+    Ok(store.get_text(CONFIG_KEY).await?)
+}
+
+/// The stored configuration text and its version (`""` when absent).
+pub async fn load_config<S: Store>(store: &S) -> Result<(String, Option<String>), AdminError> {
+    let text = get_config(store).await?;
+    Ok((config_version(text.as_deref()), text))
+}
+
+/// Saves `config` if the stored one is still `based_on` (a version, `""` for
+/// none), with its audit record, in one atomic script (`lua/config_cas.lua`).
+pub async fn save_config<S: Store>(
+    store: &S,
+    based_on: &str,
+    config: &EdgeConfig,
+    entry: &AuditEntry,
+) -> Result<SaveOutcome, AdminError> {
+    let args = [
+        based_on.to_string(),
+        config.to_json(),
+        entry.to_json(),
+        AUDIT_KEEP.to_string(),
+    ];
+    let reply = store
+        .run(&CONFIG_CAS, &[CONFIG_KEY, AUDIT_KEY], &args)
+        .await?;
+    let unexpected = |v: &Value| StoreError::protocol(format!("unexpected config_cas reply {v:?}"));
+    match &reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(saved), version] => {
+                let version = version
+                    .as_str()
+                    .ok_or_else(|| unexpected(&reply))?
+                    .to_string();
+                Ok(match saved {
+                    1 => SaveOutcome::Saved { version },
+                    _ => SaveOutcome::Conflict { current: version },
+                })
+            }
+            _ => Err(unexpected(&reply).into()),
+        },
+        _ => Err(unexpected(&reply).into()),
     }
 }
 
-/// Validates and stores a configuration; returns it as stored.
-pub async fn set_config(store: &RespStore, json: &str) -> Result<EdgeConfig, AdminError> {
+/// Which stored configuration a change may replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Basis {
+    /// Exactly this version (`""`: only when none is stored).
+    Version(String),
+    /// None stored, or the same text stored already; anything else is refused
+    /// ([`AdminError::Unversioned`]).
+    Unversioned,
+    /// Whatever is stored (`--force`); still audited, with what it replaced.
+    Force,
+}
+
+/// Validates `json` and saves it as `who` at `now_secs` (audited), replacing what
+/// `basis` allows. Returns the configuration as stored and its new version.
+pub async fn replace_config<S: Store>(
+    store: &S,
+    json: &str,
+    basis: Basis,
+    who: &str,
+    now_secs: i64,
+) -> Result<(EdgeConfig, String), AdminError> {
     let config = EdgeConfig::from_json(json)?;
-    expect_ok(
-        store
-            .command(&[b"SET", CONFIG_KEY.as_bytes(), config.to_json().as_bytes()])
-            .await?,
-    )?;
-    Ok(config)
+    let after = config.to_json();
+    // a forced save retries when another writer slips in between read and write
+    for _ in 0..5 {
+        let (current, before) = load_config(store).await?;
+        let based_on = match &basis {
+            Basis::Version(v) => v.clone(),
+            Basis::Force => current.clone(),
+            Basis::Unversioned => match &before {
+                None => String::new(),
+                Some(text) if *text == after => current.clone(),
+                Some(_) => return Err(AdminError::Unversioned { current }),
+            },
+        };
+        let entry = AuditEntry {
+            at: now_secs,
+            user: who.to_string(),
+            action: if basis == Basis::Force {
+                "config.force".into()
+            } else {
+                "config.set".into()
+            },
+            target: "configuration".into(),
+            before: before.as_deref().map(audit_item),
+            after: Some(audit_item(&after)),
+        };
+        match save_config(store, &based_on, &config, &entry).await? {
+            SaveOutcome::Saved { version } => return Ok((config, version)),
+            SaveOutcome::Conflict { current } if basis != Basis::Force => {
+                return Err(AdminError::Conflict { based_on, current });
+            }
+            SaveOutcome::Conflict { .. } => continue,
+        }
+    }
+    Err(AdminError::Conflict {
+        based_on: "(forced)".into(),
+        current: load_config(store).await?.0,
+    })
 }
 
-pub async fn get_config(store: &RespStore) -> Result<Option<String>, AdminError> {
-    match store.command(&[b"GET", CONFIG_KEY.as_bytes()]).await? {
-        Reply::Bulk(Some(b)) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
-        Reply::Bulk(None) => Ok(None),
-        other => Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            format!("unexpected reply {other:?}"),
-        )
-        .into()),
-    }
+/// Validates and stores a configuration whatever is stored (as `--force`),
+/// audited as `floodgate`; returns it as stored.
+pub async fn set_config<S: Store>(store: &S, json: &str) -> Result<EdgeConfig, AdminError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    Ok(replace_config(store, json, Basis::Force, "floodgate", now)
+        .await?
+        .0)
+}
+
+/// Appends an audit record (key operations; configuration changes record theirs
+/// inside the compare-and-set).
+pub async fn audit<S: Store>(store: &S, entry: &AuditEntry) -> Result<(), AdminError> {
+    Ok(store
+        .push_capped(AUDIT_KEY, entry.to_json().as_bytes(), AUDIT_KEEP)
+        .await?)
+}
+
+/// The newest `count` audit records.
+pub async fn audit_log<S: Store>(store: &S, count: usize) -> Result<Vec<AuditEntry>, AdminError> {
+    let items = store.lrange(AUDIT_KEY, 0, count.max(1) as i64 - 1).await?;
+    Ok(items
+        .iter()
+        .filter_map(|b| serde_json::from_slice(b).ok())
+        .collect())
 }
 
 /// Creates a key; the secret is returned once and never stored.
-pub async fn create_key(
-    store: &RespStore,
+pub async fn create_key<S: Store>(
+    store: &S,
     owner: &str,
     plan: &str,
     now_secs: i64,
@@ -80,7 +221,7 @@ pub async fn create_key(
     record.validate()?;
     let hash = hash_secret(&secret);
     let replies = store
-        .batch(&[
+        .pipeline(&[
             vec![
                 b"SET".to_vec(),
                 record_key(&hash).into_bytes(),
@@ -96,68 +237,51 @@ pub async fn create_key(
         ])
         .await?;
     for r in replies {
-        expect_ok(r)?;
+        r.ok()?;
     }
     Ok((record, secret))
 }
 
-async fn record_by_id(store: &RespStore, id: &str) -> Result<(String, KeyRecord), AdminError> {
-    let hash = match store
-        .command(&[b"HGET", KEY_INDEX.as_bytes(), id.as_bytes()])
-        .await?
-    {
-        Reply::Bulk(Some(h)) => String::from_utf8_lossy(&h).into_owned(),
-        _ => return Err(AdminError::NotFound(format!("no key has the id {id:?}"))),
+async fn record_by_id<S: Store>(store: &S, id: &str) -> Result<(String, KeyRecord), AdminError> {
+    let hash = match store.hget(KEY_INDEX, id).await? {
+        Some(h) => String::from_utf8_lossy(&h).into_owned(),
+        None => return Err(AdminError::NotFound(format!("no key has the id {id:?}"))),
     };
-    match store
-        .command(&[b"GET", record_key(&hash).as_bytes()])
-        .await?
-    {
-        Reply::Bulk(Some(raw)) => KeyRecord::from_json(&raw)
+    match store.get(&record_key(&hash)).await? {
+        Some(raw) => KeyRecord::from_json(&raw)
             .map(|r| (hash, r))
             .ok_or_else(|| AdminError::NotFound(format!("the record of key {id:?} is unreadable"))),
-        _ => Err(AdminError::NotFound(format!(
+        None => Err(AdminError::NotFound(format!(
             "the record of key {id:?} is missing"
         ))),
     }
 }
 
-/// Revokes a key: the edge refuses it once its cache entry expires.
 /// The record of the key `id`.
-pub async fn key_by_id(store: &RespStore, id: &str) -> Result<KeyRecord, AdminError> {
+pub async fn key_by_id<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
     Ok(record_by_id(store, id).await?.1)
 }
 
-pub async fn revoke_key(store: &RespStore, id: &str) -> Result<KeyRecord, AdminError> {
+/// Revokes a key: the edge refuses it once its cache entry expires.
+pub async fn revoke_key<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
     let (hash, mut record) = record_by_id(store, id).await?;
     record.status = KeyStatus::Revoked;
-    expect_ok(
-        store
-            .command(&[
-                b"SET",
-                record_key(&hash).as_bytes(),
-                record.to_json().as_bytes(),
-            ])
-            .await?,
-    )?;
+    store
+        .set(
+            &record_key(&hash),
+            record.to_json().as_bytes(),
+            SetOptions::default(),
+        )
+        .await?;
     Ok(record)
 }
 
 /// Every key's record, by id.
-pub async fn list_keys(store: &RespStore) -> Result<Vec<KeyRecord>, AdminError> {
-    let ids = match store.command(&[b"HKEYS", KEY_INDEX.as_bytes()]).await? {
-        Reply::Array(Some(items)) => items
-            .into_iter()
-            .filter_map(|i| match i {
-                Reply::Bulk(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
-                _ => None,
-            })
-            .collect::<Vec<_>>(),
-        _ => vec![],
-    };
+pub async fn list_keys<S: Store>(store: &S) -> Result<Vec<KeyRecord>, AdminError> {
+    let ids = store.hkeys(KEY_INDEX).await?;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
-        if let Ok((_, r)) = record_by_id(store, &id).await {
+        if let Ok((_, r)) = record_by_id(store, &String::from_utf8_lossy(&id)).await {
             out.push(r);
         }
     }
@@ -167,8 +291,8 @@ pub async fn list_keys(store: &RespStore) -> Result<Vec<KeyRecord>, AdminError> 
 
 /// Changes a key's label (owner) and plan; its id, status and creation time stay.
 /// Returns the record before and after.
-pub async fn update_key(
-    store: &RespStore,
+pub async fn update_key<S: Store>(
+    store: &S,
     id: &str,
     change: impl FnOnce(&mut KeyRecord),
 ) -> Result<(KeyRecord, KeyRecord), AdminError> {
@@ -186,15 +310,36 @@ pub async fn update_key(
     after.created = before.created;
     validate_name("plan", &after.plan)?;
     after.validate()?;
-    expect_ok(
-        store
-            .command(&[
-                b"SET",
-                record_key(&hash).as_bytes(),
-                after.to_json().as_bytes(),
-                b"XX",
-            ])
-            .await?,
-    )?;
+    store
+        .set(
+            &record_key(&hash),
+            after.to_json().as_bytes(),
+            SetOptions::XX,
+        )
+        .await?;
     Ok((before, after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_the_sha1_redis_computes() {
+        assert_eq!(config_version(None), "");
+        // redis-cli EVAL "return redis.sha1hex('abc')" 0
+        assert_eq!(
+            config_version(Some("abc")),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+    }
+
+    #[test]
+    fn audit_items_are_cut_on_a_char_boundary() {
+        let long = "é".repeat(AUDIT_ITEM_MAX);
+        let cut = audit_item(&long);
+        assert!(cut.len() <= AUDIT_ITEM_MAX + "…".len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(audit_item("short"), "short");
+    }
 }

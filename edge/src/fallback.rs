@@ -29,7 +29,7 @@ impl LocalBuckets {
     /// Checks (and, when every bucket has room, consumes) `checks` — (bucket key,
     /// local quota, cost) — atomically at `now`, like the script does in Redis.
     pub fn check(&self, checks: &[(&str, &Quota, u32)], now: Micros) -> Verdict {
-        let mut map = self.buckets.lock().expect("local buckets lock");
+        let mut map = crate::sync::lock(&self.buckets);
         let transitions: Vec<_> = checks
             .iter()
             .map(|(key, quota, cost)| decide(map.get(*key).copied(), quota, now, *cost))
@@ -68,7 +68,7 @@ impl LocalBuckets {
     }
 
     pub fn len(&self) -> usize {
-        self.buckets.lock().expect("local buckets lock").len()
+        crate::sync::lock(&self.buckets).len()
     }
 
     pub fn is_empty(&self) -> bool {

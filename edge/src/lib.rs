@@ -13,6 +13,8 @@ pub mod timer;
 #[cfg(feature = "native")]
 pub mod admin;
 #[cfg(feature = "native")]
+pub mod cli;
+#[cfg(feature = "native")]
 pub mod demo_upstream;
 #[cfg(feature = "native")]
 #[cfg(feature = "native")]

@@ -3,70 +3,288 @@
 //!
 //! Faithful to the protocol the official clients speak (`../shared/notes/upstash-rest.md`):
 //! command-in-body (`POST /` with a JSON array) and path style (`GET /set/k/v`,
-//! `POST /set/k` with the value as body); `POST /pipeline` (not atomic, one reply
-//! per command, HTTP 200 even when some fail); `POST /multi-exec` (atomic; a
-//! discarded transaction is one `{"error"}`); `Upstash-Encoding: base64` (every
-//! string base64 except `"OK"`); bearer token (or `?_token=`) on EVERY route, 401
-//! otherwise; Redis errors as HTTP 400 `{"error": <Redis's own message>}`.
+//! `POST /set/k` with the value as body, trailing arguments in the query string
+//! as in `POST /set/k?EX=100`); `POST /pipeline` (not atomic, one reply per
+//! command, HTTP 200 even when some fail); `POST /multi-exec` (atomic; a discarded
+//! transaction is one `{"error"}`); `Upstash-Encoding: base64` (every string
+//! base64 except `"OK"`); bearer token (any case of `Bearer`, or `?_token=`) on
+//! EVERY route, 401 otherwise; Redis errors as HTTP 400 `{"error": <Redis's own
+//! message>}`. JSON numbers reach Redis as the exact text the client sent (no
+//! float round trip: `1e-07` stays `1e-07`, `18446744073709551616` stays whole).
 //!
 //! Upstash runs scripts whose shebang carries its own flag `allow-key-locking`
 //! (`@upstash/ratelimit`'s scripts do), which stock Redis rejects; the endpoint
 //! strips that flag before Redis sees the script and maps the script's SHA-1 as the
 //! client computed it to the SHA-1 Redis knows, so `EVALSHA` keeps hitting.
 //!
-//! Hardening: a body size limit (413), strict argument types (400), commands that
-//! would block or change the state of a shared connection refused (400), a
-//! bounded pool of Redis connections, graceful shutdown, loopback by default.
+//! Safety:
+//! - a command policy ([`CommandPolicy`]): administrative and dangerous commands
+//!   (`CONFIG`, `ACL` but its read-only self-inspection, `MIGRATE`, `SAVE`,
+//!   `BGSAVE`, `BGREWRITEAOF`, `SWAPDB`, `FLUSHALL`, `FLUSHDB`, `SCRIPT FLUSH|KILL`,
+//!   `FUNCTION FLUSH|RESTORE|DELETE|KILL`, `DEBUG`, `SHUTDOWN`, `REPLICAOF`,
+//!   `SLAVEOF`, `FAILOVER`, `MODULE`, `CLUSTER` but its reads, `SENTINEL`) are
+//!   refused unless the operator allows them (`--allow-command`); commands that
+//!   would block or change the state of the shared connections (`MULTI` outside
+//!   `/multi-exec`, `SELECT`, `SUBSCRIBE`, blocking pops, `CLIENT`...) always;
+//! - replies larger than the configured bound ([`EndpointConfig::max_reply`])
+//!   fail their own request only (400); the Redis client parses any valid reply,
+//!   so no reply ever breaks a connection other requests share;
+//! - bodies over the limit are read to their end (up to 64 MiB, within the body
+//!   timeout) and answered 413, so the client sees the answer instead of a reset;
+//!   a malformed body (bad chunking) is a 400;
+//! - a header-read timeout (which also closes idle keep-alive connections), a
+//!   body-read timeout and a cap on open connections ([`serve`]);
+//! - `HEAD` answers like `GET` without running the command;
+//! - a bounded pool of Redis connections (TLS and ACL users as every store),
+//!   graceful shutdown, loopback by default.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use axum::Router;
-use axum::body::{Body, Bytes, to_bytes};
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use serde_json::{Value, json};
+use http_body_util::BodyExt;
+use serde_json::value::RawValue;
+use serde_json::{Value as Json, json};
 
 use crate::store::resp::RespStore;
-use crate::store::resp::wire::Reply;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{Store, StoreError, StoreErrorKind, StoreOptions, Value, lock};
 
 /// How the endpoint runs.
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
-    pub redis_url: String,
+    /// The Redis server behind it (URL, deadline, CA file).
+    pub redis: StoreOptions,
     /// The bearer token clients must present.
     pub token: String,
     /// Largest accepted request body (bytes).
     pub max_body: usize,
+    /// Largest reply served (bytes of its strings, plus 16 per element); a larger
+    /// one fails its own request with a 400.
+    pub max_reply: usize,
     /// Redis connections (each pipelines many requests).
     pub pool: usize,
-    /// Deadline of each Redis call.
-    pub deadline: Duration,
+    /// Commands (`"FLUSHDB"`) or subcommands (`"SCRIPT FLUSH"`) the command
+    /// policy refuses by default and this deployment allows.
+    pub allow: Vec<String>,
+    /// A client must send a request's headers within this long after connecting
+    /// or after its previous response (so idle connections close after it too).
+    pub header_timeout: Duration,
+    /// A client must send a request's body within this long.
+    pub body_timeout: Duration,
+    /// Open client connections at most; more wait in the listen backlog.
+    pub max_connections: usize,
 }
+
+/// The deadline of each Redis call, by default.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 
 impl EndpointConfig {
     pub fn new(redis_url: impl Into<String>, token: impl Into<String>) -> Self {
         Self {
-            redis_url: redis_url.into(),
+            redis: StoreOptions::new(redis_url, DEFAULT_DEADLINE),
             token: token.into(),
             max_body: 1024 * 1024,
+            max_reply: 64 * 1024 * 1024,
             pool: 4,
-            deadline: Duration::from_secs(5),
+            allow: vec![],
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
         }
     }
 }
+
+/// Bodies over the limit are read and dropped up to this size (so the client
+/// gets its 413); beyond it the connection is closed.
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The path the endpoint answers itself, without a token: whether its Redis
+/// answers (`{"redis":"ok"}`, or 503).
+pub const HEALTH_PATH: &str = "/__floodgate/health";
 
 struct Endpoint {
     pool: Vec<RespStore>,
     next: AtomicUsize,
     token: String,
     max_body: usize,
+    max_reply: usize,
+    body_timeout: Duration,
+    policy: CommandPolicy,
     /// SHA-1 of a script as its client sent it → SHA-1 of what Redis runs.
     script_shas: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Why a request's command(s) will not run; `Display` is the `{"error"}` text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It would block or change the state of the shared Redis connections.
+    #[error(
+        "ERR command not allowed over REST: {command} (it would block or change the endpoint's shared Redis connections)"
+    )]
+    ConnectionState { command: String },
+    /// Administrative or dangerous, and not on the allow list.
+    #[error(
+        "ERR command not allowed over REST: {command} (administrative; floodgate-rest --allow-command \"{command}\" enables it)"
+    )]
+    Administrative { command: String },
+    /// Not a command this endpoint can read.
+    #[error("ERR {0}")]
+    Malformed(String),
+    /// One command of a batch, by its index.
+    #[error("{refusal} (command {index})")]
+    InBatch { index: usize, refusal: Box<Refusal> },
+}
+
+/// What the endpoint refuses to run.
+#[derive(Debug, Clone, Default)]
+pub struct CommandPolicy {
+    /// Upper-case `"CMD"` or `"CMD SUB"` entries allowed despite the default.
+    allowed: HashSet<String>,
+}
+
+/// Commands that would block a shared connection or change its state: refused
+/// always (no allow list can make them safe on a shared connection).
+const CONNECTION_STATE: &[&str] = &[
+    "AUTH",
+    "HELLO",
+    "SELECT",
+    "QUIT",
+    "RESET",
+    "MULTI",
+    "EXEC",
+    "DISCARD",
+    "WATCH",
+    "UNWATCH",
+    "SUBSCRIBE",
+    "PSUBSCRIBE",
+    "SSUBSCRIBE",
+    "UNSUBSCRIBE",
+    "PUNSUBSCRIBE",
+    "SUNSUBSCRIBE",
+    "MONITOR",
+    "SYNC",
+    "PSYNC",
+    "REPLCONF",
+    "BLPOP",
+    "BRPOP",
+    "BRPOPLPUSH",
+    "BLMOVE",
+    "BLMPOP",
+    "BZPOPMIN",
+    "BZPOPMAX",
+    "BZMPOP",
+    "WAIT",
+    "WAITAOF",
+    "CLIENT",
+];
+
+/// Which subcommands of an administrative command are refused by default.
+enum Refused {
+    Every,
+    These(&'static [&'static str]),
+    AllBut(&'static [&'static str]),
+}
+
+/// Administrative and dangerous commands, refused unless allowed: they change
+/// the server for every user (`CONFIG SET requirepass` locks everyone out),
+/// reach other hosts (`MIGRATE`), destroy data wholesale, or stop the server.
+const ADMINISTRATIVE: &[(&str, Refused)] = &[
+    ("CONFIG", Refused::Every),
+    (
+        "ACL",
+        Refused::AllBut(&["WHOAMI", "CAT", "GENPASS", "HELP"]),
+    ),
+    ("MIGRATE", Refused::Every),
+    ("SAVE", Refused::Every),
+    ("BGSAVE", Refused::Every),
+    ("BGREWRITEAOF", Refused::Every),
+    ("SWAPDB", Refused::Every),
+    ("FLUSHALL", Refused::Every),
+    ("FLUSHDB", Refused::Every),
+    ("SCRIPT", Refused::These(&["FLUSH", "KILL"])),
+    (
+        "FUNCTION",
+        Refused::These(&["FLUSH", "RESTORE", "DELETE", "KILL"]),
+    ),
+    ("DEBUG", Refused::Every),
+    ("SHUTDOWN", Refused::Every),
+    ("REPLICAOF", Refused::Every),
+    ("SLAVEOF", Refused::Every),
+    ("FAILOVER", Refused::Every),
+    ("MODULE", Refused::Every),
+    (
+        "CLUSTER",
+        Refused::AllBut(&[
+            "INFO",
+            "KEYSLOT",
+            "SLOTS",
+            "SHARDS",
+            "NODES",
+            "MYID",
+            "COUNTKEYSINSLOT",
+            "GETKEYSINSLOT",
+            "HELP",
+        ]),
+    ),
+    ("SENTINEL", Refused::Every),
+    ("PFDEBUG", Refused::Every),
+    ("PFSELFTEST", Refused::Every),
+];
+
+impl CommandPolicy {
+    /// The default policy, with `allow` entries (`"FLUSHDB"`, `"SCRIPT FLUSH"`)
+    /// let through.
+    pub fn new(allow: &[String]) -> Self {
+        Self {
+            allowed: allow
+                .iter()
+                .map(|a| {
+                    a.split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                        .to_ascii_uppercase()
+                })
+                .collect(),
+        }
+    }
+
+    /// Why the command may not run over this endpoint, if it may not.
+    pub fn check(&self, args: &[Vec<u8>]) -> Result<(), Refusal> {
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        let sub = args
+            .get(1)
+            .map(|s| String::from_utf8_lossy(s).to_ascii_uppercase())
+            .unwrap_or_default();
+        let blocking_read = (name == "XREAD" || name == "XREADGROUP")
+            && args.iter().any(|a| a.eq_ignore_ascii_case(b"BLOCK"));
+        if CONNECTION_STATE.contains(&name.as_str()) || blocking_read {
+            return Err(Refusal::ConnectionState { command: name });
+        }
+        let Some((_, refused)) = ADMINISTRATIVE.iter().find(|(n, _)| *n == name) else {
+            return Ok(());
+        };
+        let hit = match refused {
+            Refused::Every => true,
+            Refused::These(subs) => subs.contains(&sub.as_str()),
+            Refused::AllBut(subs) => !subs.contains(&sub.as_str()),
+        };
+        let full = if sub.is_empty() || matches!(refused, Refused::Every) {
+            name.clone()
+        } else {
+            format!("{name} {sub}")
+        };
+        if !hit || self.allowed.contains(&name) || self.allowed.contains(&full) {
+            return Ok(());
+        }
+        Err(Refusal::Administrative { command: full })
+    }
 }
 
 /// Script flags only Upstash understands; stock Redis refuses the whole script.
@@ -113,7 +331,7 @@ fn strip_upstash_flags(script: &[u8]) -> Option<Vec<u8>> {
 impl Endpoint {
     fn remember_script(&self, original: &[u8], local: &[u8]) -> String {
         let (orig, local) = (sha1_hex(original), sha1_hex(local));
-        let mut map = self.script_shas.lock().expect("script map lock");
+        let mut map = lock(&self.script_shas);
         if map.len() >= MAX_MAPPED_SCRIPTS {
             map.clear();
         }
@@ -123,9 +341,7 @@ impl Endpoint {
 
     fn local_sha(&self, sha: &[u8]) -> Option<Vec<u8>> {
         let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
-        self.script_shas
-            .lock()
-            .expect("script map lock")
+        lock(&self.script_shas)
             .get(&sha)
             .map(|s| s.clone().into_bytes())
     }
@@ -164,12 +380,16 @@ impl Endpoint {
         }
         (args, reply_sha)
     }
+
+    fn store(&self) -> &RespStore {
+        &self.pool[self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len()]
+    }
 }
 
 /// A reply, with the SHA-1 the client expects when the script was rewritten.
-fn fix_reply(reply: Reply, sha: Option<String>) -> Reply {
+fn fix_reply(reply: Value, sha: Option<String>) -> Value {
     match (reply, sha) {
-        (Reply::Bulk(Some(_)), Some(sha)) => Reply::Bulk(Some(sha.into_bytes())),
+        (Value::Bulk(_), Some(sha)) => Value::Bulk(sha.into_bytes()),
         (reply, _) => reply,
     }
 }
@@ -182,18 +402,30 @@ pub async fn router(config: &EndpointConfig) -> Result<Router, StoreError> {
             "the endpoint needs a non-empty token",
         ));
     }
+    if config.redis.is_rest() || config.redis.is_cluster() {
+        return Err(StoreError::protocol(
+            "floodgate-rest fronts one Redis server (redis://, rediss://, redis+unix://) or \
+             the primary Sentinel names (redis+sentinel://), not a Cluster or another REST endpoint",
+        ));
+    }
     let mut pool = Vec::with_capacity(config.pool.max(1));
     for _ in 0..config.pool.max(1) {
-        pool.push(RespStore::connect(&config.redis_url, config.deadline).await?);
+        pool.push(RespStore::connect_with(&config.redis).await?);
     }
     let state = Arc::new(Endpoint {
         pool,
         next: AtomicUsize::new(0),
         token: config.token.clone(),
         max_body: config.max_body,
+        max_reply: config.max_reply,
+        body_timeout: config.body_timeout,
+        policy: CommandPolicy::new(&config.allow),
         script_shas: Default::default(),
     });
-    Ok(Router::new().fallback(handle).with_state(state))
+    Ok(Router::new()
+        .route(HEALTH_PATH, axum::routing::get(health))
+        .fallback(handle)
+        .with_state(state))
 }
 
 /// Serves until `shutdown` completes, then finishes the requests in flight.
@@ -202,19 +434,58 @@ pub async fn serve(
     config: &EndpointConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StoreError> {
-    serve_router(listener, router(config).await?, shutdown).await
+    serve_router(listener, router(config).await?, config, shutdown).await
 }
 
-/// Serves an already built [`router`] until `shutdown` completes.
+/// Serves an already built [`router`] until `shutdown` completes: HTTP/1.1 with
+/// `config`'s header-read timeout and connection cap; in-flight requests finish
+/// (at most 30 s) after `shutdown`.
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     app: Router,
+    config: &EndpointConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StoreError> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| StoreError::new(StoreErrorKind::Connect, format!("serve: {e}")))
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    // out of file descriptors or a connection reset while queued:
+                    // pause instead of spinning, then go on serving
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.header_timeout)
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+    }
+    Ok(())
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -229,7 +500,15 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn ok(value: Value) -> Response {
+/// An error after which the connection closes (its request was not read whole).
+fn error_closing(status: StatusCode, message: impl Into<String>) -> Response {
+    let mut r = error(status, message);
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+fn ok(value: Json) -> Response {
     (
         StatusCode::OK,
         [(
@@ -245,132 +524,187 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of `Authorization: Bearer <token>`; the scheme in any case (RFC 9110).
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| rest.trim_ascii())
+}
+
 fn authorized(ep: &Endpoint, headers: &HeaderMap, uri: &Uri) -> bool {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|t| same(t, ep.token.as_bytes()));
-    let query = uri.query().is_some_and(|q| {
+    let by_header = bearer(headers).is_some_and(|t| same(t, ep.token.as_bytes()));
+    let by_query = uri.query().is_some_and(|q| {
         q.split('&')
             .filter_map(|kv| kv.strip_prefix("_token="))
             .any(|t| same(percent_decode(t).as_slice(), ep.token.as_bytes()))
     });
-    bearer || query
+    by_header || by_query
 }
 
-/// Commands that would block a shared connection or change its state.
-const REFUSED: &[&str] = &[
-    "AUTH",
-    "HELLO",
-    "SELECT",
-    "QUIT",
-    "RESET",
-    "MULTI",
-    "EXEC",
-    "DISCARD",
-    "WATCH",
-    "UNWATCH",
-    "SUBSCRIBE",
-    "PSUBSCRIBE",
-    "SSUBSCRIBE",
-    "UNSUBSCRIBE",
-    "PUNSUBSCRIBE",
-    "SUNSUBSCRIBE",
-    "MONITOR",
-    "SYNC",
-    "PSYNC",
-    "REPLCONF",
-    "BLPOP",
-    "BRPOP",
-    "BRPOPLPUSH",
-    "BLMOVE",
-    "BLMPOP",
-    "BZPOPMIN",
-    "BZPOPMAX",
-    "BZMPOP",
-    "WAIT",
-    "WAITAOF",
-    "CLIENT",
-    "SHUTDOWN",
-    "DEBUG",
-    "SLAVEOF",
-    "REPLICAOF",
-    "FAILOVER",
-];
-
-fn refused(args: &[Vec<u8>]) -> Option<String> {
-    let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
-    let blocking_read = (name == "XREAD" || name == "XREADGROUP")
-        && args.iter().any(|a| a.eq_ignore_ascii_case(b"BLOCK"));
-    (REFUSED.contains(&name.as_str()) || blocking_read)
-        .then(|| format!("ERR command not allowed over REST: {name}"))
-}
-
-/// One command from JSON: a non-empty array of strings and numbers.
-fn command_from_json(v: &Value) -> Result<Vec<Vec<u8>>, String> {
-    let Value::Array(items) = v else {
-        return Err("ERR a command must be a JSON array like [\"SET\",\"key\",\"value\"]".into());
-    };
-    if items.is_empty() {
-        return Err("ERR a command must not be empty".into());
+/// One JSON array element as a command argument: a string, or a number as the
+/// exact text the client sent.
+fn argument(i: usize, raw: &RawValue) -> Result<Vec<u8>, Refusal> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'"') => serde_json::from_str::<String>(text)
+            .map(String::into_bytes)
+            .map_err(|e| Refusal::Malformed(format!("argument {i}: {e}"))),
+        Some(b'-' | b'0'..=b'9') => Ok(text.as_bytes().to_vec()),
+        _ => Err(Refusal::Malformed(format!(
+            "argument {i} must be a string or a number, got {}",
+            match text.as_bytes().first() {
+                Some(b'n') => "null",
+                Some(b't' | b'f') => "a boolean",
+                Some(b'[') => "an array",
+                Some(b'{') => "an object",
+                _ => "something else",
+            }
+        ))),
     }
-    let args: Vec<Vec<u8>> = items
+}
+
+/// One command from a JSON array of strings and numbers.
+fn command_from_raw(raw: &RawValue) -> Result<Vec<Vec<u8>>, Refusal> {
+    let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
+        Refusal::Malformed("a command must be a JSON array like [\"SET\",\"key\",\"value\"]".into())
+    })?;
+    if items.is_empty() {
+        return Err(Refusal::Malformed("a command must not be empty".into()));
+    }
+    items
         .iter()
         .enumerate()
-        .map(|(i, a)| match a {
-            Value::String(s) => Ok(s.clone().into_bytes()),
-            Value::Number(n) => Ok(n.to_string().into_bytes()),
-            other => Err(format!(
-                "ERR argument {i} must be a string or a number, got {}",
-                kind(other)
-            )),
+        .map(|(i, a)| argument(i, a))
+        .collect()
+}
+
+fn parse_raw(body: &[u8]) -> Result<&RawValue, Refusal> {
+    if body.is_empty() {
+        return Err(Refusal::Malformed(
+            "empty request body; send a JSON array command".into(),
+        ));
+    }
+    serde_json::from_slice(body).map_err(|e| Refusal::Malformed(format!("malformed JSON: {e}")))
+}
+
+fn command_from_json(ep: &Endpoint, body: &[u8]) -> Result<Vec<Vec<u8>>, Refusal> {
+    let args = command_from_raw(parse_raw(body)?)?;
+    ep.policy.check(&args)?;
+    Ok(args)
+}
+
+fn commands_from_json(ep: &Endpoint, body: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, Refusal> {
+    let cmds: Vec<&RawValue> = serde_json::from_str(parse_raw(body)?.get()).map_err(|_| {
+        Refusal::Malformed(
+            "expected a JSON array of commands like [[\"SET\",\"k\",\"v\"],[\"GET\",\"k\"]]".into(),
+        )
+    })?;
+    if cmds.is_empty() {
+        return Err(Refusal::Malformed("no commands".into()));
+    }
+    cmds.iter()
+        .enumerate()
+        .map(|(index, c)| {
+            command_from_raw(c)
+                .and_then(|args| ep.policy.check(&args).map(|()| args))
+                .map_err(|refusal| Refusal::InBatch {
+                    index,
+                    refusal: Box::new(refusal),
+                })
         })
-        .collect::<Result<_, _>>()?;
-    match refused(&args) {
-        Some(e) => Err(e),
-        None => Ok(args),
-    }
+        .collect()
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+/// A path-style command: the path's segments, the body (POST/PUT), then the query
+/// string's arguments (`?EX=100` → `EX 100`, `?NX` → `NX`; `_token` is not one).
+fn command_from_path(
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+    with_body: bool,
+) -> Vec<Vec<u8>> {
+    let mut args: Vec<Vec<u8>> = path
+        .trim_start_matches('/')
+        .split('/')
+        .map(percent_decode)
+        .collect();
+    if with_body && !body.is_empty() {
+        args.push(body.to_vec());
     }
+    for kv in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+    {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        if k == "_token" {
+            continue;
+        }
+        args.push(percent_decode(k));
+        if !v.is_empty() {
+            args.push(percent_decode(v));
+        }
+    }
+    args
 }
 
-fn encode_str(bytes: &[u8], base64: bool) -> Value {
+fn encode_str(bytes: &[u8], base64: bool) -> Json {
     if base64 {
-        Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+        Json::String(base64::engine::general_purpose::STANDARD.encode(bytes))
     } else {
-        Value::String(String::from_utf8_lossy(bytes).into_owned())
+        Json::String(String::from_utf8_lossy(bytes).into_owned())
     }
 }
 
 /// A Redis reply as Upstash renders it.
-fn to_json(reply: Reply, base64: bool) -> Value {
+fn to_json(reply: Value, base64: bool) -> Json {
     match reply {
-        Reply::Simple(s) if s == "OK" => Value::String(s),
-        Reply::Simple(s) => encode_str(s.as_bytes(), base64),
-        Reply::Int(i) => Value::from(i),
-        Reply::Bulk(Some(b)) => encode_str(&b, base64),
-        Reply::Bulk(None) | Reply::Array(None) => Value::Null,
-        Reply::Array(Some(items)) => {
-            Value::Array(items.into_iter().map(|r| to_json(r, base64)).collect())
-        }
-        Reply::Error(e) => json!({ "error": e }),
+        Value::Status(s) if s == "OK" => Json::String(s),
+        Value::Status(s) => encode_str(s.as_bytes(), base64),
+        Value::Int(i) => Json::from(i),
+        Value::Bulk(b) => encode_str(&b, base64),
+        Value::Nil => Json::Null,
+        Value::Array(items) => Json::Array(items.into_iter().map(|r| to_json(r, base64)).collect()),
+        Value::Error(e) => json!({ "error": e.message }),
     }
 }
 
-fn outcome(reply: Reply, base64: bool) -> Value {
+fn outcome(reply: Value, base64: bool) -> Json {
     match reply {
-        Reply::Error(e) => json!({ "error": e }),
+        Value::Error(e) => json!({ "error": e.message }),
         other => json!({ "result": to_json(other, base64) }),
     }
+}
+
+/// The size a reply takes (its strings' bytes, 16 per element), stopping early
+/// once past `limit`.
+fn reply_size(v: &Value, limit: usize) -> usize {
+    fn walk(v: &Value, total: &mut usize, limit: usize) {
+        *total += 16;
+        if *total > limit {
+            return;
+        }
+        match v {
+            Value::Bulk(b) => *total += b.len(),
+            Value::Status(s) => *total += s.len(),
+            Value::Error(e) => *total += e.message.len(),
+            Value::Array(items) => {
+                for i in items {
+                    walk(i, total, limit);
+                    if *total > limit {
+                        return;
+                    }
+                }
+            }
+            Value::Nil | Value::Int(_) => {}
+        }
+    }
+    let mut total = 0;
+    walk(v, &mut total, limit);
+    total
 }
 
 fn store_failure(e: StoreError) -> Response {
@@ -384,6 +718,57 @@ fn store_failure(e: StoreError) -> Response {
 
 fn percent_decode(s: &str) -> Vec<u8> {
     floodgate_shared::routes::percent_decode(s.as_bytes())
+}
+
+/// Why a body could not be taken.
+enum BodyRefusal {
+    TooLarge,
+    /// Read to its end, but over the limit.
+    TooLargeDrained,
+    Malformed(String),
+    Slow,
+}
+
+/// Reads the body whole, up to `max`; over it, reads on (discarding) to the end
+/// so the client sees the 413 rather than a reset while it sends.
+async fn read_body(body: Body, headers: &HeaderMap, max: usize) -> Result<Bytes, BodyRefusal> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_LIMIT) {
+        return Err(BodyRefusal::TooLarge);
+    }
+    let mut body = body;
+    let mut kept: Vec<u8> = Vec::new();
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyRefusal::Malformed(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        seen += data.len() as u64;
+        if seen > DRAIN_LIMIT {
+            return Err(BodyRefusal::TooLarge);
+        }
+        if seen <= max as u64 {
+            kept.extend_from_slice(&data);
+        }
+    }
+    if seen > max as u64 {
+        return Err(BodyRefusal::TooLargeDrained);
+    }
+    Ok(Bytes::from(kept))
+}
+
+async fn health(State(ep): State<Arc<Endpoint>>) -> Response {
+    match ep.store().ping().await {
+        Ok(()) => ok(json!({ "redis": "ok" })),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("ERR redis unavailable: {}", e.message),
+        ),
+    }
 }
 
 async fn handle(
@@ -402,6 +787,17 @@ async fn handle(
             format!("ERR method {method} not allowed"),
         );
     }
+    if method == Method::HEAD {
+        // what GET would answer, without its body, and without running anything
+        return (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+        )
+            .into_response();
+    }
     if headers
         .get("upstash-response-format")
         .is_some_and(|v| v.as_bytes() != b"json")
@@ -414,126 +810,126 @@ async fn handle(
     let base64 = headers
         .get("upstash-encoding")
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"base64"));
-    let body: Bytes = match to_bytes(body, ep.max_body).await {
+    let too_large = || format!("ERR request body larger than {} bytes", ep.max_body);
+    let body = match tokio::time::timeout(ep.body_timeout, read_body(body, &headers, ep.max_body))
+        .await
+        .unwrap_or(Err(BodyRefusal::Slow))
+    {
         Ok(b) => b,
-        Err(_) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("ERR request body larger than {} bytes", ep.max_body),
+        Err(BodyRefusal::TooLargeDrained) => {
+            return error(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+        }
+        Err(BodyRefusal::TooLarge) => {
+            return error_closing(StatusCode::PAYLOAD_TOO_LARGE, too_large());
+        }
+        Err(BodyRefusal::Malformed(why)) => {
+            return error_closing(
+                StatusCode::BAD_REQUEST,
+                format!("ERR malformed request body: {why}"),
+            );
+        }
+        Err(BodyRefusal::Slow) => {
+            return error_closing(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("ERR request body not received within {:?}", ep.body_timeout),
             );
         }
     };
-    let store = &ep.pool[ep.next.fetch_add(1, Ordering::Relaxed) % ep.pool.len()];
     let path = uri.path().trim_end_matches('/');
-    let response = match path {
-        "" => match parse_json(&body).and_then(|v| command_from_json(&v)) {
-            Ok(args) => single(&ep, store, args, base64).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, e),
+    match path {
+        "" => match command_from_json(&ep, &body) {
+            Ok(args) => single(&ep, args, base64).await,
+            Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         },
-        "/pipeline" | "/multi-exec" => match parse_json(&body).and_then(|v| commands_from_json(&v))
-        {
-            Ok(cmds) if path == "/pipeline" => pipeline(&ep, store, cmds, base64).await,
-            Ok(cmds) => multi_exec(&ep, store, cmds, base64).await,
-            Err(e) => error(StatusCode::BAD_REQUEST, e),
+        "/pipeline" | "/multi-exec" => match commands_from_json(&ep, &body) {
+            Ok(cmds) if path == "/pipeline" => pipeline(&ep, cmds, base64).await,
+            Ok(cmds) => multi_exec(&ep, cmds, base64).await,
+            Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         },
         _ => {
-            let mut args: Vec<Vec<u8>> = path
-                .trim_start_matches('/')
-                .split('/')
-                .map(percent_decode)
-                .collect();
-            if matches!(method, Method::POST | Method::PUT) && !body.is_empty() {
-                args.push(body.to_vec());
-            }
-            match refused(&args) {
-                Some(e) => error(StatusCode::BAD_REQUEST, e),
-                None => single(&ep, store, args, base64).await,
+            let with_body = matches!(method, Method::POST | Method::PUT);
+            let args = command_from_path(path, uri.query(), &body, with_body);
+            match ep.policy.check(&args) {
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                Ok(()) => single(&ep, args, base64).await,
             }
         }
-    };
-    if method == Method::HEAD {
-        let (parts, _) = response.into_parts();
-        return Response::from_parts(parts, Body::empty());
     }
-    response
 }
 
-fn parse_json(body: &[u8]) -> Result<Value, String> {
-    if body.is_empty() {
-        return Err("ERR empty request body; send a JSON array command".into());
-    }
-    serde_json::from_slice(body).map_err(|e| format!("ERR malformed JSON: {e}"))
+/// A reply over the bound fails its own request: the answer to send instead.
+fn too_large(ep: &Endpoint, reply: &Value) -> Option<Response> {
+    (reply_size(reply, ep.max_reply) > ep.max_reply).then(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "ERR reply larger than this endpoint's limit of {} bytes (floodgate-rest --max-reply)",
+                ep.max_reply
+            ),
+        )
+    })
 }
 
-fn commands_from_json(v: &Value) -> Result<Vec<Vec<Vec<u8>>>, String> {
-    let Value::Array(cmds) = v else {
-        return Err(
-            "ERR expected a JSON array of commands like [[\"SET\",\"k\",\"v\"],[\"GET\",\"k\"]]"
-                .into(),
-        );
-    };
-    if cmds.is_empty() {
-        return Err("ERR no commands".into());
-    }
-    cmds.iter()
-        .enumerate()
-        .map(|(i, c)| command_from_json(c).map_err(|e| format!("{e} (command {i})")))
-        .collect()
-}
-
-async fn single(ep: &Endpoint, store: &RespStore, args: Vec<Vec<u8>>, base64: bool) -> Response {
+async fn single(ep: &Endpoint, args: Vec<Vec<u8>>, base64: bool) -> Response {
     let (args, sha) = ep.prepare(args);
-    match store.batch(&[args]).await {
+    match ep.store().pipeline(&[args]).await {
         Ok(mut replies) => match replies.pop().map(|r| fix_reply(r, sha)) {
-            Some(Reply::Error(e)) => error(StatusCode::BAD_REQUEST, e),
-            Some(r) => ok(json!({ "result": to_json(r, base64) })),
+            Some(Value::Error(e)) => error(StatusCode::BAD_REQUEST, e.message),
+            Some(r) => match too_large(ep, &r) {
+                None => ok(json!({ "result": to_json(r, base64) })),
+                Some(refusal) => refusal,
+            },
             None => error(StatusCode::INTERNAL_SERVER_ERROR, "ERR no reply"),
         },
         Err(e) => store_failure(e),
     }
 }
 
-async fn pipeline(
+/// One `{"result"}` or `{"error"}` per command, within the reply bound.
+fn outcomes(
     ep: &Endpoint,
-    store: &RespStore,
-    cmds: Vec<Vec<Vec<u8>>>,
+    replies: Vec<Value>,
+    shas: Vec<Option<String>>,
     base64: bool,
 ) -> Response {
+    let replies: Vec<Value> = replies
+        .into_iter()
+        .zip(shas)
+        .map(|(r, sha)| fix_reply(r, sha))
+        .collect();
+    let all = Value::Array(replies);
+    if let Some(refusal) = too_large(ep, &all) {
+        return refusal;
+    }
+    let Value::Array(replies) = all else {
+        unreachable!("built as an array")
+    };
+    ok(Json::Array(
+        replies.into_iter().map(|r| outcome(r, base64)).collect(),
+    ))
+}
+
+async fn pipeline(ep: &Endpoint, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Response {
     let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.prepare(c)).unzip();
-    match store.batch(&cmds).await {
-        Ok(replies) => ok(Value::Array(
-            replies
-                .into_iter()
-                .zip(shas)
-                .map(|(r, sha)| outcome(fix_reply(r, sha), base64))
-                .collect(),
-        )),
+    match ep.store().pipeline(&cmds).await {
+        Ok(replies) => outcomes(ep, replies, shas, base64),
         Err(e) => store_failure(e),
     }
 }
 
-async fn multi_exec(
-    ep: &Endpoint,
-    store: &RespStore,
-    cmds: Vec<Vec<Vec<u8>>>,
-    base64: bool,
-) -> Response {
+async fn multi_exec(ep: &Endpoint, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Response {
     let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.prepare(c)).unzip();
     let n = cmds.len();
     let mut batch = Vec::with_capacity(n + 2);
     batch.push(vec![b"MULTI".to_vec()]);
     batch.extend(cmds);
     batch.push(vec![b"EXEC".to_vec()]);
-    match store.batch(&batch).await {
+    match ep.store().pipeline(&batch).await {
         Ok(mut replies) => match replies.pop() {
-            Some(Reply::Array(Some(results))) if results.len() == n => ok(Value::Array(
-                results
-                    .into_iter()
-                    .zip(shas)
-                    .map(|(r, sha)| outcome(fix_reply(r, sha), base64))
-                    .collect(),
-            )),
-            Some(Reply::Error(e)) => error(StatusCode::BAD_REQUEST, e),
+            Some(Value::Array(results)) if results.len() == n => {
+                outcomes(ep, results, shas, base64)
+            }
+            Some(Value::Error(e)) => error(StatusCode::BAD_REQUEST, e.message),
             other => error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("ERR unexpected EXEC reply {other:?}"),
@@ -547,67 +943,150 @@ async fn multi_exec(
 mod tests {
     use super::*;
 
+    fn endpoint(allow: &[&str]) -> Endpoint {
+        Endpoint {
+            pool: vec![],
+            next: AtomicUsize::new(0),
+            token: "t".into(),
+            max_body: 1024,
+            max_reply: 1024,
+            body_timeout: Duration::from_secs(1),
+            policy: CommandPolicy::new(&allow.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
+            script_shas: Default::default(),
+        }
+    }
+
+    fn words(v: &[&str]) -> Vec<Vec<u8>> {
+        v.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
     #[test]
-    fn json_commands_take_strings_and_numbers_only() {
+    fn json_commands_take_strings_and_numbers_as_sent() {
+        let ep = endpoint(&[]);
         assert_eq!(
-            command_from_json(&json!(["SET", "k", 10, 1.5])).unwrap(),
-            vec![
-                b"SET".to_vec(),
-                b"k".to_vec(),
-                b"10".to_vec(),
-                b"1.5".to_vec()
-            ]
+            command_from_json(
+                &ep,
+                br#"["SET", "k", 10, 1.5, 1e-07, 18446744073709551616]"#
+            )
+            .unwrap(),
+            words(&["SET", "k", "10", "1.5", "1e-07", "18446744073709551616"])
         );
         for bad in [
-            json!([]),
-            json!("GET"),
-            json!(["GET", ["k"]]),
-            json!(["GET", null]),
-            json!(["GET", true]),
-            json!(["GET", {"a": 1}]),
-            json!({"cmd": "GET"}),
-        ] {
-            assert!(command_from_json(&bad).is_err(), "{bad}");
-        }
-        for blocked in [
-            json!(["multi"]),
-            json!(["BLPOP", "k", 0]),
-            json!(["xread", "block", 0, "streams", "s", "$"]),
-            json!(["select", 1]),
-            json!(["client", "kill"]),
+            &br#"[]"#[..],
+            br#""GET""#,
+            br#"["GET", ["k"]]"#,
+            br#"["GET", null]"#,
+            br#"["GET", true]"#,
+            br#"["GET", {"a": 1}]"#,
+            br#"{"cmd": "GET"}"#,
+            b"",
         ] {
             assert!(
-                command_from_json(&blocked)
+                command_from_json(&ep, bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        for blocked in [
+            &br#"["multi"]"#[..],
+            br#"["BLPOP", "k", 0]"#,
+            br#"["xread", "block", 0, "streams", "s", "$"]"#,
+            br#"["select", 1]"#,
+            br#"["client", "kill"]"#,
+            br#"["config", "get", "maxmemory"]"#,
+            br#"["Script", "Flush"]"#,
+            br#"["acl", "setuser", "x"]"#,
+            br#"["cluster", "reset"]"#,
+        ] {
+            assert!(
+                command_from_json(&ep, blocked)
                     .unwrap_err()
+                    .to_string()
                     .contains("not allowed"),
-                "{blocked}"
+                "{}",
+                String::from_utf8_lossy(blocked)
+            );
+        }
+        for fine in [
+            &br#"["SCRIPT", "LOAD", "return 1"]"#[..],
+            br#"["acl", "whoami"]"#,
+            br#"["CLUSTER", "KEYSLOT", "k"]"#,
+            br#"["FUNCTION", "LIST"]"#,
+        ] {
+            assert!(
+                command_from_json(&ep, fine).is_ok(),
+                "{}",
+                String::from_utf8_lossy(fine)
             );
         }
     }
 
     #[test]
-    fn replies_render_like_upstash() {
-        assert_eq!(to_json(Reply::Simple("OK".into()), true), json!("OK"));
+    fn the_allow_list_opens_exactly_what_it_names() {
+        let ep = endpoint(&["flushdb", "script  flush"]);
+        assert!(command_from_json(&ep, br#"["FLUSHDB"]"#).is_ok());
+        assert!(command_from_json(&ep, br#"["SCRIPT", "flush"]"#).is_ok());
+        assert!(command_from_json(&ep, br#"["SCRIPT", "KILL"]"#).is_err());
+        assert!(command_from_json(&ep, br#"["FLUSHALL"]"#).is_err());
+        // connection state can never be allowed
+        let ep = endpoint(&["MULTI", "SELECT"]);
+        assert!(command_from_json(&ep, br#"["MULTI"]"#).is_err());
+        assert!(command_from_json(&ep, br#"["SELECT", 1]"#).is_err());
+    }
+
+    #[test]
+    fn path_commands_take_the_body_then_the_query_arguments() {
         assert_eq!(
-            to_json(Reply::Simple("PONG".into()), true),
+            command_from_path("/set/foo", Some("EX=100&_token=t"), b"bar", true),
+            words(&["set", "foo", "bar", "EX", "100"])
+        );
+        assert_eq!(
+            command_from_path("/set/a%20b/v", Some("NX&PX=5"), b"", false),
+            words(&["set", "a b", "v", "NX", "PX", "5"])
+        );
+        assert_eq!(
+            command_from_path("/get/k", None, b"ignored", false),
+            words(&["get", "k"])
+        );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let mut h = HeaderMap::new();
+        for (v, want) in [
+            ("Bearer abc", Some(&b"abc"[..])),
+            ("bearer abc", Some(b"abc")),
+            ("BEARER  abc ", Some(b"abc")),
+            ("Basic abc", None),
+            ("Bearerabc", None),
+        ] {
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            assert_eq!(bearer(&h), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn replies_render_like_upstash() {
+        assert_eq!(to_json(Value::Status("OK".into()), true), json!("OK"));
+        assert_eq!(
+            to_json(Value::Status("PONG".into()), true),
             json!("UE9ORw==")
         );
+        assert_eq!(to_json(Value::Bulk(b"bar".to_vec()), true), json!("YmFy"));
+        assert_eq!(to_json(Value::Bulk(b"bar".to_vec()), false), json!("bar"));
+        assert_eq!(to_json(Value::Nil, true), Json::Null);
         assert_eq!(
-            to_json(Reply::Bulk(Some(b"bar".to_vec())), true),
-            json!("YmFy")
-        );
-        assert_eq!(
-            to_json(Reply::Bulk(Some(b"bar".to_vec())), false),
-            json!("bar")
-        );
-        assert_eq!(to_json(Reply::Bulk(None), true), Value::Null);
-        assert_eq!(
-            to_json(
-                Reply::Array(Some(vec![Reply::Int(3), Reply::Bulk(None)])),
-                false
-            ),
+            to_json(Value::Array(vec![Value::Int(3), Value::Nil]), false),
             json!([3, null])
         );
+    }
+
+    #[test]
+    fn reply_sizes_stop_counting_past_the_limit() {
+        let big = Value::Array(vec![Value::Bulk(vec![0; 600]); 100]);
+        assert!(reply_size(&big, 1024) > 1024);
+        assert!(reply_size(&big, usize::MAX) >= 60_000);
+        assert_eq!(reply_size(&Value::Int(1), 1024), 16);
     }
 
     #[test]

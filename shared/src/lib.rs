@@ -7,6 +7,7 @@
 //! halves of calling them ([`script`]). Builds for native targets and for wasm32.
 
 pub mod apikeys;
+pub mod audit;
 pub mod bucket;
 pub mod config;
 pub mod contract;

@@ -12,6 +12,8 @@ use crate::RedisServer;
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
     pub masters: usize,
+    /// Every node's password (`requirepass`, `masterauth`), when set.
+    password: Option<String>,
 }
 
 fn query<T: redis::FromRedisValue>(c: &mut redis::Connection, args: &[&str]) -> T {
@@ -32,26 +34,44 @@ impl RedisCluster {
 
     /// The same, every server pinned to `cpu` (the benchmark).
     pub fn start_pinned(masters: usize, replicas: usize, cpu: Option<usize>) -> Self {
+        Self::launch(masters, replicas, cpu, None)
+    }
+
+    /// A cluster whose every node requires `password` (replicas and the cluster
+    /// bus authenticate with it; so must every client on every node).
+    pub fn start_with_password(masters: usize, replicas: usize, password: &str) -> Self {
+        Self::launch(masters, replicas, None, Some(password))
+    }
+
+    fn launch(masters: usize, replicas: usize, cpu: Option<usize>, password: Option<&str>) -> Self {
         assert!(masters >= 1);
         let total = masters * (1 + replicas);
         let nodes: Vec<RedisServer> = (0..total)
             .map(|_| {
-                RedisServer::start_pinned(
-                    cpu,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "3000",
-                    ],
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "3000",
+                ];
+                if let Some(p) = password {
+                    args.extend(["--requirepass", p, "--masterauth", p]);
+                }
+                RedisServer::start_pinned(cpu, &args)
             })
             .collect();
-        let cluster = Self { nodes, masters };
+        let cluster = Self {
+            nodes,
+            masters,
+            password: password.map(str::to_string),
+        };
         if masters >= 3 {
             let mut cmd = Command::new("redis-cli");
+            if let Some(p) = password {
+                cmd.args(["-a", p, "--no-auth-warning"]);
+            }
             cmd.args(["--cluster", "create"]);
             for n in &cluster.nodes {
                 cmd.arg(format!("127.0.0.1:{}", n.port()));
@@ -148,7 +168,10 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        format!("redis+cluster://{}", seeds.join(","))
+        match &self.password {
+            Some(p) => format!("redis+cluster://:{p}@{}", seeds.join(",")),
+            None => format!("redis+cluster://{}", seeds.join(",")),
+        }
     }
 
     /// The node id of node `i`.
@@ -220,7 +243,11 @@ impl RedisCluster {
             return 0;
         }
         let port = self.nodes[to].port().to_string();
-        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000"];
+        if let Some(p) = &self.password {
+            args.extend(["AUTH", p.as_str()]);
+        }
+        args.push("KEYS");
         args.extend(keys.iter().map(String::as_str));
         let _: String = query(&mut c, &args);
         keys.len()
@@ -238,6 +265,23 @@ impl RedisCluster {
                 &["CLUSTER", "SETSLOT", &s, "NODE", &to_id],
             );
         }
+    }
+
+    /// How many error replies with `code` (`MOVED`, `ASK`, `TRYAGAIN`) the
+    /// masters have sent so far (`INFO errorstats`): what the cluster asked of its
+    /// clients, counted by the servers, whatever the client.
+    pub fn errors_sent(&self, code: &str) -> u64 {
+        let prefix = format!("errorstat_{code}:count=");
+        self.nodes[..self.masters]
+            .iter()
+            .map(|n| {
+                let info: String = query(&mut n.connection(), &["INFO", "errorstats"]);
+                info.lines()
+                    .find_map(|l| l.strip_prefix(&prefix))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
     }
 
     /// Moves `slot` and every key in it at once.

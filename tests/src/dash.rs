@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::{NativeStore, StoreOptions};
 use serde_json::Value;
 
 use crate::RedisServer;
@@ -32,9 +32,18 @@ pub async fn start_dashboard_with(
     redis: &RedisServer,
     trusted_proxies: Vec<ipnet::IpNet>,
 ) -> Dashboard {
-    let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+    let options = StoreOptions::new(redis.url(), Duration::from_secs(2));
+    start_dashboard_over(&options, trusted_proxies).await
+}
+
+/// [`start_dashboard`] over any store (`rediss://`, Cluster, REST).
+pub async fn start_dashboard_over(
+    options: &StoreOptions,
+    trusted_proxies: Vec<ipnet::IpNet>,
+) -> Dashboard {
+    let store = NativeStore::connect(options)
         .await
-        .expect("connect to redis");
+        .expect("connect to the store");
     floodgate_edge::admin::set_config(&store, crate::DEMO_CONFIG)
         .await
         .expect("seed the config");

@@ -3,7 +3,10 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod http;
 pub mod scale;
+pub mod silent;
+pub mod tls;
 pub mod upstream;
 pub mod webdriver;
 
@@ -18,6 +21,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     args: Vec<String>,
+    /// The default user's password (`--requirepass`), when set.
+    password: Option<String>,
 }
 
 /// A port that was free a moment ago (the kernel's pick for an ephemeral bind).
@@ -58,12 +63,18 @@ impl RedisServer {
                 std::env::temp_dir().join(format!("floodgate-redis-{port}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create a scratch dir");
             let args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+            let password = args
+                .iter()
+                .position(|a| a == "--requirepass")
+                .and_then(|i| args.get(i + 1))
+                .cloned();
             let child = spawn_redis(cpu, port, &dir, &args);
             let mut server = RedisServer {
                 child,
                 port,
                 dir,
                 args,
+                password,
             };
             if server.wait_ready(Duration::from_secs(10)) {
                 return server;
@@ -135,8 +146,20 @@ impl RedisServer {
         &self.dir
     }
 
+    /// `redis://127.0.0.1:port/`, with the password when the server requires one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
+    /// Starts a server whose default user requires `password` (replicas of it
+    /// authenticate with the same one).
+    pub fn start_with_password(password: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["--requirepass", password, "--masterauth", password];
+        args.extend_from_slice(extra);
+        Self::start_with(&args)
     }
 
     /// A plain blocking connection for assertions.
@@ -190,11 +213,25 @@ pub struct Sentinel {
     child: Child,
     port: u16,
     dir: PathBuf,
+    /// The Sentinel's own password (`requirepass` in its config), when set.
+    password: Option<String>,
 }
 
 impl Sentinel {
     /// `down_after_ms`: how long the primary must be silent to be judged down.
     pub fn start(master: &str, primary_port: u16, down_after_ms: u64) -> Self {
+        Self::start_with_auth(master, primary_port, down_after_ms, None, None)
+    }
+
+    /// A Sentinel that talks to a primary requiring `primary_password`
+    /// (`sentinel auth-pass`) and requires `own_password` of its clients.
+    pub fn start_with_auth(
+        master: &str,
+        primary_port: u16,
+        down_after_ms: u64,
+        primary_password: Option<&str>,
+        own_password: Option<&str>,
+    ) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let dir = std::env::temp_dir()
@@ -208,8 +245,14 @@ impl Sentinel {
                      sentinel monitor {master} 127.0.0.1 {primary_port} 1\n\
                      sentinel down-after-milliseconds {master} {down_after_ms}\n\
                      sentinel failover-timeout {master} 5000\n\
-                     sentinel parallel-syncs {master} 1\n",
-                    dir = dir.display()
+                     sentinel parallel-syncs {master} 1\n{auth}{own}",
+                    dir = dir.display(),
+                    auth = primary_password
+                        .map(|p| format!("sentinel auth-pass {master} {p}\n"))
+                        .unwrap_or_default(),
+                    own = own_password
+                        .map(|p| format!("requirepass {p}\n"))
+                        .unwrap_or_default(),
                 ),
             )
             .expect("write sentinel.conf");
@@ -220,7 +263,12 @@ impl Sentinel {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("redis-server --sentinel starts");
-            let mut s = Sentinel { child, port, dir };
+            let mut s = Sentinel {
+                child,
+                port,
+                dir,
+                password: own_password.map(str::to_string),
+            };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = s.child.try_wait() {
@@ -245,9 +293,16 @@ impl Sentinel {
         std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
     }
 
+    fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
     /// The primary's port as this Sentinel reports it now.
     pub fn primary_port(&self, master: &str) -> Option<u16> {
-        let mut c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+        let mut c = redis::Client::open(self.url())
             .ok()?
             .get_connection()
             .ok()?;
@@ -261,7 +316,7 @@ impl Sentinel {
 
     /// How many replicas this Sentinel knows for `master`.
     pub fn replicas(&self, master: &str) -> usize {
-        let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)) else {
+        let Ok(client) = redis::Client::open(self.url()) else {
             return 0;
         };
         let Ok(mut c) = client.get_connection() else {
@@ -338,8 +393,9 @@ impl Endpoint {
             .await
             .expect("endpoint connects to redis");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = config.clone();
         tokio::spawn(async move {
-            axum_serve(listener, router, async {
+            axum_serve(listener, router, serving, async {
                 let _ = stopped.await;
             })
             .await
@@ -355,9 +411,10 @@ impl Endpoint {
 async fn axum_serve(
     listener: tokio::net::TcpListener,
     router: floodgate_edge::rest_endpoint::Router,
+    config: floodgate_edge::rest_endpoint::EndpointConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    floodgate_edge::rest_endpoint::serve_router(listener, router, stop)
+    floodgate_edge::rest_endpoint::serve_router(listener, router, &config, stop)
         .await
         .expect("endpoint serves");
 }
@@ -384,6 +441,63 @@ pub fn node_modules() -> PathBuf {
         assert!(status.success(), "npm ci in {} failed", dir.display());
     }
     dir
+}
+
+/// A command's words as the byte slices `Store::command` takes.
+pub fn args<'a>(words: &[&'a str]) -> Vec<&'a [u8]> {
+    words.iter().map(|w| w.as_bytes()).collect()
+}
+
+/// Commands' words as `Store::pipeline` takes them.
+pub fn commands(cmds: &[&[&str]]) -> Vec<Vec<Vec<u8>>> {
+    cmds.iter()
+        .map(|c| c.iter().map(|w| w.as_bytes().to_vec()).collect())
+        .collect()
+}
+
+/// A Python with the packages of `tests/python/requirements.txt` (Python's
+/// official Upstash SDK), in a virtualenv under `target/` made on first use, as
+/// `npm ci` does for `tests/node`. Returns the virtualenv's `python`.
+pub fn python_env() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let requirements = root.join("python/requirements.txt");
+    let venv = root.join("../target/python-conformance");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("installed.txt");
+    let wanted = std::fs::read_to_string(&requirements).expect("tests/python/requirements.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) && python.exists() {
+        return python;
+    }
+    let run = |cmd: &mut Command, what: &str| {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            out.status.success(),
+            "{what} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(
+        Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+        "python3 -m venv (Debian: python3-venv; scripts/test installs it)",
+    );
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&requirements),
+        "pip install -r tests/python/requirements.txt",
+    );
+    std::fs::write(&stamp, wanted).expect("write the stamp");
+    python
 }
 
 /// Hex SHA-1, as Redis names scripts.
@@ -500,6 +614,27 @@ pub async fn seed(redis: &RedisServer, config: &str) -> Seeded {
     Seeded {
         secret,
         key_id: record.id,
+    }
+}
+
+/// The native host in-process over any store (`rediss://`, Cluster, REST), in
+/// front of `upstream`.
+pub async fn start_native_edge(
+    store: floodgate_edge::store::NativeStore,
+    upstream: &str,
+    cache_ttl_ms: i64,
+) -> EdgeInstance {
+    use floodgate_edge::native_host::HostConfig;
+    use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+    let settings = PipelineConfig {
+        cache_ttl: cache_ttl_ms * 1000,
+        ..PipelineConfig::default()
+    };
+    let pipeline = Pipeline::new(store, floodgate_shared::time::SystemClock, settings);
+    let (url, stop) = serve_native(pipeline, HostConfig::new(upstream)).await;
+    EdgeInstance {
+        url,
+        _guards: vec![Box::new(stop)],
     }
 }
 

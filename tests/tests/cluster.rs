@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use floodgate_edge::store::cluster::ClusterStore;
-use floodgate_edge::store::{BucketStore, StoreErrorKind};
+use floodgate_edge::store::{Store, StoreErrorKind};
 use floodgate_shared::keys::{Subject, bucket_key};
 use floodgate_shared::policy::{Policy, Quota};
 use floodgate_shared::script::Check;
@@ -51,7 +51,6 @@ async fn the_cluster_store_routes_by_slot_and_follows_moved_and_ask() {
     let store = ClusterStore::connect(&cluster.url(), Duration::from_secs(2))
         .await
         .unwrap();
-    assert_eq!(store.masters().len(), 3);
     let q = Quota::per_minute(10).unwrap();
 
     // every algorithm, and shadow buckets, run on the cluster too (lua/limiter.lua,
@@ -164,14 +163,14 @@ async fn the_cluster_store_routes_by_slot_and_follows_moved_and_ask() {
     let from = cluster.owner(slot);
     let to = (from + 1) % 3;
     cluster.move_slot(slot, from, to);
-    let before = store.counters();
+    let before = cluster.errors_sent("MOVED");
     let v = store.check(&[check(&hot, &q)], None).await.unwrap();
     assert!(!v.admitted, "the bucket moved with its state");
-    assert!(store.counters().moved > before.moved);
-    assert_eq!(
-        store.owner(slot),
-        format!("127.0.0.1:{}", cluster.nodes[to].port())
-    );
+    let after = cluster.errors_sent("MOVED");
+    assert!(after > before, "the stale map met a MOVED");
+    // the map was refreshed: the next call goes straight to the new owner
+    store.check(&[check(&hot, &q)], None).await.unwrap();
+    assert_eq!(cluster.errors_sent("MOVED"), after, "no second MOVED");
 
     // ASK: a slot half-way through a migration, our bucket already on the target
     let ask_key = "fg:{k:asking}:p".to_string();
@@ -189,13 +188,19 @@ async fn the_cluster_store_routes_by_slot_and_follows_moved_and_ask() {
     let to = (from + 1) % 3;
     cluster.begin_migration(slot, from, to);
     assert_eq!(cluster.migrate_keys(slot, from, to, 100), 1);
-    let before = store.counters();
+    let (ask_before, moved_before) = (cluster.errors_sent("ASK"), cluster.errors_sent("MOVED"));
     let v = store.check(&[check(&ask_key, &q)], None).await.unwrap();
     assert!(v.admitted);
     assert_eq!(v.decisions[0].remaining, 10 - 4, "state carried by MIGRATE");
-    let after = store.counters();
-    assert_eq!(after.ask, before.ask + 1);
-    assert_eq!(after.moved, before.moved, "ASK does not change the map");
+    assert!(
+        cluster.errors_sent("ASK") > ask_before,
+        "the call followed an ASK"
+    );
+    assert_eq!(
+        cluster.errors_sent("MOVED"),
+        moved_before,
+        "ASK is no MOVED"
+    );
     cluster.finish_migration(slot, from, to);
     let v = store.check(&[check(&ask_key, &q)], None).await.unwrap();
     assert_eq!(v.decisions[0].remaining, 10 - 5);
@@ -317,15 +322,19 @@ async fn a_slot_migration_under_load_admits_nothing_above_quota() {
     }
     let elapsed = started.elapsed();
     let (cluster, moved) = migrated;
-    let counters = store.counters();
+    let redirected = (
+        cluster.errors_sent("MOVED"),
+        cluster.errors_sent("ASK"),
+        cluster.errors_sent("TRYAGAIN"),
+    );
     eprintln!(
-        "{calls} calls in {elapsed:?}; {moved} keys migrated; {counters:?}; errors {}",
+        "{calls} calls in {elapsed:?}; {moved} keys migrated; MOVED/ASK/TRYAGAIN sent {redirected:?}; errors {}",
         errors.load(Ordering::Relaxed)
     );
     assert_eq!(moved, 25, "every bucket moved");
     assert_eq!(cluster.owner(slot), to);
     assert!(
-        counters.moved + counters.ask > 0,
+        redirected.0 + redirected.1 > 0,
         "the load saw the migration"
     );
     // the analytical maximum: capacity + refill over the run (+1 for the creation)
@@ -345,4 +354,67 @@ async fn a_slot_migration_under_load_admits_nothing_above_quota() {
             .all(|k| admitted.get(k).copied().unwrap_or(0) + 1 >= 40)
     );
     assert_eq!(errors.load(Ordering::Relaxed), 0, "no call failed");
+}
+
+/// A cluster whose every node requires a password: the store authenticates to
+/// every node it discovers (routing, MOVED to a node never named in the URL),
+/// admin writes (the audited configuration save, keys) work on it, and a wrong
+/// password fails fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_nodes_require_a_password_is_served_by_every_node() {
+    use floodgate_edge::admin::{self, Basis};
+    let cluster = RedisCluster::start_with_password(3, 0, "cluster-s3cret");
+    let only_seed = cluster.url().split(',').next().unwrap().to_string();
+    let e = ClusterStore::connect(
+        &only_seed.replace("cluster-s3cret", "wrong"),
+        Duration::from_secs(1),
+    )
+    .await
+    .err()
+    .expect("a wrong password is refused");
+    assert_eq!(e.kind, StoreErrorKind::Auth, "{e}");
+    // one seed only: the other masters are found, and authenticated to, by the client
+    let store = ClusterStore::connect(&only_seed, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let q = Quota::per_minute(10).unwrap();
+    let mut owners = std::collections::HashSet::new();
+    for i in 0..30 {
+        let key = format!("fg:{{k:auth{i}}}:p");
+        assert!(
+            store
+                .check(&[check(&key, &q)], None)
+                .await
+                .unwrap()
+                .admitted
+        );
+        owners.insert(cluster.owner(key_slot(&key)));
+    }
+    assert_eq!(owners.len(), 3, "every master served some");
+    // a MOVED to another node, on the password cluster
+    let hot = "fg:{k:auth0}:p";
+    let slot = key_slot(hot);
+    let from = cluster.owner(slot);
+    cluster.move_slot(slot, from, (from + 1) % 3);
+    let v = store.check(&[check(hot, &q)], None).await.unwrap();
+    assert_eq!(v.decisions[0].remaining, 10 - 2, "state moved along");
+
+    // the admin paths over the cluster
+    let (config, version) = admin::replace_config(
+        &store,
+        floodgate_tests::DEMO_CONFIG,
+        Basis::Unversioned,
+        "test",
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(config.has_plan("free"));
+    let (current, text) = admin::load_config(&store).await.unwrap();
+    assert_eq!(current, version);
+    assert!(text.is_some());
+    let (record, _) = admin::create_key(&store, "acme", "free", 1).await.unwrap();
+    assert_eq!(admin::list_keys(&store).await.unwrap()[0].id, record.id);
+    admin::revoke_key(&store, &record.id).await.unwrap();
+    assert_eq!(admin::audit_log(&store, 10).await.unwrap().len(), 1);
 }

@@ -461,9 +461,16 @@ async fn keys_are_created_once_labelled_replanned_revoked_and_effective_limits_s
         .iter()
         .map(|e| e["action"].as_str().unwrap())
         .collect();
+    // ...after the seeding's own audited save of the configuration
     assert_eq!(
         actions,
-        ["revoke key", "edit key", "set key override", "create key"]
+        [
+            "revoke key",
+            "edit key",
+            "set key override",
+            "create key",
+            "config.force"
+        ]
     );
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use floodgate_edge::store::BucketStore;
+use floodgate_edge::store::Store;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;

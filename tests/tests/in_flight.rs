@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use floodgate_edge::admin;
 use floodgate_edge::native_host::{HostConfig, NativeStore};
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
-use floodgate_edge::store::BucketStore;
+use floodgate_edge::store::Store;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_tests::{RedisServer, serve, serve_native};
 use redis::Commands;

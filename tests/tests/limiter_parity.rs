@@ -5,7 +5,7 @@
 //! is chosen for, measured on Redis: the fixed window's boundary burst, the log's
 //! memory per entry, and the counter's error against the log on bursty traffic.
 
-use floodgate_edge::store::BucketStore;
+use floodgate_edge::store::Store;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::policy::{Algorithm, Quota};
 use floodgate_shared::script::{Check, LIMITER, needs_limiter};

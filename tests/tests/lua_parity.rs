@@ -2,7 +2,7 @@
 //! through the script in a real redis-server and through the pure `decide`; the
 //! decisions and the stored state must be identical, step by step.
 
-use floodgate_edge::store::BucketStore;
+use floodgate_edge::store::Store;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::policy::{MAX_WINDOW, Quota};

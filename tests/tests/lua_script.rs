@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::{BucketStore, StoreErrorKind};
+use floodgate_edge::store::{Store, StoreErrorKind};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_shared::time::{MICROS_PER_MS, MICROS_PER_SEC};

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::resp::wire::Reply;
-use floodgate_edge::store::{BucketStore, StoreErrorKind};
+use floodgate_edge::store::{Store, StoreErrorKind, Value};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 use floodgate_tests::{RedisServer, unique_key};
@@ -94,7 +93,7 @@ async fn the_url_selects_the_database() {
         .await
         .unwrap();
     let reply = store.command(&[b"SET", b"where", b"db5"]).await.unwrap();
-    assert_eq!(reply, Reply::Simple("OK".into()));
+    assert_eq!(reply, Value::Status("OK".into()));
     let mut conn = server.connection();
     let _: () = redis::cmd("SELECT").arg(5).query(&mut conn).unwrap();
     let v: String = redis::cmd("GET").arg("where").query(&mut conn).unwrap();

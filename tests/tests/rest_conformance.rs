@@ -3,32 +3,41 @@
 
 use std::time::Duration;
 
-use floodgate_edge::store::rest::{RestStore, RestValue};
-use floodgate_edge::store::{BucketStore, StoreErrorKind};
+use floodgate_edge::rest_endpoint::EndpointConfig;
+use floodgate_edge::store::rest::RestStore;
+use floodgate_edge::store::{RedisErrorKind, Store, StoreErrorKind, Value};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
-use floodgate_tests::{Endpoint, RedisServer, node_modules, unique_key};
+use floodgate_tests::{Endpoint, RedisServer, args, commands, node_modules, unique_key};
 
 const TOKEN: &str = "test-token-Zx81";
+
+/// An endpoint that lets `SCRIPT FLUSH` through: the suites flush the script
+/// cache to prove the EVALSHA → EVAL fallback (refused by default).
+async fn endpoint(redis: &RedisServer) -> Endpoint {
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.allow = vec!["SCRIPT FLUSH".into()];
+    Endpoint::start_with(config).await
+}
 
 fn lua_file() -> String {
     format!("{}/../lua/token_bucket.lua", env!("CARGO_MANIFEST_DIR"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_upstash_client_passes_against_the_endpoint() {
+/// Runs an official SDK's conformance suite (`command`, in its own directory)
+/// against a fresh endpoint and asserts it reported `passing` cases, none failed.
+async fn sdk_suite(name: &str, mut command: tokio::process::Command, passing: &str) {
     let redis = RedisServer::start();
-    let ep = Endpoint::start(&redis, TOKEN).await;
-    let dir = node_modules();
-    let out = tokio::process::Command::new("node")
-        .args(["--test", "--test-reporter=spec", "conformance.test.mjs"])
-        .current_dir(&dir)
+    let ep = endpoint(&redis).await;
+    let out = command
         .env("FLOODGATE_REST_URL", &ep.url)
         .env("FLOODGATE_REST_TOKEN", &ep.token)
+        .env("UPSTASH_REDIS_REST_URL", &ep.url)
+        .env("UPSTASH_REDIS_REST_TOKEN", &ep.token)
         .env("FLOODGATE_SCRIPT", lua_file())
         .output()
         .await
-        .expect("node runs");
+        .unwrap_or_else(|e| panic!("{name} runs: {e}"));
     let report = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -37,71 +46,109 @@ async fn the_official_upstash_client_passes_against_the_endpoint() {
     println!("{report}");
     assert!(
         out.status.success(),
-        "the @upstash/redis conformance suite failed:\n{report}"
+        "the {name} conformance suite failed:\n{report}"
     );
     assert!(
-        report.contains("pass 5"),
-        "expected 5 passing cases:\n{report}"
+        report.contains(passing) && !report.contains("fail 1"),
+        "expected {passing:?}:\n{report}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_upstash_client_passes_against_the_endpoint() {
+    let mut node = tokio::process::Command::new("node");
+    node.args(["--test", "--test-reporter=spec", "conformance.test.mjs"])
+        .current_dir(node_modules());
+    sdk_suite("@upstash/redis", node, "pass 5").await;
+}
+
+/// Python's `upstash-redis` in its default settings (installed from PyPI into a
+/// virtualenv under `target/` on first use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_client_passes_against_the_endpoint() {
+    let python = tokio::task::spawn_blocking(floodgate_tests::python_env)
+        .await
+        .unwrap();
+    let mut py = tokio::process::Command::new(python);
+    py.arg(format!(
+        "{}/python/conformance.py",
+        env!("CARGO_MANIFEST_DIR")
+    ));
+    sdk_suite("upstash-redis (Python)", py, "pass 5").await;
 }
 
 #[tokio::test]
 async fn our_rest_client_passes_the_same_cases() {
     let redis = RedisServer::start();
-    let ep = Endpoint::start(&redis, TOKEN).await;
+    let ep = endpoint(&redis).await;
     let store = RestStore::new(&ep.url, TOKEN, Duration::from_secs(5)).unwrap();
     let k = unique_key("rest");
-    let bytes = |s: &str| RestValue::Bytes(s.as_bytes().to_vec());
+    let bytes = |s: &str| Value::Bulk(s.as_bytes().to_vec());
 
     // get/set, unicode, missing
     assert_eq!(
-        store.command(&["SET", &k, "héllo ✓ 🚦"]).await.unwrap(),
+        store
+            .command(&args(&["SET", &k, "héllo ✓ 🚦"]))
+            .await
+            .unwrap(),
         bytes("OK")
     );
     assert_eq!(
-        store.command(&["GET", &k]).await.unwrap(),
+        store.command(&args(&["GET", &k])).await.unwrap(),
         bytes("héllo ✓ 🚦")
     );
     assert_eq!(
-        store.command(&["GET", "missing-key"]).await.unwrap(),
-        RestValue::Null
+        store.command(&args(&["GET", "missing-key"])).await.unwrap(),
+        Value::Nil
     );
-    assert_eq!(store.command(&["PING"]).await.unwrap(), bytes("PONG"));
+    assert_eq!(
+        store.command(&args(&["PING"])).await.unwrap(),
+        bytes("PONG")
+    );
 
     // pipeline: per-command errors
     let n = unique_key("n");
     let out = store
-        .pipeline(&[&["SET", &n, "1"], &["INCR", &n], &["LPUSH", &n, "x"]])
+        .pipeline(&commands(&[
+            &["SET", &n, "1"],
+            &["INCR", &n],
+            &["LPUSH", &n, "x"],
+        ]))
         .await
         .unwrap();
-    assert_eq!(out[0], Ok(bytes("OK")));
-    assert_eq!(out[1], Ok(RestValue::Int(2)));
-    assert!(out[2].as_ref().unwrap_err().starts_with("WRONGTYPE"));
+    assert_eq!(out[0], bytes("OK"));
+    assert_eq!(out[1], Value::Int(2));
+    let Value::Error(e) = &out[2] else {
+        panic!("{:?}", out[2])
+    };
+    assert_eq!(e.redis(), Some(RedisErrorKind::WrongType));
+    assert!(e.message.starts_with("WRONGTYPE"), "{e}");
 
     // multi-exec: atomic; a discarded transaction is one error
     let t = unique_key("tx");
     let out = store
-        .multi_exec(&[&["SET", &t, "10"], &["INCRBY", &t, "5"], &["GET", &t]])
+        .multi_exec(&commands(&[
+            &["SET", &t, "10"],
+            &["INCRBY", &t, "5"],
+            &["GET", &t],
+        ]))
         .await
         .unwrap();
-    assert_eq!(
-        out,
-        vec![Ok(bytes("OK")), Ok(RestValue::Int(15)), Ok(bytes("15"))]
-    );
+    assert_eq!(out, vec![bytes("OK"), Value::Int(15), bytes("15")]);
     let e = store
-        .multi_exec(&[&["SET", &t, "1"], &["NOSUCHCOMMAND"]])
+        .multi_exec(&commands(&[&["SET", &t, "1"], &["NOSUCHCOMMAND"]]))
         .await
         .unwrap_err();
-    assert_eq!(e.kind, StoreErrorKind::Redis);
+    assert_eq!(e.redis(), Some(RedisErrorKind::ExecAbort));
     assert!(e.message.contains("EXECABORT"), "{e}");
     assert_eq!(
-        store.command(&["GET", &t]).await.unwrap(),
+        store.command(&args(&["GET", &t])).await.unwrap(),
         bytes("15"),
         "nothing of it ran"
     );
 
     // EVALSHA with the EVAL fallback after SCRIPT FLUSH, inside one check()
-    store.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+    store.command(&args(&["SCRIPT", "FLUSH"])).await.unwrap();
     let q = Quota::new(3, 3, 3_000_000).unwrap();
     let key = unique_key("bucket");
     let checks = [Check {
@@ -119,17 +166,17 @@ async fn our_rest_client_passes_the_same_cases() {
     };
     assert_eq!(admitted, [true, true, true, false]);
     let exists = store
-        .command(&["SCRIPT", "EXISTS", TOKEN_BUCKET.sha1])
+        .command(&args(&["SCRIPT", "EXISTS", TOKEN_BUCKET.sha1]))
         .await
         .unwrap();
-    assert_eq!(exists, RestValue::Array(vec![RestValue::Int(1)]));
+    assert_eq!(exists, Value::Array(vec![Value::Int(1)]));
 
     // error shapes and bad tokens
-    let e = store.command(&["LPUSH", &k, "x"]).await.unwrap_err();
-    assert_eq!(e.kind, StoreErrorKind::Redis);
+    let e = store.command(&args(&["LPUSH", &k, "x"])).await.unwrap_err();
+    assert_eq!(e.kind, StoreErrorKind::Redis(RedisErrorKind::WrongType));
     assert!(e.message.starts_with("WRONGTYPE"), "{e}");
     let intruder = RestStore::new(&ep.url, "wrong", Duration::from_secs(5)).unwrap();
-    let e = intruder.command(&["GET", &k]).await.unwrap_err();
+    let e = intruder.command(&args(&["GET", &k])).await.unwrap_err();
     assert_eq!(e.kind, StoreErrorKind::Auth);
     assert!(!e.is_retryable());
     assert!(RestStore::new(&ep.url, "", Duration::from_secs(1)).is_err());
@@ -139,7 +186,7 @@ async fn our_rest_client_passes_the_same_cases() {
 #[tokio::test]
 async fn rest_errors_say_whether_retrying_helps() {
     let redis = RedisServer::start();
-    let ep = Endpoint::start(&redis, TOKEN).await;
+    let ep = endpoint(&redis).await;
     let store = RestStore::new(&ep.url, TOKEN, Duration::from_millis(300)).unwrap();
     let q = Quota::per_minute(10).unwrap();
     let key = unique_key("rest-err");
@@ -179,7 +226,7 @@ async fn rest_errors_say_whether_retrying_helps() {
 #[tokio::test]
 async fn hostile_requests_get_json_errors_and_the_endpoint_keeps_serving() {
     let redis = RedisServer::start();
-    let ep = Endpoint::start(&redis, TOKEN).await;
+    let ep = endpoint(&redis).await;
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
     let ten_mb = vec![b'['; 10 * 1024 * 1024];
@@ -321,37 +368,43 @@ async fn hostile_requests_get_json_errors_and_the_endpoint_keeps_serving() {
 #[tokio::test]
 async fn upstash_only_script_flags_run_and_keep_the_clients_sha() {
     let redis = RedisServer::start();
-    let ep = Endpoint::start(&redis, TOKEN).await;
+    let ep = endpoint(&redis).await;
     let store = RestStore::new(&ep.url, TOKEN, Duration::from_secs(5)).unwrap();
     let script = "#!lua flags=allow-key-locking\nreturn redis.call('INCR', KEYS[1])";
     let sha = floodgate_tests::sha1_hex(script.as_bytes());
     let k = unique_key("flagged");
     let e = store
-        .command(&["EVALSHA", &sha, "1", &k])
+        .command(&args(&["EVALSHA", &sha, "1", &k]))
         .await
         .unwrap_err();
     assert!(e.message.starts_with("NOSCRIPT"), "{e}");
     assert_eq!(
-        store.command(&["EVAL", script, "1", &k]).await.unwrap(),
-        RestValue::Int(1)
+        store
+            .command(&args(&["EVAL", script, "1", &k]))
+            .await
+            .unwrap(),
+        Value::Int(1)
     );
     assert_eq!(
-        store.command(&["EVALSHA", &sha, "1", &k]).await.unwrap(),
-        RestValue::Int(2)
+        store
+            .command(&args(&["EVALSHA", &sha, "1", &k]))
+            .await
+            .unwrap(),
+        Value::Int(2)
     );
     let out = store
-        .pipeline(&[&["EVALSHA", &sha, "1", &k], &["SCRIPT", "EXISTS", &sha]])
+        .pipeline(&commands(&[
+            &["EVALSHA", &sha, "1", &k],
+            &["SCRIPT", "EXISTS", &sha],
+        ]))
         .await
         .unwrap();
-    assert_eq!(
-        out,
-        vec![
-            Ok(RestValue::Int(3)),
-            Ok(RestValue::Array(vec![RestValue::Int(1)]))
-        ]
-    );
+    assert_eq!(out, vec![Value::Int(3), Value::Array(vec![Value::Int(1)])]);
     let other = "#!lua flags=allow-key-locking\nreturn 42";
-    let loaded = store.command(&["SCRIPT", "LOAD", other]).await.unwrap();
+    let loaded = store
+        .command(&args(&["SCRIPT", "LOAD", other]))
+        .await
+        .unwrap();
     assert_eq!(
         loaded.as_str(),
         Some(floodgate_tests::sha1_hex(other.as_bytes()).as_str())
@@ -364,12 +417,12 @@ async fn upstash_only_script_flags_run_and_keep_the_clients_sha() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_are_pipelined_and_each_gets_its_own_decision() {
     let redis = RedisServer::start();
-    let ep = Endpoint::start(&redis, TOKEN).await;
+    let ep = endpoint(&redis).await;
     let store = RestStore::new(&ep.url, TOKEN, Duration::from_secs(5)).unwrap();
     let q = std::sync::Arc::new(Quota::per_minute(10).unwrap());
     for round in 0..3 {
         if round == 1 {
-            store.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+            store.command(&args(&["SCRIPT", "FLUSH"])).await.unwrap();
         }
         let mut tasks = vec![];
         for i in 0..200u32 {

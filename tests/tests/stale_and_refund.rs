@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use floodgate_edge::store::resp::RespStore;
-use floodgate_edge::store::{BucketStore, StoreErrorKind};
+use floodgate_edge::store::{Store, StoreErrorKind};
 use floodgate_shared::policy::{Algorithm, Quota};
 use floodgate_shared::script::{Check, REFUND, When};
 use floodgate_tests::{RedisServer, unique_key};

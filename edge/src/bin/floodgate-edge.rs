@@ -16,7 +16,7 @@ use clap::Parser;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
-use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::StoreOptions;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_shared::time::SystemClock;
 
@@ -36,8 +36,10 @@ struct Args {
     /// Where to listen.
     #[arg(long, env = "FLOODGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Redis: redis://[user:password@]host:port[/db], redis+unix:///path,
-    /// redis+sentinel://host:port[,host:port]/master, redis+cluster://host:port[,...].
+    /// Redis: redis://[user:password@]host:port[/db], rediss://user:password@host:port
+    /// (TLS, ACL user), redis+unix:///path,
+    /// redis+sentinel://[user:password@]host:port[,host:port]/master[?sentinel_password=..],
+    /// redis+cluster://[user:password@]host:port[,...] (rediss+... for TLS).
     #[arg(
         long,
         env = "FLOODGATE_REDIS",
@@ -48,6 +50,10 @@ struct Args {
     /// FLOODGATE_REST_TOKEN or UPSTASH_REDIS_REST_TOKEN.
     #[arg(long, env = "FLOODGATE_REST_URL", value_parser = http_url)]
     rest_url: Option<String>,
+    /// PEM CA certificates that sign the Redis servers' TLS certificates
+    /// (rediss://), trusted instead of the system roots.
+    #[arg(long, env = "FLOODGATE_REDIS_CA_FILE")]
+    redis_ca_file: Option<std::path::PathBuf>,
     /// The header carrying the API key (`authorization` means `Bearer <key>`).
     #[arg(long, env = "FLOODGATE_KEY_HEADER", default_value = "authorization")]
     key_header: String,
@@ -198,32 +204,27 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     Ok(host)
 }
 
-/// The regional store, if one is configured.
+/// The regional store, if one is configured: a Redis URL of any kind the global
+/// store takes (`--regional-redis`), or a REST endpoint (`--regional-rest-url`,
+/// its token from FLOODGATE_REGIONAL_REST_TOKEN); TLS trusts the same CA file.
 async fn regional_store(a: &Args, deadline: Duration) -> Result<Option<NativeStore>, String> {
-    if let Some(url) = &a.regional_rest_url {
-        let token = std::env::var("FLOODGATE_REGIONAL_REST_TOKEN")
-            .map_err(|_| "--regional-rest-url needs FLOODGATE_REGIONAL_REST_TOKEN")?;
-        return RestStore::new(url, &token, deadline)
-            .map(|s| Some(NativeStore::Rest(s)))
-            .map_err(|e| format!("--regional-rest-url {url}: {e}"));
+    let (url, flag) = match (&a.regional_rest_url, &a.regional_redis) {
+        (Some(url), _) => (url, "--regional-rest-url"),
+        (None, Some(url)) => (url, "--regional-redis"),
+        (None, None) => return Ok(None),
+    };
+    let mut options = StoreOptions::new(url.as_str(), deadline);
+    options.ca_file = a.redis_ca_file.clone();
+    if a.regional_rest_url.is_some() {
+        options.rest_token = Some(
+            std::env::var("FLOODGATE_REGIONAL_REST_TOKEN")
+                .map_err(|_| "--regional-rest-url needs FLOODGATE_REGIONAL_REST_TOKEN")?,
+        );
     }
-    let Some(url) = &a.regional_redis else {
-        return Ok(None);
-    };
-    let store = if url.starts_with("redis+cluster://") {
-        NativeStore::Cluster(
-            floodgate_edge::store::cluster::ClusterStore::connect(url, deadline)
-                .await
-                .map_err(|e| format!("--regional-redis {}: {e}", redacted(url)))?,
-        )
-    } else {
-        NativeStore::Resp(
-            RespStore::connect(url, deadline)
-                .await
-                .map_err(|e| format!("--regional-redis {}: {e}", redacted(url)))?,
-        )
-    };
-    Ok(Some(store))
+    NativeStore::connect(&options)
+        .await
+        .map(Some)
+        .map_err(|e| format!("{flag} {}: {e}", redacted(url)))
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -253,26 +254,13 @@ fn run(a: Args) -> Result<(), String> {
             // never called: the limiter is off
             NativeStore::Rest(RestStore::new("http://127.0.0.1:9", "unused", deadline).map_err(|e| e.to_string())?)
         } else {
-            match &a.rest_url {
-                Some(url) => {
-                    let token = std::env::var("FLOODGATE_REST_TOKEN")
-                        .or_else(|_| std::env::var("UPSTASH_REDIS_REST_TOKEN"))
-                        .map_err(|_| "--rest-url needs FLOODGATE_REST_TOKEN or UPSTASH_REDIS_REST_TOKEN")?;
-                    NativeStore::Rest(
-                        RestStore::new(url, &token, store_deadline(deadline)).map_err(|e| e.to_string())?,
-                    )
-                }
-                None if a.redis.starts_with("redis+cluster://") => NativeStore::Cluster(
-                    floodgate_edge::store::cluster::ClusterStore::connect(&a.redis, store_deadline(deadline))
-                        .await
-                        .map_err(|e| format!("--redis {}: {e}", a.redis))?,
-                ),
-                None => NativeStore::Resp(
-                    RespStore::connect(&a.redis, store_deadline(deadline))
-                        .await
-                        .map_err(|e| format!("--redis {}: {e}", a.redis))?,
-                ),
-            }
+            let url = a.rest_url.as_deref().unwrap_or(&a.redis);
+            let mut options = StoreOptions::from_env(url, store_deadline(deadline));
+            options.ca_file = a.redis_ca_file.clone();
+            // the message names the URL, its password redacted
+            NativeStore::connect(&options)
+                .await
+                .map_err(|e| e.to_string())?
         };
         let settings = PipelineConfig {
             bearer: host.rules.bearer(),

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use floodgate_shared::Micros;
-use floodgate_shared::script::{Check, Verdict, When};
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -29,110 +28,9 @@ use self::body::{BodyFault, Held, ProxyBody, RequestBody};
 use self::server::{Connection, ServerLimits};
 use crate::pipeline::{Gate, Pipeline, RequestHead, Slot, Task};
 use crate::proxy::{HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body};
-use crate::store::resp::RespStore;
-use crate::store::rest::RestStore;
-use crate::store::{BucketStore, MaybeSend, RecordStore, StoreError};
-
-/// The store a native host talks to: Redis directly, or a REST endpoint.
-#[derive(Clone)]
-pub enum NativeStore {
-    Resp(RespStore),
-    Rest(RestStore),
-    /// Redis Cluster (`redis+cluster://host:port[,host:port]`).
-    Cluster(crate::store::cluster::ClusterStore),
-}
-
-impl BucketStore for NativeStore {
-    async fn run(
-        &self,
-        script: &'static floodgate_shared::script::LuaScript,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.run(script, keys, args).await,
-            NativeStore::Rest(s) => s.run(script, keys, args).await,
-            NativeStore::Cluster(s) => s.run(script, keys, args).await,
-        }
-    }
-
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-    ) -> Result<Verdict, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.check(checks, when).await,
-            NativeStore::Rest(s) => s.check(checks, when).await,
-            NativeStore::Cluster(s) => s.check(checks, when).await,
-        }
-    }
-
-    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.refund(checks, verdict).await,
-            NativeStore::Rest(s) => s.refund(checks, verdict).await,
-            NativeStore::Cluster(s) => s.refund(checks, verdict).await,
-        }
-    }
-
-    async fn acquire_slot(
-        &self,
-        key: &str,
-        id: &str,
-        limit: u32,
-        ttl_ms: u64,
-        until: Option<Micros>,
-    ) -> Result<bool, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.acquire_slot(key, id, limit, ttl_ms, until).await,
-            NativeStore::Rest(s) => s.acquire_slot(key, id, limit, ttl_ms, until).await,
-            NativeStore::Cluster(s) => s.acquire_slot(key, id, limit, ttl_ms, until).await,
-        }
-    }
-
-    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.release_slot(key, id).await,
-            NativeStore::Rest(s) => s.release_slot(key, id).await,
-            NativeStore::Cluster(s) => s.release_slot(key, id).await,
-        }
-    }
-}
-
-impl RecordStore for NativeStore {
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.write_batch(commands).await,
-            NativeStore::Rest(s) => s.write_batch(commands).await,
-            NativeStore::Cluster(s) => s.write_batch(commands).await,
-        }
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.get(key).await,
-            NativeStore::Rest(s) => s.get(key).await,
-            NativeStore::Cluster(s) => s.get(key).await,
-        }
-    }
-
-    async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.get_many(keys).await,
-            NativeStore::Rest(s) => s.get_many(keys).await,
-            NativeStore::Cluster(s) => s.get_many(keys).await,
-        }
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            NativeStore::Resp(s) => s.ping().await,
-            NativeStore::Rest(s) => s.ping().await,
-            NativeStore::Cluster(s) => s.ping().await,
-        }
-    }
-}
+/// The store a native host talks to (in [`crate::store`], where every native
+/// binary chooses its store by URL).
+pub use crate::store::NativeStore;
 
 /// How the native host runs: the proxy's rules, and the server's limits.
 #[derive(Debug, Clone)]

@@ -39,8 +39,7 @@ use floodgate_shared::apikeys::{
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
 use floodgate_shared::lease::{
-    LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, Taken,
-    leases_key, pool_keys, pool_take_args,
+    LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
 };
 use floodgate_shared::policy::{Consistency, FailureMode, Policy, Quota};
 use floodgate_shared::routes::Route;
@@ -55,7 +54,7 @@ use self::records::{Lookup, Records, UnknownKeyBudget};
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
 use crate::fallback::LocalBuckets;
 use crate::stats::{Leasing, Outcome, Stats, StatsField};
-use crate::store::{BucketStore, MaybeSend, MaybeSync, RecordStore, StoreError, StoreErrorKind};
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
 use crate::sync::lock;
 use crate::timer::{Raced, Stopwatch, race};
 
@@ -403,7 +402,7 @@ fn skipped() -> StoreError {
 
 impl<S, C> Pipeline<S, C>
 where
-    S: BucketStore + RecordStore + Clone + MaybeSend + MaybeSync + 'static,
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
     C: Clock,
 {
     pub fn new(store: S, clock: C, settings: PipelineConfig) -> Self {
@@ -1012,8 +1011,7 @@ where
                 g.member,
                 g.unused.to_string(),
             ];
-            let held = leases_key(&g.key);
-            let _ = store.run(&LEASE_RETURN, &[&g.key, &held], &args).await;
+            let _ = store.return_lease(&g.key, &args).await;
         })
     }
 
@@ -1127,7 +1125,7 @@ where
         let n = buckets.len();
         let fut = boxed(async move {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            store.run(&POOL_TAKE, &refs, &args).await
+            store.run_ints(&POOL_TAKE, &refs, &args).await
         });
         let reply = match self.call_to(&region.breaker, &region.store, fut).await {
             Called::Done(r) => r,
@@ -1166,12 +1164,7 @@ where
                 &r.id,
                 Some(&r.retire),
             );
-            let held = leases_key(&r.key);
-            let got = store
-                .run(&LEASE_TAKE, &[&r.key, &held], &args)
-                .await
-                .ok()
-                .and_then(|reply| Taken::from_reply(&reply).ok());
+            let got = store.take_lease(&r.key, &args).await.ok();
             let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
             leases.refilled(&r, got.as_ref(), sent, full_at, true);
         })
@@ -1201,12 +1194,7 @@ where
                 &r.id,
                 Some(&r.retire),
             );
-            let held = leases_key(&r.key);
-            let got = global
-                .run(&LEASE_TAKE, &[&r.key, &held], &args)
-                .await
-                .ok()
-                .and_then(|reply| Taken::from_reply(&reply).ok());
+            let got = global.take_lease(&r.key, &args).await.ok();
             let life = cfg.lifetime - watch.elapsed().as_micros() as i64 - POOL_MARGIN;
             let (member, tokens) = match &got {
                 Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
@@ -1225,7 +1213,7 @@ where
                 if clear { "1" } else { "0" }.to_string(),
             ];
             let _ = regional
-                .run(&POOL_ADD, &[&pool, &lock, &credit], &args)
+                .run_ints(&POOL_ADD, &[&pool, &lock, &credit], &args)
                 .await;
             let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
             leases.refilled(&r, got.as_ref(), sent, full_at, false);

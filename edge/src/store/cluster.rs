@@ -1,125 +1,80 @@
-//! Redis Cluster over our RESP connections: one [`RespStore`] per node, the slot map
-//! from `CLUSTER SLOTS`, every call routed to the master of its keys' slot.
+//! Redis Cluster through redis-rs' cluster client (cluster-async): the slot map,
+//! routing by slot, `MOVED` (map refreshed), `ASK` (`ASKING` + the command on the
+//! importing node), `TRYAGAIN`/`CLUSTERDOWN` (bounded waits and retries), and the
+//! same TLS, CA file and ACL credentials on every node it discovers.
 //!
-//! - All keys of one call must share a slot (Floodgate's bucket keys carry the
-//!   request's principal as their hash tag, `shared/src/keys.rs`); a call whose keys
-//!   span slots is refused before anything is sent ([`StoreErrorKind::Protocol`]).
-//! - `MOVED`: the slot has a new owner. The map is refreshed and the call goes to
-//!   the new owner.
-//! - `ASK`: the slot is being migrated and this key has moved already: `ASKING` and
-//!   the script go to the target node back to back in one write; the map stays.
-//! - `TRYAGAIN` (a multi-key call while its keys are split by a migration) and
-//!   `CLUSTERDOWN`: a short pause and another try.
-//!
-//! At most [`MAX_ATTEMPTS`] tries per call; each try has the store's deadline.
+//! What is ours on top:
+//! - all keys of one script call must share a slot (Floodgate's bucket keys carry
+//!   the request's principal as their hash tag, `shared/src/keys.rs`); a call
+//!   whose keys span slots is refused before anything is sent
+//!   ([`StoreErrorKind::Protocol`]);
+//! - `EVALSHA`, and `EVAL` with the source in the same call on `NOSCRIPT` (a node
+//!   that just took over a slot may not know the script);
+//! - a batch of commands is split by slot, each part sent as one pipeline to its
+//!   node, the parts concurrently, the replies put back in order;
+//! - the deadline: each attempt has the store's deadline, a whole call at most
+//!   [`MAX_ATTEMPTS`] of them; redirections and waits are retried up to
+//!   [`MAX_RETRIES`] times within that (a migration ping-pongs a multi-key call
+//!   between `ASK` and `TRYAGAIN` until its last key has moved).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use floodgate_shared::Micros;
-use floodgate_shared::script::{
-    Check, IN_FLIGHT, LuaScript, REFUND, Verdict, When, refund_call, script_call,
-};
-use floodgate_shared::slot::{SLOTS, common_slot, key_slot};
+use floodgate_shared::script::LuaScript;
+use floodgate_shared::slot::{common_slot, key_slot};
+use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
 
-use super::resp::RespStore;
-use super::resp::wire::Reply;
-use super::{BucketStore, MaybeSend, RecordStore, StoreError, StoreErrorKind};
+use super::convert::{error, value};
+use super::native::StoreOptions;
+use super::{RedisErrorKind, Store, StoreError, StoreErrorKind, Value};
 
-/// Tries per call: the first, plus redirections / waits (an `ASK` and the call to
-/// its target count as one). The waits for `TRYAGAIN` double from 2 ms: at most
-/// 2 + 4 + 8 + 16 + 32 = 62 ms in all.
-pub const MAX_ATTEMPTS: usize = 6;
+/// A call's whole time, in deadlines.
+pub const MAX_ATTEMPTS: u32 = 6;
 
-/// What the cluster client did besides plain calls (tests and the benchmark).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ClusterCounters {
-    pub moved: u64,
-    pub ask: u64,
-    pub try_again: u64,
-    pub refreshes: u64,
-}
+/// Redirections (`MOVED`, `ASK`) and waits (`TRYAGAIN`, `CLUSTERDOWN`, 2 to 32 ms
+/// apart) per call. The client counts an `ASK` as one, so a two-key call that a
+/// migration splits spends two per wait (`ASK`, then `TRYAGAIN` from the importing
+/// node); the whole call stays bounded by 6 deadlines anyway.
+pub const MAX_RETRIES: u32 = 32;
 
 /// A Redis Cluster. Cheap to clone; clones share connections and the slot map.
 #[derive(Clone)]
 pub struct ClusterStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    seeds: Vec<String>,
+    conn: ClusterConnection,
     deadline: Duration,
-    nodes: Mutex<HashMap<String, RespStore>>,
-    /// The master address ("host:port") of every slot; empty when unknown.
-    slots: RwLock<Vec<Arc<str>>>,
-    refresh: tokio::sync::Mutex<()>,
-    moved: AtomicU64,
-    ask: AtomicU64,
-    try_again: AtomicU64,
-    refreshes: AtomicU64,
-}
-
-fn err(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
-    StoreError::new(kind, message)
-}
-
-/// A redirection or wait the cluster asked for.
-enum Redirect {
-    Moved(u16, String),
-    Ask(String),
-    Wait,
-}
-
-fn redirect(e: &StoreError) -> Option<Redirect> {
-    if e.kind != StoreErrorKind::Redis {
-        return None;
-    }
-    let mut words = e.message.split_whitespace();
-    match words.next()? {
-        "MOVED" => {
-            let slot = words.next()?.parse().ok()?;
-            Some(Redirect::Moved(slot, words.next()?.to_string()))
-        }
-        "ASK" => {
-            words.next()?;
-            Some(Redirect::Ask(words.next()?.to_string()))
-        }
-        "TRYAGAIN" | "CLUSTERDOWN" => Some(Redirect::Wait),
-        _ => None,
-    }
-}
-
-fn ints(reply: Reply) -> Result<Vec<i64>, StoreError> {
-    match reply {
-        Reply::Array(Some(items)) => items
-            .into_iter()
-            .map(|i| match i {
-                Reply::Int(v) => Ok(v),
-                other => Err(err(
-                    StoreErrorKind::Protocol,
-                    format!("non-integer in script reply: {other:?}"),
-                )),
-            })
-            .collect(),
-        Reply::Error(e) => Err(err(StoreErrorKind::Redis, e)),
-        other => Err(err(
-            StoreErrorKind::Protocol,
-            format!("unexpected script reply: {other:?}"),
-        )),
-    }
 }
 
 impl ClusterStore {
-    /// Connects through any of `seeds`: `redis+cluster://host:port[,host:port...]`
-    /// or plain `host:port` items. Reads the slot map before returning.
+    /// Connects through any of the seeds of
+    /// `redis+cluster://[user:password@]host:port[,host:port...]` (or
+    /// `rediss+cluster://` for TLS) and reads the slot map before returning.
     pub async fn connect(seeds: &str, deadline: Duration) -> Result<Self, StoreError> {
-        let list = seeds
-            .strip_prefix("redis+cluster://")
-            .unwrap_or(seeds)
-            .trim_end_matches('/');
-        let seeds: Vec<String> = list
+        Self::connect_with(&StoreOptions::new(seeds, deadline)).await
+    }
+
+    pub async fn connect_with(options: &StoreOptions) -> Result<Self, StoreError> {
+        let url = &options.url;
+        let (tls, rest) = if let Some(r) = url.strip_prefix("rediss+cluster://") {
+            (true, r)
+        } else if let Some(r) = url.strip_prefix("redis+cluster://") {
+            (false, r)
+        } else {
+            (false, url.as_str())
+        };
+        let bad = |why: &str| {
+            StoreError::protocol(format!(
+                "bad Redis Cluster URL {:?}: {why} (expected redis+cluster://[user:password@]host:port[,host:port])",
+                super::resp::redact(url)
+            ))
+        };
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hosts) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let scheme = if tls { "rediss" } else { "redis" };
+        let seeds: Vec<String> = hosts
             .split(',')
             .map(|s| {
                 s.trim()
@@ -127,408 +82,164 @@ impl ClusterStore {
                     .trim_end_matches('/')
             })
             .filter(|s| !s.is_empty())
-            .map(str::to_string)
+            .map(|s| format!("{scheme}://{s}/"))
             .collect();
         if seeds.is_empty() {
-            return Err(err(StoreErrorKind::Protocol, "no cluster node given"));
+            return Err(bad("no cluster node given"));
         }
-        let store = Self {
-            inner: Arc::new(Inner {
-                seeds,
-                deadline,
-                nodes: Mutex::new(HashMap::new()),
-                slots: RwLock::new(vec![Arc::from(""); usize::from(SLOTS)]),
-                refresh: tokio::sync::Mutex::new(()),
-                moved: AtomicU64::new(0),
-                ask: AtomicU64::new(0),
-                try_again: AtomicU64::new(0),
-                refreshes: AtomicU64::new(0),
-            }),
+        let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
+            .connection_timeout(options.deadline.max(Duration::from_secs(1)))
+            .response_timeout(options.deadline)
+            .overall_response_timeout(Some(options.deadline * MAX_ATTEMPTS))
+            .retries(MAX_RETRIES)
+            .min_retry_wait(2)
+            .max_retry_wait(32);
+        if let Some(userinfo) = userinfo {
+            let decode = |s: &str| {
+                String::from_utf8(floodgate_shared::routes::percent_decode(s.as_bytes()))
+                    .map_err(|_| bad("credentials are not UTF-8"))
+            };
+            let (user, pass) = userinfo.split_once(':').unwrap_or(("", userinfo));
+            if !user.is_empty() {
+                b = b.username(decode(user)?);
+            }
+            if !pass.is_empty() {
+                b = b.password(decode(pass)?);
+            }
+        }
+        match (tls, options.ca_pem()?) {
+            (true, ca) => {
+                b = b.tls(redis::TlsMode::Secure).certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: ca,
+                })
+            }
+            (false, Some(_)) => {
+                return Err(bad(
+                    "a CA file is given but the URL is not rediss+cluster://",
+                ));
+            }
+            (false, None) => {}
+        }
+        let client = b.build().map_err(|e| bad(&e.to_string()))?;
+        let limit = options.deadline.max(Duration::from_secs(1)) * 2;
+        let connected = async {
+            let conn = tokio::time::timeout(limit, client.get_async_connection())
+                .await
+                .map_err(|_| {
+                    StoreError::new(
+                        StoreErrorKind::Timeout,
+                        format!("connect: no cluster node answered within {limit:?}"),
+                    )
+                })?
+                .map_err(error)?;
+            let store = Self {
+                conn,
+                deadline: options.deadline,
+            };
+            // a round trip, so credentials and the slot map are known to work
+            store.ping().await?;
+            Ok(store)
         };
-        store.refresh().await?;
-        Ok(store)
+        connected
+            .await
+            .map_err(|e| super::native::at_connect(e, url))
     }
 
-    pub fn counters(&self) -> ClusterCounters {
-        let i = &self.inner;
-        ClusterCounters {
-            moved: i.moved.load(Ordering::Relaxed),
-            ask: i.ask.load(Ordering::Relaxed),
-            try_again: i.try_again.load(Ordering::Relaxed),
-            refreshes: i.refreshes.load(Ordering::Relaxed),
-        }
+    async fn exchange<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(ClusterConnection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        // redis-rs bounds each attempt and the whole call; this only backs it up
+        let limit = self.deadline * (MAX_ATTEMPTS + 1);
+        tokio::time::timeout(limit, op(self.conn.clone()))
+            .await
+            .map_err(|_| StoreError::timeout(limit))?
+            .map_err(error)
     }
 
-    /// The masters the slot map names, sorted.
-    pub fn masters(&self) -> Vec<String> {
-        let slots = self.inner.slots.read().expect("slot map");
-        let mut m: Vec<String> = slots
-            .iter()
-            .filter(|a| !a.is_empty())
-            .map(|a| a.to_string())
-            .collect();
-        m.sort();
-        m.dedup();
-        m
-    }
-
-    /// The master the map names for `slot` ("host:port"; empty when unknown).
-    pub fn owner(&self, slot: u16) -> String {
-        self.inner.slots.read().expect("slot map")[usize::from(slot)].to_string()
-    }
-
-    async fn node(&self, addr: &str) -> Result<RespStore, StoreError> {
-        if let Some(n) = self.inner.nodes.lock().expect("nodes").get(addr) {
-            return Ok(n.clone());
-        }
-        let fresh = RespStore::connect(&format!("redis://{addr}/"), self.inner.deadline).await?;
-        Ok(self
-            .inner
-            .nodes
-            .lock()
-            .expect("nodes")
-            .entry(addr.to_string())
-            .or_insert(fresh)
-            .clone())
-    }
-
-    /// Reads the slot map (`CLUSTER SLOTS`) from the first node that answers:
-    /// the known masters first, then the seeds.
-    pub async fn refresh(&self) -> Result<(), StoreError> {
-        let _one_at_a_time = self.inner.refresh.lock().await;
-        self.inner.refreshes.fetch_add(1, Ordering::Relaxed);
-        let mut candidates = self.masters();
-        candidates.extend(self.inner.seeds.iter().cloned());
-        let mut last = err(StoreErrorKind::Connect, "no cluster node answered");
-        for addr in candidates {
-            let reply = match self.node(&addr).await {
-                Ok(n) => n.command(&[b"CLUSTER", b"SLOTS"]).await,
-                Err(e) => Err(e),
-            };
-            match reply.and_then(|r| parse_slots(r, &addr)) {
-                Ok(ranges) if !ranges.is_empty() => {
-                    let mut map = self.inner.slots.write().expect("slot map");
-                    for (start, end, master) in ranges {
-                        let master: Arc<str> = Arc::from(master.as_str());
-                        for s in start..=end {
-                            map[usize::from(s)] = master.clone();
-                        }
-                    }
-                    return Ok(());
-                }
-                Ok(_) => last = err(StoreErrorKind::Redis, format!("{addr}: no slots served")),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
-    }
-
-    /// Runs `script` on the master of its keys' slot, following redirections.
-    pub async fn eval_script(
+    async fn script(
         &self,
         script: &LuaScript,
+        by_source: bool,
         keys: &[&str],
         args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        let slot = common_slot(keys.iter().copied())
-            .map_err(|e| err(StoreErrorKind::Protocol, e.to_string()))?
-            .ok_or_else(|| err(StoreErrorKind::Protocol, "a script call needs a key"))?;
-        let mut addr = self.owner(slot);
-        let mut asking: Option<String> = None;
-        let mut last = err(StoreErrorKind::Connect, "no attempt");
-        // an ASK is followed at once by the call to its target, in the same attempt
-        let mut attempt = 0;
-        let mut steps = 0;
-        while attempt < MAX_ATTEMPTS && steps < 2 * MAX_ATTEMPTS {
-            steps += 1;
-            if addr.is_empty() {
-                self.refresh().await?;
-                addr = self.owner(slot);
-                if addr.is_empty() {
-                    return Err(err(
-                        StoreErrorKind::Redis,
-                        format!("CLUSTERDOWN slot {slot} is not served"),
-                    ));
-                }
-            }
-            let result = match asking.take() {
-                Some(target) => self.ask(&target, script, keys, args).await,
-                None => match self.node(&addr).await {
-                    Ok(n) => n.eval_script(script, keys, args).await,
-                    Err(e) => Err(e),
-                },
-            };
-            let e = match result {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            match redirect(&e) {
-                Some(Redirect::Moved(s, to)) => {
-                    self.inner.moved.fetch_add(1, Ordering::Relaxed);
-                    self.inner.slots.write().expect("slot map")[usize::from(s) % 16384] =
-                        Arc::from(to.as_str());
-                    // the whole map most likely changed: read it again, but keep going
-                    // with the address the server named if the refresh fails
-                    let _ = self.refresh().await;
-                    addr = if s == slot { self.owner(slot) } else { to };
-                    if addr.is_empty() {
-                        addr = self.owner(slot);
-                    }
-                }
-                Some(Redirect::Ask(to)) => {
-                    self.inner.ask.fetch_add(1, Ordering::Relaxed);
-                    asking = Some(to);
-                    last = e;
-                    continue;
-                }
-                Some(Redirect::Wait) => {
-                    self.inner.try_again.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
-                }
-                None if e.is_retryable() => {
-                    // a lost node (failover): re-read the map once before the next try
-                    let _ = self.refresh().await;
-                    addr = self.owner(slot);
-                }
-                None => return Err(e),
-            }
-            attempt += 1;
-            last = e;
-        }
-        Err(last)
-    }
-
-    /// `ASKING` and the script (by source: the target may not know its SHA-1) in
-    /// one write to the node importing the slot.
-    async fn ask(
-        &self,
-        target: &str,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        let node = self.node(target).await?;
+    ) -> Result<Value, StoreError> {
         let numkeys = keys.len().to_string();
-        let words = script.call_words(true, &numkeys, keys.iter().copied(), args);
-        let call: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
-        let mut replies = node.batch(&[vec![b"ASKING".to_vec()], call]).await?;
-        match (replies.pop(), replies.pop()) {
-            (Some(script_reply), Some(Reply::Simple(_))) => ints(script_reply),
-            (_, Some(Reply::Error(e))) => Err(err(StoreErrorKind::Redis, e)),
-            other => Err(err(
-                StoreErrorKind::Protocol,
-                format!("unexpected ASKING reply {other:?}"),
-            )),
+        let mut cmd = redis::Cmd::new();
+        for w in script.call_words(by_source, &numkeys, keys.iter().copied(), args) {
+            cmd.arg(w);
         }
-    }
-
-    /// One command on the master of `key`'s slot, following `MOVED` once.
-    pub async fn command_for(&self, key: &str, args: &[&[u8]]) -> Result<Reply, StoreError> {
-        let slot = key_slot(key);
-        let mut addr = self.owner(slot);
-        for _ in 0..2 {
-            if addr.is_empty() {
-                self.refresh().await?;
-                addr = self.owner(slot);
-            }
-            let reply = self.node(&addr).await?.command(args).await?;
-            match &reply {
-                Reply::Error(e) if e.starts_with("MOVED ") => {
-                    self.inner.moved.fetch_add(1, Ordering::Relaxed);
-                    let _ = self.refresh().await;
-                    addr = e.split_whitespace().nth(2).unwrap_or_default().to_string();
-                }
-                _ => return Ok(reply),
-            }
-        }
-        Err(err(StoreErrorKind::Redis, format!("{key}: moved twice")))
+        self.exchange(|mut c| async move { c.req_packed_command(&cmd).await })
+            .await
+            .map(value)
     }
 }
 
-/// `CLUSTER SLOTS` → (first slot, last slot, master "host:port"). An empty host
-/// means "the node you asked" (`from`).
-fn parse_slots(reply: Reply, from: &str) -> Result<Vec<(u16, u16, String)>, StoreError> {
-    let bad = |what: String| err(StoreErrorKind::Protocol, format!("CLUSTER SLOTS: {what}"));
-    let ranges = match reply {
-        Reply::Array(Some(r)) => r,
-        Reply::Error(e) => return Err(err(StoreErrorKind::Redis, e)),
-        other => return Err(bad(format!("{other:?}"))),
-    };
-    let from_host = from.rsplit_once(':').map_or(from, |(h, _)| h);
-    let mut out = vec![];
-    for range in ranges {
-        let Reply::Array(Some(items)) = range else {
-            return Err(bad("a range is not an array".into()));
-        };
-        match items.as_slice() {
-            [
-                Reply::Int(start),
-                Reply::Int(end),
-                Reply::Array(Some(master)),
-                ..,
-            ] => {
-                let host = match master.first() {
-                    Some(Reply::Bulk(Some(h))) if !h.is_empty() => {
-                        String::from_utf8_lossy(h).into_owned()
-                    }
-                    _ => from_host.to_string(),
-                };
-                let Some(Reply::Int(port)) = master.get(1) else {
-                    return Err(bad("no master port".into()));
-                };
-                let (Ok(s), Ok(e)) = (u16::try_from(*start), u16::try_from(*end)) else {
-                    return Err(bad("slot out of range".into()));
-                };
-                if s > e || e >= SLOTS {
-                    return Err(bad(format!("bad range {s}-{e}")));
-                }
-                out.push((s, e, format!("{host}:{port}")));
-            }
-            other => return Err(bad(format!("{other:?}"))),
-        }
-    }
-    Ok(out)
-}
-
-impl BucketStore for ClusterStore {
+impl Store for ClusterStore {
     async fn run(
         &self,
-        script: &'static LuaScript,
+        script: &LuaScript,
         keys: &[&str],
         args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        self.eval_script(script, keys, args).await
-    }
-
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-    ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, when)?;
-        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.eval_script(script, &keys, &args).await?;
-        super::verdict(checks, &reply)
-    }
-
-    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
-        match refund_call(checks, verdict) {
-            Some((keys, args)) => self.eval_script(&REFUND, &keys, &args).await.map(|_| ()),
-            None => Ok(()),
+    ) -> Result<Value, StoreError> {
+        common_slot(keys.iter().copied())
+            .map_err(|e| StoreError::protocol(e.to_string()))?
+            .ok_or_else(|| StoreError::protocol("a script call needs a key"))?;
+        match self.script(script, false, keys, args).await?.ok() {
+            Err(e) if e.redis() == Some(RedisErrorKind::NoScript) => {
+                self.script(script, true, keys, args).await?.ok()
+            }
+            other => other,
         }
     }
 
-    async fn acquire_slot(
-        &self,
-        key: &str,
-        id: &str,
-        limit: u32,
-        ttl_ms: u64,
-        until: Option<Micros>,
-    ) -> Result<bool, StoreError> {
-        let args = super::slot_args(id, limit, ttl_ms, until);
-        super::slot_taken(&self.eval_script(&IN_FLIGHT, &[key], &args).await?)
-    }
-
-    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
-        match self
-            .command_for(key, &[b"ZREM", key.as_bytes(), id.as_bytes()])
-            .await?
-        {
-            Reply::Error(e) => Err(err(StoreErrorKind::Redis, e)),
-            _ => Ok(()),
+    async fn command(&self, args: &[&[u8]]) -> Result<Value, StoreError> {
+        let mut cmd = redis::Cmd::new();
+        for a in args {
+            cmd.arg(*a);
         }
+        self.exchange(|mut c| async move { c.req_packed_command(&cmd).await })
+            .await
+            .map(value)?
+            .ok()
     }
-}
 
-impl RecordStore for ClusterStore {
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.command_for(key, &[b"GET", key.as_bytes()]).await? {
-            Reply::Bulk(v) => Ok(v),
-            Reply::Error(e) if e.starts_with("WRONGTYPE") => Ok(None),
-            Reply::Error(e) => Err(err(StoreErrorKind::Redis, e)),
-            other => Err(err(
-                StoreErrorKind::Protocol,
-                format!("unexpected GET reply {other:?}"),
-            )),
+    /// Split by the slot of each command's first key; each part one pipeline.
+    async fn pipeline(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        let mut parts: BTreeMap<Option<u16>, Vec<usize>> = BTreeMap::new();
+        for (i, c) in commands.iter().enumerate() {
+            let slot = c.get(1).map(|k| key_slot(&String::from_utf8_lossy(k)));
+            parts.entry(slot).or_default().push(i);
         }
-    }
-
-    /// Each command goes to the master of its first key (commands are not atomic
-    /// together anyway).
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
-        for c in commands {
-            let Some(key) = c.get(1) else { continue };
-            let args: Vec<&[u8]> = c.iter().map(|w| w.as_bytes()).collect();
-            if let Reply::Error(e) = self.command_for(key, &args).await? {
-                return Err(err(StoreErrorKind::Redis, e));
+        let sends = parts.values().map(|indices| {
+            let mut pipe = redis::pipe();
+            for &i in indices {
+                let mut cmd = redis::Cmd::new();
+                for w in &commands[i] {
+                    cmd.arg(w.as_slice());
+                }
+                pipe.add_command(cmd);
+            }
+            let n = indices.len();
+            self.exchange(move |mut c| async move { c.req_packed_commands(&pipe, 0, n).await })
+        });
+        let results = futures_util::future::join_all(sends).await;
+        let mut out = vec![Value::Nil; commands.len()];
+        for (indices, result) in parts.values().zip(results) {
+            let replies = result?;
+            if replies.len() != indices.len() {
+                return Err(StoreError::protocol(format!(
+                    "{} replies for {} commands",
+                    replies.len(),
+                    indices.len()
+                )));
+            }
+            for (&i, r) in indices.iter().zip(replies) {
+                out[i] = value(r);
             }
         }
-        Ok(())
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        let addr = self
-            .masters()
-            .into_iter()
-            .next()
-            .ok_or_else(|| err(StoreErrorKind::Connect, "no master known"))?;
-        self.node(&addr).await?.ping().await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redirections_are_parsed() {
-        let e = |m: &str| err(StoreErrorKind::Redis, m);
-        assert!(matches!(
-            redirect(&e("MOVED 3999 127.0.0.1:6381")),
-            Some(Redirect::Moved(3999, a)) if a == "127.0.0.1:6381"
-        ));
-        assert!(matches!(
-            redirect(&e("ASK 3999 127.0.0.1:6381")),
-            Some(Redirect::Ask(a)) if a == "127.0.0.1:6381"
-        ));
-        assert!(matches!(
-            redirect(&e(
-                "TRYAGAIN Multiple keys request during rehashing of slot"
-            )),
-            Some(Redirect::Wait)
-        ));
-        assert!(redirect(&e("ERR floodgate: bad")).is_none());
-        assert!(redirect(&err(StoreErrorKind::Connect, "MOVED 1 a:1")).is_none());
-    }
-
-    #[test]
-    fn slot_map_replies_are_parsed_and_checked() {
-        let bulk = |s: &str| Reply::Bulk(Some(s.as_bytes().to_vec()));
-        let range = |s: i64, e: i64, host: &str, port: i64| {
-            Reply::Array(Some(vec![
-                Reply::Int(s),
-                Reply::Int(e),
-                Reply::Array(Some(vec![bulk(host), Reply::Int(port), bulk("id")])),
-                Reply::Array(Some(vec![bulk(host), Reply::Int(port + 1), bulk("id2")])),
-            ]))
-        };
-        let parsed = parse_slots(
-            Reply::Array(Some(vec![
-                range(0, 5460, "127.0.0.1", 7000),
-                range(5461, 16383, "", 7002),
-            ])),
-            "10.0.0.1:7000",
-        )
-        .unwrap();
-        assert_eq!(
-            parsed,
-            vec![
-                (0, 5460, "127.0.0.1:7000".to_string()),
-                (5461, 16383, "10.0.0.1:7002".to_string())
-            ]
-        );
-        assert!(parse_slots(Reply::Array(Some(vec![range(5, 16384, "h", 1)])), "x:1").is_err());
-        assert!(parse_slots(Reply::Array(Some(vec![range(9, 5, "h", 1)])), "x:1").is_err());
+        Ok(out)
     }
 }

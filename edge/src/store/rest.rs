@@ -9,48 +9,20 @@
 //! commands; `Authorization: Bearer <token>`; success `{"result": ...}`, failure
 //! HTTP 400 `{"error": "..."}`. With `Upstash-Encoding: base64` every string in a
 //! result is base64 except `"OK"`; this client asks for it on generic commands (so
-//! binary values survive JSON) and not on the token-bucket script, whose reply holds
-//! only integers.
+//! binary values survive JSON) and not on script calls, whose replies Floodgate
+//! keeps to integers.
 //!
-//! Bucket checks are auto-pipelined: checks that callers start while another is
-//! being prepared travel together in ONE `/pipeline` request (each still its own
-//! atomic `EVALSHA`), the way `@upstash/redis` batches concurrent commands. The
-//! first caller of a batch yields once to the executor, then sends what has queued.
+//! Script calls are auto-pipelined ([`super::batch`]): calls that callers start
+//! while another is being prepared travel together in ONE `/pipeline` request.
 
 use std::time::Duration;
 
 use base64::Engine as _;
-use floodgate_shared::Micros;
-use floodgate_shared::script::{
-    Check, IN_FLIGHT, LuaScript, REFUND, Verdict, When, refund_call, script_call,
-};
-use serde_json::Value;
+use floodgate_shared::script::LuaScript;
+use serde_json::Value as Json;
 
-use super::{BucketStore, MaybeSend, StoreError, StoreErrorKind};
-use crate::timer::Stopwatch;
-
-/// A value in a REST reply, strings already decoded from base64.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RestValue {
-    Null,
-    Int(i64),
-    Bytes(Vec<u8>),
-    Array(Vec<RestValue>),
-}
-
-impl RestValue {
-    /// The value as text, when it is a UTF-8 string.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            RestValue::Bytes(b) => std::str::from_utf8(b).ok(),
-            _ => None,
-        }
-    }
-}
-
-/// One command's outcome inside `/pipeline` or `/multi-exec`: a value, or the
-/// error Redis answered for that command alone.
-pub type Outcome = Result<RestValue, String>;
+use super::batch::{Batcher, ScriptCall, SendScripts};
+use super::{Store, StoreError, StoreErrorKind, Value};
 
 /// A Redis database behind an Upstash-protocol REST endpoint. Cheap to clone;
 /// clones share connections and the auto-pipelining queue.
@@ -60,131 +32,86 @@ pub struct RestStore {
     base: String,
     auth: String,
     deadline: Duration,
-    queue: std::sync::Arc<std::sync::Mutex<Vec<Queued>>>,
-}
-
-type ScriptResult = Result<Vec<i64>, StoreError>;
-
-/// A bucket check waiting for the next `/pipeline` request.
-struct Queued {
-    script: &'static LuaScript,
-    /// `EVAL` with the source (after NOSCRIPT) rather than `EVALSHA`.
-    by_source: bool,
-    keys: Vec<String>,
-    args: Vec<String>,
-    reply: futures_channel::oneshot::Sender<ScriptResult>,
-}
-
-/// The most checks one `/pipeline` request carries.
-const MAX_BATCH: usize = 256;
-
-/// Returns `Pending` once (waking itself), so other tasks run before the batch goes.
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
-}
-
-/// Held by a batch's first caller until it has taken the queue: if that caller is
-/// dropped first (cancelled), the queued checks fail instead of waiting forever.
-struct LeaderGuard<'a> {
-    queue: &'a std::sync::Mutex<Vec<Queued>>,
-    armed: bool,
-}
-
-impl Drop for LeaderGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            for q in std::mem::take(&mut *self.queue.lock().expect("queue lock")) {
-                let _ = q.reply.send(Err(err(
-                    StoreErrorKind::Connect,
-                    "batch abandoned by its sender",
-                )));
-            }
-        }
-    }
+    batch: std::sync::Arc<Batcher>,
 }
 
 fn err(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
     StoreError::new(kind, message)
 }
 
-fn decode_value(v: Value, base64: bool) -> Result<RestValue, StoreError> {
+fn decode_value(v: Json, base64: bool) -> Result<Value, StoreError> {
     Ok(match v {
-        Value::Null => RestValue::Null,
-        Value::Number(n) => RestValue::Int(
+        Json::Null => Value::Nil,
+        Json::Number(n) => Value::Int(
             n.as_i64()
-                .ok_or_else(|| err(StoreErrorKind::Protocol, format!("non-integer number {n}")))?,
+                .ok_or_else(|| StoreError::protocol(format!("non-integer number {n}")))?,
         ),
-        Value::String(s) if base64 && s != "OK" => RestValue::Bytes(
+        Json::String(s) if base64 && s != "OK" => Value::Bulk(
             base64::engine::general_purpose::STANDARD
                 .decode(s.as_bytes())
-                .map_err(|e| {
-                    err(
-                        StoreErrorKind::Protocol,
-                        format!("bad base64 in result: {e}"),
-                    )
-                })?,
+                .map_err(|e| StoreError::protocol(format!("bad base64 in result: {e}")))?,
         ),
-        Value::String(s) => RestValue::Bytes(s.into_bytes()),
-        Value::Array(items) => RestValue::Array(
+        Json::String(s) => Value::Bulk(s.into_bytes()),
+        Json::Array(items) => Value::Array(
             items
                 .into_iter()
                 .map(|i| decode_value(i, base64))
                 .collect::<Result<_, _>>()?,
         ),
-        other => {
-            return Err(err(
-                StoreErrorKind::Protocol,
-                format!("unexpected value {other}"),
-            ));
-        }
+        other => return Err(StoreError::protocol(format!("unexpected value {other}"))),
     })
 }
 
-/// `{"result": v}` → Ok(v); `{"error": e}` → Err(e).
-fn decode_outcome(v: Value, base64: bool) -> Result<Outcome, StoreError> {
-    let Value::Object(mut map) = v else {
-        return Err(err(
-            StoreErrorKind::Protocol,
+/// `{"result": v}` → v; `{"error": e}` → [`Value::Error`] (Redis' own text).
+fn decode_outcome(v: Json, base64: bool) -> Result<Value, StoreError> {
+    let Json::Object(mut map) = v else {
+        return Err(StoreError::protocol(
             "expected an object with result or error",
         ));
     };
     if let Some(e) = map.remove("error") {
-        return Ok(Err(e
-            .as_str()
-            .map_or_else(|| e.to_string(), str::to_string)));
+        return Ok(Value::Error(StoreError::reply(
+            e.as_str().map_or_else(|| e.to_string(), str::to_string),
+        )));
     }
     match map.remove("result") {
-        Some(r) => Ok(Ok(decode_value(r, base64)?)),
-        None => Err(err(
-            StoreErrorKind::Protocol,
-            "object has neither result nor error",
-        )),
+        Some(r) => decode_value(r, base64),
+        None => Err(StoreError::protocol("object has neither result nor error")),
     }
+}
+
+/// A command's words as JSON strings (the protocol carries text).
+fn json_command(args: &[&[u8]]) -> Result<String, StoreError> {
+    let words = args
+        .iter()
+        .map(|a| {
+            std::str::from_utf8(a)
+                .map_err(|_| StoreError::protocol("a REST command's arguments must be UTF-8"))
+        })
+        .collect::<Result<Vec<&str>, _>>()?;
+    Ok(json_array(&words))
 }
 
 impl RestStore {
     /// `url` is the database's REST URL (`UPSTASH_REDIS_REST_URL`), `token` its
     /// bearer token; `deadline` bounds each call, fallbacks included.
     pub fn new(url: &str, token: &str, deadline: Duration) -> Result<Self, StoreError> {
+        Self::with_ca(url, token, deadline, None)
+    }
+
+    /// [`RestStore::new`], trusting the CA certificates of `ca_pem` for `https://`
+    /// as well (a private endpoint).
+    pub fn with_ca(
+        url: &str,
+        token: &str,
+        deadline: Duration,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, StoreError> {
         let base = url.trim_end_matches('/').to_string();
         if !(base.starts_with("https://") || base.starts_with("http://")) {
-            return Err(err(
-                StoreErrorKind::Protocol,
-                format!("REST URL must be http(s)://, got {base:?}"),
-            ));
+            return Err(StoreError::protocol(format!(
+                "REST URL must be http(s)://, got {base:?}"
+            )));
         }
         if token.is_empty() || token.chars().any(|c| c.is_control() || c == ' ') {
             return Err(err(
@@ -193,33 +120,45 @@ impl RestStore {
             ));
         }
         let builder = reqwest::Client::builder();
+        // idle connections are dropped before a server's keep-alive timeout
+        // (floodgate-rest closes them after 10 s) can race a request
         #[cfg(not(target_arch = "wasm32"))]
-        let builder = builder.tcp_nodelay(true).pool_max_idle_per_host(256);
+        let builder = builder
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(256)
+            .pool_idle_timeout(Duration::from_secs(4));
+        #[cfg(all(not(target_arch = "wasm32"), feature = "native"))]
+        let builder = match ca_pem {
+            Some(pem) => reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| StoreError::protocol(format!("CA file: {e}")))?
+                .into_iter()
+                .fold(builder, |b, cert| b.add_root_certificate(cert)),
+            None => builder,
+        };
+        #[cfg(any(target_arch = "wasm32", not(feature = "native")))]
+        let _ = ca_pem;
         let client = builder
             .build()
-            .map_err(|e| err(StoreErrorKind::Protocol, e.to_string()))?;
+            .map_err(|e| StoreError::protocol(e.to_string()))?;
         Ok(Self {
             client,
             base,
             auth: format!("Bearer {token}"),
             deadline,
-            queue: Default::default(),
+            batch: Default::default(),
         })
     }
 
-    /// POSTs a JSON body to `path` and returns the decoded JSON reply. HTTP 400 with
-    /// `{"error"}` is `Ok` (the caller decides what a Redis error means).
-    async fn post(&self, path: &str, body: String, base64: bool) -> Result<Value, StoreError> {
-        self.post_within(path, body, base64, self.deadline).await
-    }
-
-    async fn post_within(
+    /// POSTs a JSON body to `path` within `limit` and returns the decoded JSON
+    /// reply. HTTP 400 with `{"error"}` is `Ok` (the caller decides what a Redis
+    /// error means).
+    async fn post(
         &self,
         path: &str,
         body: String,
         base64: bool,
         limit: Duration,
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Json, StoreError> {
         let mut req = self
             .client
             .post(format!("{}{path}", self.base))
@@ -233,7 +172,7 @@ impl RestStore {
         let resp = req.send().await.map_err(classify)?;
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await.map_err(classify)?;
-        let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
+        let parsed: Result<Json, _> = serde_json::from_slice(&bytes);
         match (status, parsed) {
             (200 | 400, Ok(v)) => Ok(v),
             (401 | 403, _) => Err(err(
@@ -244,300 +183,105 @@ impl RestStore {
                 StoreErrorKind::Connect,
                 format!("HTTP {status}: {}", snippet(&bytes)),
             )),
-            (_, _) => Err(err(
-                StoreErrorKind::Protocol,
-                format!("HTTP {status}: {}", snippet(&bytes)),
-            )),
+            (_, _) => Err(StoreError::protocol(format!(
+                "HTTP {status}: {}",
+                snippet(&bytes)
+            ))),
         }
     }
 
-    /// Runs one command. A Redis error is `Err` with kind `Redis`.
-    pub async fn command(&self, args: &[&str]) -> Result<RestValue, StoreError> {
-        let v = self.post("", json_array(args), true).await?;
-        decode_outcome(v, true)?.map_err(|e| err(StoreErrorKind::Redis, e))
+    /// Several commands atomically (MULTI/EXEC) in one HTTP round trip; a
+    /// discarded transaction is `Err` with kind `Redis(ExecAbort)`.
+    pub async fn multi_exec(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        self.batch_of("/multi-exec", commands).await
     }
 
-    /// Runs several commands in ONE HTTP round trip (not atomic).
-    pub async fn pipeline(&self, commands: &[&[&str]]) -> Result<Vec<Outcome>, StoreError> {
-        self.batch("/pipeline", commands).await
-    }
-
-    /// Runs several commands atomically (MULTI/EXEC) in one HTTP round trip.
-    pub async fn multi_exec(&self, commands: &[&[&str]]) -> Result<Vec<Outcome>, StoreError> {
-        self.batch("/multi-exec", commands).await
-    }
-
-    async fn batch(&self, path: &str, commands: &[&[&str]]) -> Result<Vec<Outcome>, StoreError> {
-        let body = format!(
-            "[{}]",
-            commands
-                .iter()
-                .map(|c| json_array(c))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        match self.post(path, body, true).await? {
-            Value::Array(items) => {
+    async fn batch_of(
+        &self,
+        path: &str,
+        commands: &[Vec<Vec<u8>>],
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut body = String::from("[");
+        for (i, c) in commands.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            let words: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
+            body.push_str(&json_command(&words)?);
+        }
+        body.push(']');
+        match self.post(path, body, true, self.deadline).await? {
+            Json::Array(items) => {
                 if items.len() != commands.len() {
-                    return Err(err(
-                        StoreErrorKind::Protocol,
-                        format!("{} results for {} commands", items.len(), commands.len()),
-                    ));
+                    return Err(StoreError::protocol(format!(
+                        "{} results for {} commands",
+                        items.len(),
+                        commands.len()
+                    )));
                 }
                 items.into_iter().map(|i| decode_outcome(i, true)).collect()
             }
             // a discarded transaction, or a request the server refused as a whole
             other => match decode_outcome(other, true)? {
-                Err(e) => Err(err(StoreErrorKind::Redis, e)),
-                Ok(v) => Err(err(
-                    StoreErrorKind::Protocol,
-                    format!("expected an array, got {v:?}"),
-                )),
+                Value::Error(e) => Err(e),
+                v => Err(StoreError::protocol(format!(
+                    "expected an array, got {v:?}"
+                ))),
             },
         }
     }
 }
 
-impl RestStore {
-    /// The token-bucket script through the auto-pipelining queue.
-    async fn eval_batched(
+impl SendScripts for RestStore {
+    async fn send_scripts(
         &self,
-        script: &'static LuaScript,
-        keys: &[&str],
-        args: Vec<String>,
-    ) -> ScriptResult {
-        let (reply, rx) = futures_channel::oneshot::channel();
-        let queued = Queued {
-            script,
-            by_source: false,
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-            args,
-            reply,
-        };
-        let leader = {
-            let mut q = self.queue.lock().expect("queue lock");
-            q.push(queued);
-            q.len() == 1
-        };
-        if leader {
-            let mut guard = LeaderGuard {
-                queue: &self.queue,
-                armed: true,
-            };
-            YieldOnce(false).await;
-            let batch = std::mem::take(&mut *self.queue.lock().expect("queue lock"));
-            guard.armed = false;
-            drop(guard);
-            let started = Stopwatch::start();
-            for chunk in into_chunks(batch, MAX_BATCH) {
-                self.flush(chunk, &started).await;
-            }
-        }
-        rx.await.unwrap_or_else(|_| {
-            Err(err(
-                StoreErrorKind::Connect,
-                "batch abandoned by its sender",
-            ))
-        })
-    }
-
-    /// Sends one `/pipeline` of script calls; entries answered `NOSCRIPT` go again
-    /// as `EVAL` in a second `/pipeline`, within the same deadline. (`EVAL`, not
-    /// `SCRIPT LOAD`: Upstash's global replicas may lack a script another region
-    /// loaded; `EVAL` always works.)
-    async fn flush(&self, mut batch: Vec<Queued>, started: &Stopwatch) {
-        for attempt in 0..2 {
-            let left = self.deadline.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                for q in batch {
-                    let _ = q.reply.send(Err(err(
-                        StoreErrorKind::Timeout,
-                        format!("no reply within {:?}", self.deadline),
-                    )));
-                }
-                return;
-            }
-            let body = format!(
-                "[{}]",
-                batch.iter().map(script_json).collect::<Vec<_>>().join(",")
-            );
-            let items = match self.post_within("/pipeline", body, false, left).await {
-                Ok(Value::Array(items)) if items.len() == batch.len() => items,
-                Ok(other) => {
-                    let e = err(
-                        StoreErrorKind::Protocol,
-                        format!(
-                            "unexpected /pipeline reply {}",
-                            snippet(other.to_string().as_bytes())
-                        ),
-                    );
-                    for q in batch {
-                        let _ = q.reply.send(Err(e.clone()));
-                    }
-                    return;
-                }
-                Err(e) => {
-                    for q in batch {
-                        let _ = q.reply.send(Err(e.clone()));
-                    }
-                    return;
-                }
-            };
-            let mut again = vec![];
-            for (mut q, item) in batch.into_iter().zip(items) {
-                match script_outcome(item) {
-                    Err(e)
-                        if attempt == 0
-                            && e.kind == StoreErrorKind::Redis
-                            && e.message.starts_with("NOSCRIPT") =>
-                    {
-                        q.by_source = true;
-                        again.push(q);
-                    }
-                    result => {
-                        let _ = q.reply.send(result);
-                    }
-                }
-            }
-            if again.is_empty() {
-                return;
-            }
-            batch = again;
+        calls: &[ScriptCall],
+        limit: Duration,
+    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+        let body = format!(
+            "[{}]",
+            calls
+                .iter()
+                .map(|c| json_array(&c.words()))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        match self.post("/pipeline", body, false, limit).await? {
+            Json::Array(items) => items
+                .into_iter()
+                .map(|i| decode_outcome(i, false).map(Value::ok))
+                .collect(),
+            other => Err(StoreError::protocol(format!(
+                "unexpected /pipeline reply {}",
+                snippet(other.to_string().as_bytes())
+            ))),
         }
     }
 }
 
-fn into_chunks(mut batch: Vec<Queued>, size: usize) -> Vec<Vec<Queued>> {
-    let mut out = vec![];
-    while batch.len() > size {
-        let rest = batch.split_off(size);
-        out.push(batch);
-        batch = rest;
-    }
-    out.push(batch);
-    out
-}
-
-fn script_json(q: &Queued) -> String {
-    let numkeys = q.keys.len().to_string();
-    json_array(&q.script.call_words(
-        q.by_source,
-        &numkeys,
-        q.keys.iter().map(String::as_str),
-        &q.args,
-    ))
-}
-
-/// `{"result": [ints]}` → the integers; `{"error": e}` → a Redis error.
-fn script_outcome(item: Value) -> ScriptResult {
-    match decode_outcome(item, false)? {
-        Ok(RestValue::Array(values)) => values
-            .into_iter()
-            .map(|v| match v {
-                RestValue::Int(i) => Ok(i),
-                other => Err(err(
-                    StoreErrorKind::Protocol,
-                    format!("non-integer {other:?}"),
-                )),
-            })
-            .collect(),
-        Ok(other) => Err(err(
-            StoreErrorKind::Protocol,
-            format!("unexpected script reply {other:?}"),
-        )),
-        Err(e) => Err(err(StoreErrorKind::Redis, e)),
-    }
-}
-
-impl super::RecordStore for RestStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.command(&["PING"]).await.map(|_| ())
-    }
-
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
-        let parts: Vec<Vec<&str>> = commands
-            .iter()
-            .map(|c| c.iter().map(String::as_str).collect())
-            .collect();
-        let refs: Vec<&[&str]> = parts.iter().map(Vec::as_slice).collect();
-        for outcome in self.pipeline(&refs).await? {
-            outcome.map_err(|e| err(StoreErrorKind::Redis, e))?;
-        }
-        Ok(())
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        get_value(self.command(&["GET", key]).await)
-    }
-
-    /// One `/pipeline` of `GET`s: one HTTP round trip for a cold cache.
-    async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let commands: Vec<[&str; 2]> = keys.iter().map(|k| ["GET", k]).collect();
-        let refs: Vec<&[&str]> = commands.iter().map(|c| c.as_slice()).collect();
-        self.pipeline(&refs)
-            .await?
-            .into_iter()
-            .map(|o| get_value(o.map_err(|e| err(StoreErrorKind::Redis, e))))
-            .collect()
-    }
-}
-
-impl BucketStore for RestStore {
+impl Store for RestStore {
     async fn run(
         &self,
-        script: &'static LuaScript,
+        script: &LuaScript,
         keys: &[&str],
         args: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        self.eval_batched(script, keys, args.to_vec()).await
+    ) -> Result<Value, StoreError> {
+        let call = ScriptCall::new(script, keys, args);
+        self.batch.run(self, self.deadline, call).await
     }
 
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-    ) -> Result<Verdict, StoreError> {
-        let (script, args) = script_call(checks, when)?;
-        let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-        let reply = self.eval_batched(script, &keys, args).await?;
-        super::verdict(checks, &reply)
+    async fn command(&self, args: &[&[u8]]) -> Result<Value, StoreError> {
+        let v = self
+            .post("", json_command(args)?, true, self.deadline)
+            .await?;
+        decode_outcome(v, true)?.ok()
     }
 
-    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
-        match refund_call(checks, verdict) {
-            Some((keys, args)) => self.eval_batched(&REFUND, &keys, args).await.map(|_| ()),
-            None => Ok(()),
+    async fn pipeline(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        if commands.is_empty() {
+            return Ok(vec![]);
         }
-    }
-
-    async fn acquire_slot(
-        &self,
-        key: &str,
-        id: &str,
-        limit: u32,
-        ttl_ms: u64,
-        until: Option<Micros>,
-    ) -> Result<bool, StoreError> {
-        let args = super::slot_args(id, limit, ttl_ms, until);
-        super::slot_taken(&self.eval_batched(&IN_FLIGHT, &[key], args).await?)
-    }
-
-    async fn release_slot(&self, key: &str, id: &str) -> Result<(), StoreError> {
-        self.command(&["ZREM", key, id]).await.map(|_| ())
-    }
-}
-
-/// A `GET` reply: the value, `None` when absent or not a string (`WRONGTYPE`).
-fn get_value(reply: Result<RestValue, StoreError>) -> Result<Option<Vec<u8>>, StoreError> {
-    match reply {
-        Ok(RestValue::Bytes(b)) => Ok(Some(b)),
-        Ok(RestValue::Null) => Ok(None),
-        Ok(other) => Err(err(
-            StoreErrorKind::Protocol,
-            format!("unexpected GET reply {other:?}"),
-        )),
-        Err(e) if e.kind == StoreErrorKind::Redis && e.message.starts_with("WRONGTYPE") => Ok(None),
-        Err(e) => Err(e),
+        self.batch_of("/pipeline", commands).await
     }
 }
 

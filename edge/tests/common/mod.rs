@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use floodgate_edge::pipeline::{Decided, Gate, RequestHead};
-use floodgate_edge::store::{BucketStore, MaybeSend, RecordStore, StoreError, StoreErrorKind};
+use floodgate_edge::store::{MaybeSend, Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::CONFIG_KEY;
@@ -51,10 +51,11 @@ pub fn mem() -> &'static MemStore {
     Box::leak(Box::default())
 }
 
-impl BucketStore for &MemStore {
-    async fn run(
+impl MemStore {
+    /// The pure twin of each script the pipeline runs, replying with integers.
+    fn run_ints_in_memory(
         &self,
-        script: &'static LuaScript,
+        script: &LuaScript,
         keys: &[&str],
         args: &[String],
     ) -> Result<Vec<i64>, StoreError> {
@@ -171,6 +172,29 @@ impl BucketStore for &MemStore {
             "no such script in memory",
         ))
     }
+}
+
+/// The pipeline runs scripts, checks buckets, takes slots, refunds, reads records
+/// and writes counters: the in-memory store provides those; plain commands are
+/// not needed.
+impl Store for &MemStore {
+    async fn run(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Value, StoreError> {
+        let ints = self.run_ints_in_memory(script, keys, args)?;
+        Ok(Value::Array(ints.into_iter().map(Value::Int).collect()))
+    }
+
+    async fn command(&self, _: &[&[u8]]) -> Result<Value, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    }
+
+    async fn pipeline(&self, _: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    }
 
     async fn check(
         &self,
@@ -240,9 +264,19 @@ impl BucketStore for &MemStore {
         }
         Ok(())
     }
-}
 
-impl RecordStore for &MemStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.get("fg:ping").await.map(|_| ())
+    }
+
+    async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.get(k).await?);
+        }
+        Ok(out)
+    }
+
     async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
         self.writes.lock().unwrap().extend(commands);
         Ok(())

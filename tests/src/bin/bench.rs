@@ -17,15 +17,19 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_edge::store::BucketStore;
 use floodgate_edge::store::resp::RespStore;
+use floodgate_edge::store::{Store, StoreError};
+use floodgate_shared::Micros;
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::keys::{Subject, bucket_key};
 use floodgate_shared::policy::{Policy, Quota};
+use floodgate_shared::script::Verdict;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_tests::RedisServer;
 use rand::{Rng, SeedableRng};
 
+#[path = "bench/clients.rs"]
+mod clients;
 #[path = "bench/scale.rs"]
 mod scale;
 
@@ -72,6 +76,10 @@ struct Args {
     /// `hotkey`: the scale-out sections, `bench/scale.rs`, only when named).
     only_rest: bool,
     only_edge: bool,
+    /// `decisions`: only our client vs redis-benchmark (1 and 50 callers).
+    only_decisions: bool,
+    /// `clients`: candidate Redis clients side by side (`bench/clients.rs`).
+    only_clients: bool,
 }
 
 fn main() {
@@ -79,6 +87,8 @@ fn main() {
         quick: std::env::args().any(|a| a == "--quick"),
         only_rest: std::env::args().any(|a| a == "rest"),
         only_edge: std::env::args().any(|a| a == "edge"),
+        only_decisions: std::env::args().any(|a| a == "decisions"),
+        only_clients: std::env::args().any(|a| a == "clients"),
     };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
@@ -135,45 +145,16 @@ fn main() {
         bench_edge(&server, &rt, scale);
         return;
     }
-
-    println!("\n## Decisions/s: our RESP client vs redis-benchmark, same script, same server");
-    println!(
-        "(random bucket keys from a 1,000,000-key space; redis-benchmark at pipeline 1; median of 3 alternating rounds)"
-    );
-    println!(
-        "| callers | client | decisions/s | p50 µs | p99 µs | server µs/call | ours ÷ redis-benchmark |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for callers in [1usize, 50] {
-        // Three alternating rounds each; the median round of each client is reported,
-        // so drift of the machine or the server's growing key space favours neither.
-        let n = if callers == 1 { 20_000 } else { 100_000 } / scale;
-        let (mut ours, mut rb) = (vec![], vec![]);
-        for _ in 0..3 {
-            reset_stats(&mut conn);
-            let r = rt.block_on(our_client(&server.url(), callers, n));
-            ours.push((r, usec_per_call(&mut conn, "evalsha")));
-            reset_stats(&mut conn);
-            let r = redis_benchmark(server.port(), callers, 1, n, &sha);
-            rb.push((r, usec_per_call(&mut conn, "evalsha")));
-        }
-        let median = |v: &mut Vec<(Rate, f64)>| {
-            v.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
-            v.swap_remove(1)
-        };
-        let ((ours, ours_us), (rb, rb_us)) = (median(&mut ours), median(&mut rb));
-        println!(
-            "| {callers} | floodgate | {:.0} | {:.1} | {:.1} | {ours_us:.2} | **{:.2}** |",
-            ours.rate,
-            ours.p50_us,
-            ours.p99_us,
-            ours.rate / rb.rate
-        );
-        println!(
-            "| {callers} | redis-benchmark | {:.0} | {:.1} | {:.1} | {rb_us:.2} | |",
-            rb.rate, rb.p50_us, rb.p99_us
-        );
+    if args.only_decisions {
+        bench_decisions(&server, &mut conn, &rt, scale, &sha);
+        return;
     }
+    if args.only_clients {
+        clients::run(&server, &mut conn, &rt, scale, &sha);
+        return;
+    }
+
+    bench_decisions(&server, &mut conn, &rt, scale, &sha);
 
     println!(
         "\n## Redis server CPU per call, side by side (redis-benchmark, 50 clients, pipeline 16)"
@@ -244,6 +225,55 @@ fn main() {
     );
 }
 
+/// Decisions/s of our client vs `redis-benchmark` (same script, same server), at 1
+/// and 50 callers: the decision path's figure of merit (`scripts/bench decisions`).
+fn bench_decisions(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+    sha: &str,
+) {
+    println!("\n## Decisions/s: our RESP client vs redis-benchmark, same script, same server");
+    println!(
+        "(random bucket keys from a 1,000,000-key space; redis-benchmark at pipeline 1; median of 3 alternating rounds)"
+    );
+    println!(
+        "| callers | client | decisions/s | p50 µs | p99 µs | server µs/call | ours ÷ redis-benchmark |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for callers in [1usize, 50] {
+        // Three alternating rounds each; the median round of each client is reported,
+        // so drift of the machine or the server's growing key space favours neither.
+        let n = if callers == 1 { 20_000 } else { 100_000 } / scale;
+        let (mut ours, mut rb) = (vec![], vec![]);
+        for _ in 0..3 {
+            reset_stats(conn);
+            let r = rt.block_on(our_client(&server.url(), callers, n));
+            ours.push((r, usec_per_call(conn, "evalsha")));
+            reset_stats(conn);
+            let r = redis_benchmark(server.port(), callers, 1, n, sha);
+            rb.push((r, usec_per_call(conn, "evalsha")));
+        }
+        let median = |v: &mut Vec<(Rate, f64)>| {
+            v.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
+            v.swap_remove(1)
+        };
+        let ((ours, ours_us), (rb, rb_us)) = (median(&mut ours), median(&mut rb));
+        println!(
+            "| {callers} | floodgate | {:.0} | {:.1} | {:.1} | {ours_us:.2} | **{:.2}** |",
+            ours.rate,
+            ours.p50_us,
+            ours.p99_us,
+            ours.rate / rb.rate
+        );
+        println!(
+            "| {callers} | redis-benchmark | {:.0} | {:.1} | {:.1} | {rb_us:.2} | |",
+            rb.rate, rb.p50_us, rb.p99_us
+        );
+    }
+}
+
 fn redis_version() -> String {
     Command::new("redis-server")
         .arg("--version")
@@ -296,18 +326,34 @@ async fn our_client(url: &str, callers: usize, total: usize) -> Rate {
     drive(store, callers, total).await
 }
 
+/// What the benchmark drives: a store, or a bare client (`bench/clients.rs`).
+#[allow(async_fn_in_trait)]
+pub trait Decide {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Micros>,
+    ) -> Result<Verdict, StoreError>;
+}
+
+impl<S: Store> Decide for S {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        now: Option<Micros>,
+    ) -> Result<Verdict, StoreError> {
+        self.check(checks, now).await
+    }
+}
+
 /// `callers` concurrent tasks make `total` decisions through `store` on random
 /// bucket keys (1,000/min quota, as every side of the benchmark uses).
-async fn drive<S: BucketStore + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
+async fn drive<S: Decide + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
     let local = tokio::task::LocalSet::new();
     local.run_until(drive_local(store, callers, total)).await
 }
 
-async fn drive_local<S: BucketStore + Clone + 'static>(
-    store: S,
-    callers: usize,
-    total: usize,
-) -> Rate {
+async fn drive_local<S: Decide + Clone + 'static>(store: S, callers: usize, total: usize) -> Rate {
     let quota = Quota::per_minute(1000).unwrap();
     // warm-up, untimed (connections, script cache), as the Node side does
     let warm: Vec<_> = (0..callers.min(50))
@@ -317,7 +363,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                 for i in 0..10 {
                     let key = format!("fg:{{k:warm-{c}-{i}}}:default");
                     store
-                        .check(
+                        .decide(
                             &[Check {
                                 key: &key,
                                 quota: &quota,
@@ -347,7 +393,7 @@ async fn drive_local<S: BucketStore + Clone + 'static>(
                 let key = format!("fg:{{k:{}}}:default", rng.random_range(0..1_000_000u32));
                 let t = Instant::now();
                 let v = store
-                    .check(
+                    .decide(
                         &[Check {
                             key: &key,
                             quota: &quota,
