@@ -2,6 +2,7 @@
 //! and (with the edge issue) the request pipeline and its two hosts.
 
 pub mod breaker;
+pub mod deadline;
 pub mod fallback;
 pub mod pipeline;
 pub mod proxy;
