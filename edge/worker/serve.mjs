@@ -21,6 +21,9 @@ const need = (name) => {
 // The Worker's optional variables (edge/worker/src/lib.rs): passed on when set.
 const OPTIONAL = [
   "DEADLINE_MS",
+  "DEADLINE_FLOOR_MS",
+  "DEADLINE_CEILING_MS",
+  "STARTUP_WAIT_MS",
   "UPSTREAM_TIMEOUT_MS",
   "BREAKER_THRESHOLD",
   "BREAKER_COOL_DOWN_MS",

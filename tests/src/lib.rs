@@ -701,23 +701,23 @@ pub async fn start_edge_with(
     upstream: &str,
     options: &EdgeOptions,
 ) -> EdgeInstance {
+    use floodgate_edge::deadline::DeadlineSettings;
     use floodgate_edge::native_host::{HostConfig, NativeStore};
     use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
     match kind {
         EdgeKind::Native => {
-            let deadline = options.deadline_ms.map_or(
-                Duration::from_micros(floodgate_edge::pipeline::DEFAULT_DEADLINE as u64),
-                Duration::from_millis,
-            );
+            let deadline = options.deadline_ms.map_or(DeadlineSettings::RESP, |ms| {
+                DeadlineSettings::fixed(ms as i64 * 1000)
+            });
             let store = floodgate_edge::store::resp::RespStore::connect(
                 &redis.url(),
-                store_deadline(deadline),
+                store_deadline(Duration::from_micros(deadline.ceiling as u64)),
             )
             .await
             .expect("connect to redis");
             let settings = PipelineConfig {
                 cache_ttl: options.cache_ttl_ms * 1000,
-                deadline: deadline.as_micros() as i64,
+                deadline,
                 ..PipelineConfig::default()
             };
             let pipeline = Pipeline::new(

@@ -380,7 +380,9 @@ impl World {
         deadline: Duration,
     ) -> Vec<Vec<Arc<Edge>>> {
         let settings = PipelineConfig {
-            deadline: deadline.as_micros() as Micros,
+            deadline: floodgate_edge::deadline::DeadlineSettings::fixed(
+                deadline.as_micros() as Micros
+            ),
             ..PipelineConfig::default()
         };
         let connect = |url: String| async move {

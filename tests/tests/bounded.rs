@@ -41,7 +41,7 @@ async fn edge(
         .await
         .expect("connect");
     let settings = PipelineConfig {
-        deadline: deadline.as_micros() as i64,
+        deadline: floodgate_edge::deadline::DeadlineSettings::fixed(deadline.as_micros() as i64),
         ..PipelineConfig::default()
     };
     let mut pipeline = Pipeline::new(

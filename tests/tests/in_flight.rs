@@ -72,7 +72,7 @@ async fn stack() -> Stack {
         NativeStore::Resp(store),
         floodgate_shared::time::SystemClock,
         PipelineConfig {
-            deadline: 2_000_000,
+            deadline: floodgate_edge::deadline::DeadlineSettings::fixed(2_000_000),
             ..PipelineConfig::default()
         },
     );

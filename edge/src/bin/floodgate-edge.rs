@@ -1,9 +1,12 @@
 //! `floodgate-edge`: the native host of the edge pipeline. `--help` lists every
 //! flag; each can also be set by the environment variable named there.
 //!
-//! `--deadline-ms` bounds the wait for every store call (bucket check, key and
-//! config reads, health checks); a call that misses it keeps running in the
-//! background and is refunded if it admitted a request that was refused.
+//! Every store call (bucket check, key and config reads, health checks) waits an
+//! answer deadline at most, adaptive per store between `--deadline-floor-ms` and
+//! `--deadline-ceiling-ms` (3-100 ms over RESP, 50-1000 ms over REST), or fixed
+//! by `--deadline-ms`; a call that misses it keeps running in the background and
+//! is refunded if it admitted a request that was refused. The first reads of the
+//! configuration wait up to `--startup-wait-ms` instead.
 //! `--breaker-threshold` consecutive failures open the circuit breaker for
 //! `--breaker-cool-down-ms`, then one `PING` decides whether it closes. Breaker
 //! transitions are logged to stderr. Ctrl-C or SIGTERM stops it after requests in
@@ -13,6 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
@@ -77,10 +81,20 @@ struct Args {
         default_value_t = 60_000
     )]
     negative_cache_ttl_ms: u32,
-    /// The longest a request waits for one store call (default 3 over RESP, 1000
-    /// over REST).
-    #[arg(long, env = "FLOODGATE_DEADLINE_MS", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Pins the answer deadline of every store call (default: adaptive, following
+    /// each store's observed latency between the floor and the ceiling).
+    #[arg(long, env = "FLOODGATE_DEADLINE_MS", value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["deadline_floor_ms", "deadline_ceiling_ms"])]
     deadline_ms: Option<u32>,
+    /// The shortest adaptive deadline (default 3 over RESP, 50 over REST).
+    #[arg(long, env = "FLOODGATE_DEADLINE_FLOOR_MS", value_parser = clap::value_parser!(u32).range(1..))]
+    deadline_floor_ms: Option<u32>,
+    /// The longest adaptive deadline: a reply later than this is a failure, not
+    /// slowness (default 100 over RESP, 1000 over REST).
+    #[arg(long, env = "FLOODGATE_DEADLINE_CEILING_MS", value_parser = clap::value_parser!(u32).range(1..))]
+    deadline_ceiling_ms: Option<u32>,
+    /// How long the first requests may wait for the first read of the configuration.
+    #[arg(long, env = "FLOODGATE_STARTUP_WAIT_MS", default_value_t = 2_000)]
+    startup_wait_ms: u32,
     /// Consecutive store failures that open the circuit breaker.
     #[arg(long, env = "FLOODGATE_BREAKER_THRESHOLD", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     breaker_threshold: u32,
@@ -207,13 +221,14 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
 /// The regional store, if one is configured: a Redis URL of any kind the global
 /// store takes (`--regional-redis`), or a REST endpoint (`--regional-rest-url`,
 /// its token from FLOODGATE_REGIONAL_REST_TOKEN); TLS trusts the same CA file.
-async fn regional_store(a: &Args, deadline: Duration) -> Result<Option<NativeStore>, String> {
+async fn regional_store(a: &Args) -> Result<Option<(NativeStore, DeadlineSettings)>, String> {
     let (url, flag) = match (&a.regional_rest_url, &a.regional_redis) {
         (Some(url), _) => (url, "--regional-rest-url"),
         (None, Some(url)) => (url, "--regional-redis"),
         (None, None) => return Ok(None),
     };
-    let mut options = StoreOptions::new(url.as_str(), deadline);
+    let deadline = deadline_settings(a, a.regional_rest_url.is_some());
+    let mut options = StoreOptions::new(url.as_str(), transport(&deadline));
     options.ca_file = a.redis_ca_file.clone();
     if a.regional_rest_url.is_some() {
         options.rest_token = Some(
@@ -223,8 +238,28 @@ async fn regional_store(a: &Args, deadline: Duration) -> Result<Option<NativeSto
     }
     NativeStore::connect(&options)
         .await
-        .map(Some)
+        .map(|s| Some((s, deadline)))
         .map_err(|e| format!("{flag} {}: {e}", redacted(url)))
+}
+
+/// A store's answer deadline from the flags: fixed by `--deadline-ms`, else
+/// adaptive with the protocol's bounds, overridden by the floor and ceiling flags.
+fn deadline_settings(a: &Args, rest: bool) -> DeadlineSettings {
+    let ms = |v: u32| i64::from(v) * 1000;
+    if let Some(d) = a.deadline_ms {
+        return DeadlineSettings::fixed(ms(d));
+    }
+    let base = if rest {
+        DeadlineSettings::REST
+    } else {
+        DeadlineSettings::RESP
+    };
+    base.bounded(a.deadline_floor_ms.map(ms), a.deadline_ceiling_ms.map(ms))
+}
+
+/// The store's own (transport) limit: a late call runs at least to the ceiling.
+fn transport(d: &DeadlineSettings) -> Duration {
+    store_deadline(Duration::from_micros(d.ceiling as u64))
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -246,16 +281,14 @@ fn run(a: Args) -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        // a REST endpoint is an HTTP hop, usually remote: a wider default
-        let deadline = Duration::from_millis(u64::from(
-            a.deadline_ms.unwrap_or(if a.rest_url.is_some() { 1000 } else { 3 }),
-        ));
+        // a REST endpoint is an HTTP hop, usually remote: wider bounds
+        let deadline = deadline_settings(&a, a.rest_url.is_some());
         let store = if a.no_limit {
             // never called: the limiter is off
-            NativeStore::Rest(RestStore::new("http://127.0.0.1:9", "unused", deadline).map_err(|e| e.to_string())?)
+            NativeStore::Rest(RestStore::new("http://127.0.0.1:9", "unused", transport(&deadline)).map_err(|e| e.to_string())?)
         } else {
             let url = a.rest_url.as_deref().unwrap_or(&a.redis);
-            let mut options = StoreOptions::from_env(url, store_deadline(deadline));
+            let mut options = StoreOptions::from_env(url, transport(&deadline));
             options.ca_file = a.redis_ca_file.clone();
             // the message names the URL, its password redacted
             NativeStore::connect(&options)
@@ -266,7 +299,8 @@ fn run(a: Args) -> Result<(), String> {
             bearer: host.rules.bearer(),
             cache_ttl: i64::from(a.cache_ttl_ms) * 1000,
             negative_cache_ttl: i64::from(a.negative_cache_ttl_ms) * 1000,
-            deadline: deadline.as_micros() as i64,
+            deadline,
+            startup_wait: i64::from(a.startup_wait_ms) * 1000,
             breaker_threshold: a.breaker_threshold,
             breaker_cool_down: i64::from(a.breaker_cool_down_ms) * 1000,
             unknown_keys_per_ip_per_min: a.unknown_keys_per_ip_per_min,
@@ -278,8 +312,8 @@ fn run(a: Args) -> Result<(), String> {
             ..PipelineConfig::default()
         };
         let mut pipeline = Pipeline::new(store, SystemClock, settings);
-        if let Some(regional) = regional_store(&a, store_deadline(deadline)).await? {
-            pipeline = pipeline.with_regional(regional);
+        if let Some((regional, deadline)) = regional_store(&a).await? {
+            pipeline = pipeline.with_regional_within(regional, deadline);
         }
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await

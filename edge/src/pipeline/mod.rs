@@ -24,6 +24,7 @@
 mod answer;
 pub mod bounded;
 mod deny;
+pub mod lane;
 pub mod offset;
 mod records;
 
@@ -49,9 +50,11 @@ use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
 pub use self::answer::{DEGRADED_HEADER, Gate, Slot};
 use self::bounded::{GiveBack, LeaseSettings, Leases, Refill};
 use self::deny::{Denied, DenyCache};
+use self::lane::{DeadlineStats, Lane};
 use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
+use crate::deadline::DeadlineSettings;
 use crate::fallback::LocalBuckets;
 use crate::stats::{Leasing, Outcome, Stats, StatsField};
 use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
@@ -109,9 +112,15 @@ pub struct PipelineConfig {
     /// Answer a bucket that just denied locally until its Retry-After, without
     /// calling the store (see [`deny`]).
     pub deny_cache: bool,
-    /// The longest a request waits for one store call (µs): then it gets its
-    /// policies' failure mode, and the call goes on in the background.
-    pub deadline: Micros,
+    /// How long a request waits for one store call: adaptive within a floor and a
+    /// ceiling, or fixed (see [`crate::deadline`]); then it gets its policies'
+    /// failure mode, and the call goes on in the background. The regional store
+    /// has its own, with these settings unless given others.
+    pub deadline: DeadlineSettings,
+    /// How long the first requests of an instance may wait for its first read of
+    /// the configuration (µs), counted from the first one: a store slow to
+    /// connect does not turn them into 503s.
+    pub startup_wait: Micros,
     /// Consecutive store failures that open the circuit breaker.
     pub breaker_threshold: u32,
     /// How long the open breaker keeps requests off the store (µs), before it
@@ -141,9 +150,11 @@ pub fn log_to_stderr(line: &str) {
 pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 /// Default breaker cool-down before the health check (µs).
 pub const DEFAULT_BREAKER_COOL_DOWN: Micros = MICROS_PER_SEC;
-/// Default answer deadline of a store call next to Redis (µs): see
+/// The floor of the answer deadline of a store call next to Redis (µs): see
 /// `docs/failure.md` for the measurements behind it.
-pub const DEFAULT_DEADLINE: Micros = 3_000;
+pub const DEFAULT_DEADLINE: Micros = DeadlineSettings::RESP.floor;
+/// Default start-up wait for the first configuration read (µs).
+pub const DEFAULT_STARTUP_WAIT: Micros = 2 * MICROS_PER_SEC;
 
 impl Default for PipelineConfig {
     fn default() -> Self {
@@ -153,7 +164,8 @@ impl Default for PipelineConfig {
             negative_cache_ttl: 60 * MICROS_PER_SEC,
             max_cached_keys: 100_000,
             deny_cache: true,
-            deadline: DEFAULT_DEADLINE,
+            deadline: DeadlineSettings::RESP,
+            startup_wait: DEFAULT_STARTUP_WAIT,
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             breaker_cool_down: DEFAULT_BREAKER_COOL_DOWN,
             in_flight_ttl: 60 * MICROS_PER_SEC,
@@ -217,8 +229,10 @@ pub struct Health {
     pub leased: u64,
     pub leased_while_down: u64,
     pub lease_misses: u64,
-    /// The answer deadline of one store call (µs).
-    pub deadline_us: Micros,
+    /// The global store's deadlines (the current one, expiries slow and silent,
+    /// late replies), and the regional store's.
+    pub global: DeadlineStats,
+    pub regional: Option<DeadlineStats>,
 }
 
 impl Health {
@@ -246,7 +260,11 @@ impl Health {
                 "while_global_down": self.leased_while_down,
                 "misses": self.lease_misses,
             },
-            "deadline_ms": self.deadline_us as f64 / 1e3,
+            "deadline_ms": self.global.deadline_us as f64 / 1e3,
+            "deadlines": {
+                "global": self.global.to_json(),
+                "regional": self.regional.as_ref().map(DeadlineStats::to_json),
+            },
         })
         .to_string()
     }
@@ -322,7 +340,10 @@ pub struct Pipeline<S, C> {
     unknown_keys: UnknownKeyBudget,
     stats: Stats,
     denied: DenyCache,
-    breaker: Breaker,
+    /// The global store's breaker and deadline.
+    global: Arc<Lane>,
+    /// The first instant a request needed the configuration.
+    first_read: std::sync::Mutex<Option<Micros>>,
     local: LocalBuckets,
     totals: Arc<Totals>,
     offset: OffsetBound,
@@ -335,7 +356,7 @@ pub struct Pipeline<S, C> {
 /// breaker (a regional outage sends bounded requests to the exact path).
 struct Regional<S> {
     store: S,
-    breaker: Breaker,
+    lane: Arc<Lane>,
 }
 
 /// Unique slot ids: a per-instance random prefix and a counter.
@@ -393,6 +414,20 @@ fn jitter_seed(key_id: &str, now: Micros) -> u64 {
         .fold(now as u64, |h, b| h.rotate_left(5) ^ u64::from(b))
 }
 
+fn late_error(limit: Duration) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        format!("no reply within {limit:?}"),
+    )
+}
+
+/// Awaits a late call only to let its reply teach the deadline.
+fn drain<T: 'static>(late: BoxFuture<'static, Result<T, StoreError>>) -> Task {
+    boxed(async move {
+        let _ = late.await;
+    })
+}
+
 fn skipped() -> StoreError {
     StoreError::new(
         StoreErrorKind::Connect,
@@ -428,22 +463,30 @@ where
             slot_ids,
             leases,
             regional: None,
-            breaker: Breaker::new(settings.breaker_threshold, settings.breaker_cool_down),
+            global: Arc::new(Self::lane(&settings, settings.deadline)),
+            first_read: std::sync::Mutex::new(None),
             settings,
         }
     }
 
     /// Decides bounded policies against the pools of a regional store (one regional
     /// round trip per request) instead of this instance's own leases.
-    pub fn with_regional(mut self, store: S) -> Self {
-        self.regional = Some(Regional {
-            store,
-            breaker: Breaker::new(
-                self.settings.breaker_threshold,
-                self.settings.breaker_cool_down,
-            ),
-        });
+    pub fn with_regional(self, store: S) -> Self {
+        let deadline = self.settings.deadline;
+        self.with_regional_within(store, deadline)
+    }
+
+    /// [`Pipeline::with_regional`], the regional store's deadline with its own
+    /// settings (another server, maybe another protocol).
+    pub fn with_regional_within(mut self, store: S, deadline: DeadlineSettings) -> Self {
+        let lane = Arc::new(Self::lane(&self.settings, deadline));
+        self.regional = Some(Regional { store, lane });
         self
+    }
+
+    fn lane(settings: &PipelineConfig, deadline: DeadlineSettings) -> Lane {
+        let breaker = Breaker::new(settings.breaker_threshold, settings.breaker_cool_down);
+        Lane::new(breaker, deadline)
     }
 
     pub fn store(&self) -> &S {
@@ -453,19 +496,27 @@ where
     /// The circuit breaker's counters (transitions, requests kept off the store,
     /// time degraded), for alerting.
     pub fn breaker_stats(&self) -> BreakerStats {
-        self.breaker.stats(self.clock.now())
+        self.global.breaker.stats(self.clock.now())
     }
 
     pub fn breaker_phase(&self) -> Phase {
-        self.breaker.phase()
+        self.global.breaker.phase()
+    }
+
+    /// What the global store's deadlines did, and the regional store's.
+    pub fn deadline_stats(&self) -> (DeadlineStats, Option<DeadlineStats>) {
+        let now = self.clock.now();
+        let regional = self.regional.as_ref().map(|r| r.lane.stats(now));
+        (self.global.stats(now), regional)
     }
 
     /// The breaker's phase and counters and the degraded totals, for alerting.
     pub fn health(&self) -> Health {
         let t = &self.totals;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (global, regional) = self.deadline_stats();
         Health {
-            breaker: self.breaker.phase(),
+            breaker: self.global.breaker.phase(),
             stats: self.breaker_stats(),
             fail_open: load(&t.fail_open),
             fail_closed: load(&t.fail_closed),
@@ -477,7 +528,8 @@ where
             leased: self.leases.local.load(Ordering::Relaxed),
             leased_while_down: load(&t.leased_while_down),
             lease_misses: load(&t.lease_misses),
-            deadline_us: self.settings.deadline,
+            global,
+            regional,
         }
     }
 
@@ -491,44 +543,52 @@ where
         }
     }
 
-    fn deadline(&self) -> Duration {
-        Duration::from_micros(self.settings.deadline.max(1) as u64)
-    }
-
-    /// The last instant (Redis' clock) at which a call sent now is still awaited.
-    fn until(&self, sent: Micros) -> When {
+    /// The last instant (Redis' clock) at which a call sent at `sent` with
+    /// `deadline` is still awaited: the stale-call guard follows the deadline the
+    /// call is raced against.
+    fn until(&self, sent: Micros, deadline: Micros) -> When {
         self.offset
-            .to_redis(sent + self.settings.deadline)
+            .to_redis(sent + deadline)
             .map_or(When::Redis, When::RedisUntil)
     }
 
-    /// Runs one call to the global store under its circuit breaker and the answer
-    /// deadline. Open breaker: not called at all. Half-open: this request
-    /// health-checks the store first. A call that misses the deadline counts as a
-    /// failure and is handed back still running.
-    async fn call<T: 'static>(&self, fut: BoxFuture<'static, Result<T, StoreError>>) -> Called<T> {
-        self.call_to(&self.breaker, &self.store, fut).await
-    }
-
-    /// [`Pipeline::call`] to `store` behind `breaker` (the global store, or the
-    /// regional one).
+    /// [`Pipeline::call_within`] the lane's deadline for a call sent now.
     async fn call_to<T: 'static>(
         &self,
-        breaker: &Breaker,
+        lane: &Arc<Lane>,
         store: &S,
         fut: BoxFuture<'static, Result<T, StoreError>>,
     ) -> Called<T> {
+        let deadline = lane.deadline(self.clock.now());
+        self.call_within(lane, store, deadline, fut).await
+    }
+
+    /// Runs one call to `store` (the global store, or the regional one) under its
+    /// lane's circuit breaker, waiting `deadline` µs at most. Open breaker: not
+    /// called at all. Half-open: this request health-checks the store first. A
+    /// call that misses the deadline is handed back still running; it counts as a
+    /// breaker failure only when nothing came from the store since it was sent,
+    /// and its reply, when it comes, teaches the lane's deadline (see [`lane`]).
+    async fn call_within<T: 'static>(
+        &self,
+        lane: &Arc<Lane>,
+        store: &S,
+        deadline: Micros,
+        fut: BoxFuture<'static, Result<T, StoreError>>,
+    ) -> Called<T> {
+        let limit = Duration::from_micros(deadline.max(1) as u64);
+        let breaker = &lane.breaker;
         let (permit, moved) = breaker.permit(self.clock.now());
         self.logged(moved);
         match permit {
             Permit::Skip => return Called::Failed(skipped(), None),
             Permit::Probe => {
                 let store = store.clone();
-                let ping = race(boxed(async move { store.ping().await }), self.deadline()).await;
+                let ping = race(boxed(async move { store.ping().await }), limit).await;
                 let failed = match ping {
                     Raced::Done(Ok(())) => None,
                     Raced::Done(Err(e)) => Some(e),
-                    Raced::Late(_) => Some(self.late_error()),
+                    Raced::Late(_) => Some(late_error(limit)),
                 };
                 let now = self.clock.now();
                 if let Some(e) = failed {
@@ -540,9 +600,14 @@ where
             }
             Permit::Call => {}
         }
-        match race(fut, self.deadline()).await {
+        let mark = lane.mark();
+        let sent = self.clock.now();
+        let watch = Stopwatch::start();
+        match race(fut, limit).await {
             Raced::Done(Ok(v)) => {
-                self.logged(breaker.success(self.clock.now()));
+                let now = self.clock.now();
+                lane.answered(watch.elapsed().as_micros() as Micros, now);
+                self.logged(breaker.success(now));
                 Called::Done(v)
             }
             Raced::Done(Err(e)) => {
@@ -552,19 +617,25 @@ where
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
-                let e = self.late_error();
+                let e = late_error(limit);
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
-                self.logged(breaker.failure(self.clock.now(), &e));
-                Called::Failed(e, Some(still))
+                if !lane.expired(mark) {
+                    // silent since the send: the store may be down
+                    self.logged(breaker.failure(self.clock.now(), &e));
+                }
+                let lane = lane.clone();
+                let observed = boxed(async move {
+                    let reply = still.await;
+                    let latency = watch.elapsed().as_micros() as Micros;
+                    // anything but a lost connection is the store answering
+                    if !matches!(&reply, Err(e) if e.kind == StoreErrorKind::Connect) {
+                        lane.late_reply(latency, sent + latency);
+                    }
+                    reply
+                });
+                Called::Failed(e, Some(observed))
             }
         }
-    }
-
-    fn late_error(&self) -> StoreError {
-        StoreError::new(
-            StoreErrorKind::Timeout,
-            format!("no reply within {:?}", self.deadline()),
-        )
     }
 
     /// Takes one in-flight slot per policy with `max_in_flight`; all or none.
@@ -584,14 +655,17 @@ where
                 id: self.slot_ids.next(),
             };
             let ttl_ms = (self.settings.in_flight_ttl / 1_000).max(1) as u64;
-            let until = match self.until(self.clock.now()) {
+            let sent = self.clock.now();
+            let deadline = self.global.deadline(sent);
+            let until = match self.until(sent, deadline) {
                 When::RedisUntil(t) => Some(t),
                 _ => None,
             };
             let store = self.store.clone();
             let (k, id) = (slot.key.clone(), slot.id.clone());
             let fut = boxed(async move { store.acquire_slot(&k, &id, limit, ttl_ms, until).await });
-            let outcome = match self.call(fut).await {
+            let called = self.call_within(&self.global, &self.store, deadline, fut);
+            let outcome = match called.await {
                 Called::Done(taken) => Ok(taken),
                 Called::Failed(e, late) => {
                     if let Some(late) = late {
@@ -644,7 +718,7 @@ where
     pub async fn flush_stats(&self, every: Micros) -> Result<(), StoreError> {
         let now = self.clock.now();
         {
-            let degraded = self.breaker.stats(now).degraded_us;
+            let degraded = self.global.breaker.stats(now).degraded_us;
             let mut counted = lock(&self.totals.open_us_counted);
             let ms = (degraded - *counted) / 1_000;
             if ms > 0 {
@@ -652,7 +726,7 @@ where
                 self.stats.bump(now, StatsField::BreakerOpenMs, ms as u64);
             }
         }
-        if self.breaker.phase() != Phase::Closed {
+        if self.global.breaker.phase() != Phase::Closed {
             return Ok(());
         }
         match self.stats.take_due(now, every) {
@@ -675,7 +749,7 @@ where
 
     async fn phases(&self, req: &RequestHead<'_>, later: &mut Vec<Task>) -> Result<Gate, Gate> {
         let secret = self.credentials(req)?;
-        let (record, config) = self.caller(secret, req).await?;
+        let (record, config) = self.caller(secret, req, later).await?;
         let ctx = self.policies(&config, record, req)?;
         if ctx.policies.is_empty() {
             // a plan without policies: admitted, and counted like any decision
@@ -765,6 +839,7 @@ where
         &self,
         secret: &str,
         req: &RequestHead<'_>,
+        later: &mut Vec<Task>,
     ) -> Result<(KeyRecord, Arc<EdgeConfig>), Gate> {
         let now = self.clock.now();
         let hash = hash_secret(secret);
@@ -787,7 +862,7 @@ where
         }
         let need_config = !matches!(config, Lookup::Fresh(_));
         let (key, config) = if need_key || need_config {
-            self.refresh(&hash, need_key, need_config, key, config, req)
+            self.refresh(&hash, need_key, need_config, key, config, req, later)
                 .await?
         } else {
             (key.fresh().flatten(), config.fresh().expect("fresh"))
@@ -800,6 +875,10 @@ where
     }
 
     /// Reads what the caches miss (key record, configuration or both) in one call.
+    /// Until a configuration was ever read, the read waits until the start-up
+    /// wait is over (counted from the first request that needed it) rather than
+    /// the deadline alone.
+    #[allow(clippy::too_many_arguments)]
     async fn refresh(
         &self,
         hash: &str,
@@ -808,6 +887,7 @@ where
         key: Lookup<Option<KeyRecord>>,
         config: Lookup<Arc<EdgeConfig>>,
         req: &RequestHead<'_>,
+        later: &mut Vec<Task>,
     ) -> Result<(Option<KeyRecord>, Arc<EdgeConfig>), Gate> {
         let mut names = vec![];
         if need_config {
@@ -821,9 +901,17 @@ where
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
             store.get_many(&refs).await
         });
-        let values = match self.call(read).await {
+        let now = self.clock.now();
+        let mut deadline = self.global.deadline(now);
+        if matches!(config, Lookup::Missing) {
+            let first = *lock(&self.first_read).get_or_insert(now);
+            deadline = deadline.max(first + self.settings.startup_wait - now);
+        }
+        let called = self.call_within(&self.global, &self.store, deadline, read);
+        let values = match called.await {
             Called::Done(v) => v,
-            Called::Failed(e, _) => {
+            Called::Failed(e, late) => {
+                later.extend(late.map(drain));
                 // the store cannot answer: serve what the caches hold, however old
                 return match (key.any(), config.any()) {
                     (Some(k), Some(c)) => Ok((k, c)),
@@ -1067,7 +1155,7 @@ where
             self.totals.lease_misses.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        if self.breaker.phase() != Phase::Closed || self.leases.global_failing() {
+        if self.global.breaker.phase() != Phase::Closed || self.leases.global_failing() {
             self.totals
                 .leased_while_down
                 .fetch_add(1, Ordering::Relaxed);
@@ -1127,9 +1215,12 @@ where
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             store.run_ints(&POOL_TAKE, &refs, &args).await
         });
-        let reply = match self.call_to(&region.breaker, &region.store, fut).await {
+        let reply = match self.call_to(&region.lane, &region.store, fut).await {
             Called::Done(r) => r,
-            Called::Failed(..) => return None,
+            Called::Failed(_, late) => {
+                later.extend(late.map(drain));
+                return None;
+            }
         };
         let taken = PoolTaken::from_reply(&reply, n).ok().flatten()?;
         for (i, (k, p)) in buckets.iter().enumerate() {
@@ -1290,14 +1381,17 @@ where
         later: &mut Vec<Task>,
     ) -> Result<(Verdict, Option<u64>), Gate> {
         let sent = self.clock.now();
-        let when = self.until(sent);
+        let deadline = self.global.deadline(sent);
+        let when = self.until(sent, deadline);
         let store = self.store.clone();
         let calls = owned.clone();
         let fut = boxed(async move {
             let checks = as_checks(&calls);
             store.check(&checks, when).await
         });
-        let called = self.call(fut).await;
+        let called = self
+            .call_within(&self.global, &self.store, deadline, fut)
+            .await;
         let finished = self.clock.now();
         let latency = u64::try_from(finished - sent).ok();
         match called {
@@ -1325,23 +1419,24 @@ where
             Called::Failed(e, late) => {
                 self.leases.global_answered(false);
                 let (gate, refused) = self.failure_mode(ctx, &e);
-                if let Some(late) = late
-                    && refused
-                {
+                match late {
                     // the call may still admit in Redis: give that back
-                    let store = self.store.clone();
-                    let totals = self.totals.clone();
-                    let owned = owned.clone();
-                    later.push(boxed(async move {
-                        if let Ok(v) = late.await
-                            && v.admitted
-                        {
-                            let checks = as_checks(&owned);
-                            if store.refund(&checks, &v).await.is_ok() {
-                                totals.refunds.fetch_add(1, Ordering::Relaxed);
+                    Some(late) if refused => {
+                        let store = self.store.clone();
+                        let totals = self.totals.clone();
+                        let owned = owned.clone();
+                        later.push(boxed(async move {
+                            if let Ok(v) = late.await
+                                && v.admitted
+                            {
+                                let checks = as_checks(&owned);
+                                if store.refund(&checks, &v).await.is_ok() {
+                                    totals.refunds.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
-                        }
-                    }));
+                        }));
+                    }
+                    late => later.extend(late.map(drain)),
                 }
                 Err(gate)
             }

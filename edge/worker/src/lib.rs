@@ -5,8 +5,11 @@
 //!
 //! Bindings (wrangler.toml): secrets `UPSTASH_REDIS_REST_URL`,
 //! `UPSTASH_REDIS_REST_TOKEN`; var `UPSTREAM_URL`; optional vars (defaults in
-//! brackets): `DEADLINE_MS` (50: the longest a request waits for one Redis call),
-//! `UPSTREAM_TIMEOUT_MS` (30000), `CACHE_TTL_MS` (5000), `NEGATIVE_CACHE_TTL_MS`
+//! brackets): `DEADLINE_FLOOR_MS` (50) and `DEADLINE_CEILING_MS` (1000): the bounds
+//! of the adaptive answer deadline of one Redis call, following the store's
+//! observed latency (see `floodgate_edge::deadline`); `DEADLINE_MS` (unset) pins
+//! it instead; `STARTUP_WAIT_MS` (2000: how long an isolate's first requests may
+//! wait for its first configuration read), `UPSTREAM_TIMEOUT_MS` (30000), `CACHE_TTL_MS` (5000), `NEGATIVE_CACHE_TTL_MS`
 //! (60000), `BREAKER_THRESHOLD` (5), `BREAKER_COOL_DOWN_MS` (1000), `KEY_HEADER`
 //! (authorization), `FORWARD_KEY` (false), `IDENTITY_HEADER` (x-floodgate-key-id),
 //! `UNKNOWN_KEYS_PER_IP_PER_MIN` (20), `UNKNOWN_KEYS_PER_MIN` (600),
@@ -24,6 +27,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
 use floodgate_edge::proxy::{
@@ -110,13 +114,17 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
         }
     };
     let ms = |name: &str, default: u64| num(name, default).map(|v| v as i64 * 1000);
-    let deadline = num("DEADLINE_MS", 50)?.max(1);
-    let store = RestStore::new(
-        &url,
-        &token,
-        store_deadline(Duration::from_millis(deadline)),
-    )
-    .map_err(|e| e.to_string())?;
+    let opt_ms = |name: &str| -> std::result::Result<Option<i64>, String> {
+        var(env, name).map(|_| ms(name, 0)).transpose()
+    };
+    let deadline = match opt_ms("DEADLINE_MS")? {
+        Some(d) => DeadlineSettings::fixed(d),
+        None => DeadlineSettings::REST
+            .bounded(opt_ms("DEADLINE_FLOOR_MS")?, opt_ms("DEADLINE_CEILING_MS")?),
+    };
+    // a late call runs on at least to the ceiling, to teach the deadline
+    let transport = store_deadline(Duration::from_micros(deadline.ceiling as u64));
+    let store = RestStore::new(&url, &token, transport).map_err(|e| e.to_string())?;
     let mut rules = ProxyRules::new(&upstream);
     if let Some(h) = var(env, "KEY_HEADER") {
         rules.key_header = h.trim().to_ascii_lowercase();
@@ -129,7 +137,8 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
     rules.limits.max_body = Some(num("MAX_BODY_BYTES", 10 * 1024 * 1024)?);
     let settings = PipelineConfig {
         bearer: rules.bearer(),
-        deadline: deadline as i64 * 1000,
+        deadline,
+        startup_wait: ms("STARTUP_WAIT_MS", 2_000)?,
         cache_ttl: ms("CACHE_TTL_MS", 5_000)?,
         negative_cache_ttl: ms("NEGATIVE_CACHE_TTL_MS", 60_000)?,
         breaker_threshold: num("BREAKER_THRESHOLD", 5)?.clamp(1, u32::MAX as u64) as u32,
@@ -147,7 +156,7 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
     let mut pipeline = Pipeline::new(store, WorkerClock, settings);
     let region = var(env, "REGION").or(region);
     if let Some(r) = &region
-        && let Some(regional) = regional_store(env, r, store_deadline(Duration::from_millis(deadline)))?
+        && let Some(regional) = regional_store(env, r, transport)?
     {
         pipeline = pipeline.with_regional(regional);
     }

@@ -1,0 +1,195 @@
+//! One store as the pipeline calls it (the global store, or the regional one):
+//! its circuit breaker, its adaptive answer deadline ([`crate::deadline`]) and
+//! what its deadlines did.
+//!
+//! Slow or down — what a missed deadline counts as:
+//! - a call that missed its deadline while some reply from the same store arrived
+//!   after it was sent (the connection is alive, the store answers late) is
+//!   **slow**: not a breaker failure;
+//! - one with nothing at all from the store since it was sent (a stopped server, a
+//!   frozen connection) is **silent**: a breaker failure, as is a refused or reset
+//!   connection;
+//! - a late reply that arrives within the ceiling is proof of life: the deadline
+//!   is raised to cover it and the breaker's consecutive failures start again
+//!   from zero (as after a success); a reply later than the ceiling changes
+//!   nothing (its timeout stays counted).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use floodgate_shared::time::Micros;
+
+use crate::breaker::Breaker;
+use crate::deadline::{DeadlineSettings, Estimator, Lateness};
+use crate::sync::lock;
+
+/// One store's breaker, deadline and counters.
+#[derive(Debug)]
+pub struct Lane {
+    pub breaker: Breaker,
+    estimator: Mutex<Estimator>,
+    /// Replies received, in time or late: what tells slow from silent.
+    replies: AtomicU64,
+    expired: AtomicU64,
+    slow: AtomicU64,
+    silent: AtomicU64,
+    late_replies: AtomicU64,
+    too_late: AtomicU64,
+}
+
+/// What one store's deadlines did since the instance started (health, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeadlineStats {
+    /// The deadline a call sent now gets (µs), and its bounds.
+    pub deadline_us: Micros,
+    pub floor_us: Micros,
+    pub ceiling_us: Micros,
+    /// `true`: pinned (`--deadline-ms`), not adaptive.
+    pub fixed: bool,
+    /// Calls that missed their deadline...
+    pub expired: u64,
+    /// ...while replies kept arriving (not breaker failures)...
+    pub slow: u64,
+    /// ...or with nothing from the store since they were sent (breaker failures).
+    pub silent: u64,
+    /// Late replies within the ceiling (the deadline was raised), and after it.
+    pub late_replies: u64,
+    pub too_late: u64,
+}
+
+impl DeadlineStats {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "deadline_ms": self.deadline_us as f64 / 1e3,
+            "floor_ms": self.floor_us as f64 / 1e3,
+            "ceiling_ms": self.ceiling_us as f64 / 1e3,
+            "adaptive": !self.fixed,
+            "expired": self.expired,
+            "expired_slow": self.slow,
+            "expired_silent": self.silent,
+            "late_replies": self.late_replies,
+            "too_late": self.too_late,
+        })
+    }
+}
+
+impl Lane {
+    pub fn new(breaker: Breaker, deadline: DeadlineSettings) -> Self {
+        Self {
+            breaker,
+            estimator: Mutex::new(Estimator::new(deadline)),
+            replies: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            slow: AtomicU64::new(0),
+            silent: AtomicU64::new(0),
+            late_replies: AtomicU64::new(0),
+            too_late: AtomicU64::new(0),
+        }
+    }
+
+    /// The deadline of a call sent at `now` (µs, at least 1).
+    pub fn deadline(&self, now: Micros) -> Micros {
+        lock(&self.estimator).deadline(now).max(1)
+    }
+
+    /// A mark to take when sending a call, for [`Lane::expired`].
+    pub fn mark(&self) -> u64 {
+        self.replies.load(Ordering::Relaxed)
+    }
+
+    /// A call answered in time, after `latency`.
+    pub fn answered(&self, latency: Micros, now: Micros) {
+        self.replies.fetch_add(1, Ordering::Relaxed);
+        lock(&self.estimator).observe(latency, now);
+    }
+
+    /// A call sent at `mark` missed its deadline: `true` when it is slow (replies
+    /// arrived since), `false` when the store is silent (a breaker failure).
+    pub fn expired(&self, mark: u64) -> bool {
+        self.expired.fetch_add(1, Ordering::Relaxed);
+        let slow = self.replies.load(Ordering::Relaxed) > mark;
+        if slow { &self.slow } else { &self.silent }.fetch_add(1, Ordering::Relaxed);
+        slow
+    }
+
+    /// The reply of a call that missed its deadline arrived, `latency` after the
+    /// send. Within the ceiling: the deadline is raised and the breaker's
+    /// consecutive failures reset.
+    pub fn late_reply(&self, latency: Micros, now: Micros) -> Lateness {
+        self.replies.fetch_add(1, Ordering::Relaxed);
+        let lateness = lock(&self.estimator).late(latency, now);
+        match lateness {
+            Lateness::Slow => {
+                self.late_replies.fetch_add(1, Ordering::Relaxed);
+                self.breaker.success(now);
+            }
+            Lateness::TooLate => {
+                self.too_late.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        lateness
+    }
+
+    pub fn stats(&self, now: Micros) -> DeadlineStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut e = lock(&self.estimator);
+        let s = *e.settings();
+        DeadlineStats {
+            deadline_us: e.deadline(now).max(1),
+            floor_us: s.floor,
+            ceiling_us: s.ceiling,
+            fixed: s.is_fixed(),
+            expired: load(&self.expired),
+            slow: load(&self.slow),
+            silent: load(&self.silent),
+            late_replies: load(&self.late_replies),
+            too_late: load(&self.too_late),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::Phase;
+
+    fn lane() -> Lane {
+        Lane::new(Breaker::new(3, 1_000_000), DeadlineSettings::RESP)
+    }
+
+    #[test]
+    fn silent_expiries_open_the_breaker_slow_ones_do_not() {
+        let l = lane();
+        // replies keep arriving after each call was sent: slow, never a failure
+        for _ in 0..10 {
+            let mark = l.mark();
+            l.answered(500, 0);
+            assert!(l.expired(mark), "slow");
+        }
+        // nothing since the send: silent
+        let mark = l.mark();
+        assert!(!l.expired(mark));
+        let s = l.stats(0);
+        assert_eq!((s.expired, s.slow, s.silent), (11, 10, 1));
+    }
+
+    #[test]
+    fn a_late_reply_within_the_ceiling_raises_the_deadline_and_resets_the_failures() {
+        let l = lane();
+        for i in 0..20 {
+            l.answered(300, i);
+        }
+        assert_eq!(l.deadline(20), 3_000);
+        l.breaker.failure(21, &"timeout");
+        l.breaker.failure(22, &"timeout");
+        assert_eq!(l.late_reply(12_000, 30), Lateness::Slow);
+        assert_eq!(l.deadline(30), 36_000, "raised to 3 × the late reply");
+        // two more failures would have opened it without the reset
+        l.breaker.failure(31, &"timeout");
+        l.breaker.failure(32, &"timeout");
+        assert_eq!(l.breaker.phase(), Phase::Closed);
+        assert_eq!(l.late_reply(150_000, 40), Lateness::TooLate);
+        let s = l.stats(40);
+        assert_eq!((s.late_replies, s.too_late), (1, 1));
+    }
+}
