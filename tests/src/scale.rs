@@ -23,12 +23,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::RedisServer;
 
 /// A TCP proxy on a free loopback port adding a one-way latency in each direction
-/// (each chunk is delivered that long after it was read, order kept); the latency
-/// can be changed while it runs. Stops accepting and drops its connections when
+/// (each chunk is delivered that long after it was read, order kept), plus a
+/// random jitter per chunk when set; both can be changed while it runs. Stops accepting and drops its connections when
 /// dropped.
 pub struct LatencyProxy {
     pub port: u16,
     one_way_us: Arc<AtomicU64>,
+    jitter_us: Arc<AtomicU64>,
     writes: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
@@ -42,8 +43,13 @@ impl LatencyProxy {
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
         let one_way_us = Arc::new(AtomicU64::new(one_way.as_micros() as u64));
+        let jitter_us = Arc::new(AtomicU64::new(0));
         let writes = Arc::new(AtomicU64::new(0));
-        let (stopped, delay, counted) = (stop.clone(), one_way_us.clone(), writes.clone());
+        let (stopped, counted) = (stop.clone(), writes.clone());
+        let delay = Delay {
+            one_way_us: one_way_us.clone(),
+            jitter_us: jitter_us.clone(),
+        };
         let task = tokio::spawn(async move {
             let mut conns = vec![];
             while !stopped.load(Ordering::Relaxed) {
@@ -74,6 +80,7 @@ impl LatencyProxy {
         Self {
             port,
             one_way_us,
+            jitter_us,
             writes,
             stop,
             task,
@@ -92,8 +99,34 @@ impl LatencyProxy {
             .store(one_way.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Adds to each chunk's one-way latency a random extra of up to `jitter`
+    /// (uniform), from now on.
+    pub fn set_jitter(&self, jitter: Duration) {
+        self.jitter_us
+            .store(jitter.as_micros() as u64, Ordering::Relaxed);
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+/// A proxy's added latency, shared with its pumps.
+#[derive(Clone)]
+struct Delay {
+    one_way_us: Arc<AtomicU64>,
+    jitter_us: Arc<AtomicU64>,
+}
+
+impl Delay {
+    fn draw(&self) -> Duration {
+        let jitter = self.jitter_us.load(Ordering::Relaxed);
+        let extra = if jitter == 0 {
+            0
+        } else {
+            rand::rng().random_range(0..=jitter)
+        };
+        Duration::from_micros(self.one_way_us.load(Ordering::Relaxed) + extra)
     }
 }
 
@@ -107,7 +140,7 @@ impl Drop for LatencyProxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    one_way_us: Arc<AtomicU64>,
+    delay: Delay,
     counted: Option<Arc<AtomicU64>>,
 ) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
@@ -130,9 +163,8 @@ async fn pump(
                 if let Some(c) = &counted {
                     c.fetch_add(1, Ordering::Relaxed);
                 }
-                let delay = Duration::from_micros(one_way_us.load(Ordering::Relaxed));
                 if tx
-                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .send((Instant::now() + delay.draw(), buf[..n].to_vec()))
                     .is_err()
                 {
                     break;

@@ -1,0 +1,208 @@
+//! The adaptive answer deadline (`edge::deadline`) with real servers: a Redis
+//! that is slow but answering (a TCP proxy adding 5-20 ms per round trip) is
+//! waited for, never answered 503; a stopped one (SIGSTOP) is still found out
+//! within the floor and opens the breaker; the first request after start-up with a
+//! slow store gets its answer. Loopback only, every loop bounded.
+
+use std::time::{Duration, Instant};
+
+use floodgate_edge::deadline::DeadlineSettings;
+use floodgate_edge::native_host::{HostConfig, NativeStore};
+use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
+use floodgate_edge::proxy::HEALTH_PATH;
+use floodgate_edge::store::StoreOptions;
+use floodgate_shared::time::SystemClock;
+use floodgate_tests::scale::LatencyProxy;
+use floodgate_tests::upstream::RawUpstream;
+use floodgate_tests::{RedisServer, Seeded, seed, serve_native};
+use reqwest::StatusCode;
+
+/// Fail-closed, roomy: every answer but a 200 is the limiter's own failure.
+const CONFIG: &str = r#"{
+  "policies": [
+    {"name": "default", "dimensions": ["api_key"], "quota": {"capacity": 100000, "period": "1h"}, "failure_mode": "fail_closed"}
+  ],
+  "plans": {"free": ["default"]}
+}"#;
+
+/// A native edge over the store at `url` (through a proxy or not) with `deadline`.
+async fn edge(
+    url: &str,
+    upstream: &str,
+    deadline: DeadlineSettings,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let transport = store_deadline(Duration::from_micros(deadline.ceiling as u64));
+    let store = NativeStore::connect(&StoreOptions::new(url, transport))
+        .await
+        .expect("connect");
+    let settings = PipelineConfig {
+        deadline,
+        ..PipelineConfig::default()
+    };
+    let pipeline = Pipeline::new(store, SystemClock, settings);
+    serve_native(pipeline, HostConfig::new(upstream)).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+async fn health(c: &reqwest::Client, edge: &str) -> serde_json::Value {
+    c.get(format!("{edge}{HEALTH_PATH}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Sends `n` requests from `workers` concurrent clients; the statuses.
+async fn load(edge: &str, secret: &str, n: usize, workers: usize) -> Vec<StatusCode> {
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (url, secret, c) = (format!("{edge}/thing"), secret.to_string(), client());
+            tokio::spawn(async move {
+                let mut out = vec![];
+                for _ in 0..n / workers {
+                    out.push(
+                        c.get(&url)
+                            .bearer_auth(&secret)
+                            .send()
+                            .await
+                            .unwrap()
+                            .status(),
+                    );
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = vec![];
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+fn refused(statuses: &[StatusCode]) -> usize {
+    statuses
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count()
+}
+
+/// Redis 5-20 ms away (2.5 ms each way plus up to 7.5 ms of jitter each way).
+async fn jittery(redis: &RedisServer) -> LatencyProxy {
+    let proxy = LatencyProxy::start(redis.port(), Duration::from_micros(2_500)).await;
+    proxy.set_jitter(Duration::from_micros(7_500));
+    proxy
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_answering_redis_is_waited_for_not_refused() {
+    let redis = RedisServer::start();
+    let Seeded { secret, .. } = seed(&redis, CONFIG).await;
+    let upstream = RawUpstream::start().await;
+    let proxy = jittery(&redis).await;
+    let c = client();
+
+    // today's fixed 3 ms: the same store answers in time almost never
+    let (fixed, _guard) = edge(&proxy.url(), &upstream.url, DeadlineSettings::fixed(3_000)).await;
+    let statuses = load(&fixed, &secret, 40, 2).await;
+    let on_fixed = refused(&statuses);
+    assert!(
+        on_fixed >= 20,
+        "a fixed 3 ms deadline refuses most requests to a Redis 5-20 ms away ({on_fixed} of 40)"
+    );
+
+    // adaptive: 320 requests from 4 clients, none refused
+    let (adaptive, _guard) = edge(&proxy.url(), &upstream.url, DeadlineSettings::RESP).await;
+    let statuses = load(&adaptive, &secret, 320, 4).await;
+    let h = health(&c, &adaptive).await;
+    assert_eq!(refused(&statuses), 0, "{h}");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{h}");
+    let global = &h["deadlines"]["global"];
+    assert_eq!(global["adaptive"], true, "{h}");
+    let d = global["deadline_ms"].as_f64().unwrap();
+    assert!(
+        (20.0..=100.0).contains(&d),
+        "the deadline covers 5-20 ms within the ceiling: {h}"
+    );
+    assert_eq!(h["breaker"], "closed", "{h}");
+    assert_eq!(global["expired_silent"], 0, "{h}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker() {
+    let redis = RedisServer::start();
+    let Seeded { secret, .. } = seed(&redis, CONFIG).await;
+    let upstream = RawUpstream::start().await;
+    let (edge, _guard) = edge(&redis.url(), &upstream.url, DeadlineSettings::RESP).await;
+    let c = client();
+    // learn the store: 40 answers
+    let statuses = load(&edge, &secret, 40, 1).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    let learned = health(&c, &edge).await["deadlines"]["global"]["deadline_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(learned < 100.0, "learned, not the ceiling: {learned}");
+
+    redis.signal("STOP");
+    let mut slowest = Duration::ZERO;
+    let mut statuses = vec![];
+    for _ in 0..20 {
+        let started = Instant::now();
+        let r = c
+            .get(format!("{edge}/thing"))
+            .bearer_auth(&secret)
+            .send()
+            .await
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+        statuses.push(r.status());
+    }
+    let h = health(&c, &edge).await;
+    redis.signal("CONT");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
+    // the learned deadline plus an HTTP round trip on a busy machine
+    assert!(
+        slowest < Duration::from_secs_f64(learned / 1e3) + Duration::from_millis(40),
+        "a request waited {slowest:?} (deadline {learned} ms)"
+    );
+    assert_eq!(h["breaker"], "open", "{h}");
+    let global = &h["deadlines"]["global"];
+    assert!(global["expired_silent"].as_u64().unwrap() >= 5, "{h}");
+    assert_eq!(global["late_replies"], 0, "{h}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_request_after_start_up_with_a_slow_store_gets_its_answer() {
+    let redis = RedisServer::start();
+    let Seeded { secret, .. } = seed(&redis, CONFIG).await;
+    let upstream = RawUpstream::start().await;
+    // 40 ms per round trip: past a 3 ms floor, within the 100 ms ceiling
+    let proxy = LatencyProxy::start(redis.port(), Duration::from_millis(20)).await;
+    let (edge, _guard) = edge(&proxy.url(), &upstream.url, DeadlineSettings::RESP).await;
+    let c = client();
+    let r = c
+        .get(format!("{edge}/thing"))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
