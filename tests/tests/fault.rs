@@ -18,9 +18,9 @@ use floodgate_edge::native_host::NativeStore;
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
 use floodgate_edge::store::resp::RespStore;
 
-/// The answer deadline the pipeline runs with (its default).
-const DEFAULT_DEADLINE: Duration =
-    Duration::from_micros(floodgate_edge::pipeline::DEFAULT_DEADLINE as u64);
+/// The answer deadline the pipeline runs with (its default: adaptive).
+const DEFAULT_DEADLINE: floodgate_edge::deadline::DeadlineSettings =
+    floodgate_edge::deadline::DeadlineSettings::RESP;
 use floodgate_shared::time::SystemClock;
 use floodgate_tests::{RedisServer, Sentinel};
 
@@ -69,6 +69,8 @@ enum Kind {
 struct Sample {
     at_us: u32,
     latency_us: u32,
+    /// The global store's deadline when the request started (µs).
+    deadline_us: u32,
     kind: Kind,
 }
 
@@ -108,9 +110,8 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
     let (_, secret) = admin::create_key(&admin_store, "fault", "free", 1_764_000_000)
         .await
         .unwrap();
-    let store = RespStore::connect(store_url, store_deadline(DEFAULT_DEADLINE))
-        .await
-        .unwrap();
+    let transport = store_deadline(Duration::from_micros(DEFAULT_DEADLINE.ceiling as u64));
+    let store = RespStore::connect(store_url, transport).await.unwrap();
     let pipeline = Arc::new(Pipeline::new(
         NativeStore::Resp(store),
         SystemClock,
@@ -146,6 +147,7 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
                         credentials: Some(auth.as_bytes()),
                         client_ip: None,
                     };
+                    let deadline_us = p.deadline_stats().0.deadline_us as u32;
                     let started = Instant::now();
                     let decided = p.gate(head).await;
                     let latency = started.elapsed();
@@ -162,6 +164,7 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
                     samples.push(Sample {
                         at_us,
                         latency_us: latency.as_micros().min(u32::MAX as u128) as u32,
+                        deadline_us,
                         kind,
                     });
                     if latency < Duration::from_millis(1)
@@ -270,7 +273,6 @@ async fn finish(
             .copied()
             .unwrap_or(0)
     };
-    let limit_us = (DEFAULT_DEADLINE + Duration::from_millis(1)).as_micros() as u32;
     let first_degraded = samples
         .iter()
         .filter(|s| u128::from(s.at_us) >= fault_at.as_micros())
@@ -287,7 +289,10 @@ async fn finish(
         admitted_degraded,
         refused_degraded: count(Kind::DegradedRefuse),
         above_quota: (admitted_redis + admitted_degraded) as i64 - bound as i64,
-        past_deadline: samples.iter().filter(|s| s.latency_us > limit_us).count(),
+        past_deadline: samples
+            .iter()
+            .filter(|s| s.latency_us > s.deadline_us + 1_000)
+            .count(),
         max_latency_ms: f64::from(samples.iter().map(|s| s.latency_us).max().unwrap_or(0)) / 1e3,
         healthy_p50_us: pct(0.5),
         healthy_p99_us: pct(0.99),
