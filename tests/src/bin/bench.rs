@@ -78,17 +78,35 @@ struct Args {
     only_edge: bool,
     /// `decisions`: only our client vs redis-benchmark (1 and 50 callers).
     only_decisions: bool,
+    /// `deadline`: stray 503s with the CPUs loaded, adaptive vs fixed deadline.
+    only_deadline: bool,
     /// `clients`: candidate Redis clients side by side (`bench/clients.rs`).
     only_clients: bool,
 }
 
 fn main() {
+    // a competing process for the deadline section: spins until the time is up
+    if let Some(secs) = std::env::args()
+        .skip_while(|a| a != "--busy-secs")
+        .nth(1)
+        .and_then(|s| s.parse::<f64>().ok())
+    {
+        let stop = Instant::now() + Duration::from_secs_f64(secs.min(600.0));
+        let mut x = 0u64;
+        while Instant::now() < stop {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+        return;
+    }
     let args = Args {
         quick: std::env::args().any(|a| a == "--quick"),
         only_rest: std::env::args().any(|a| a == "rest"),
         only_edge: std::env::args().any(|a| a == "edge"),
         only_decisions: std::env::args().any(|a| a == "decisions"),
         only_clients: std::env::args().any(|a| a == "clients"),
+        only_deadline: std::env::args().any(|a| a == "deadline"),
     };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
@@ -143,6 +161,10 @@ fn main() {
     }
     if args.only_edge {
         bench_edge(&server, &rt, scale);
+        return;
+    }
+    if args.only_deadline {
+        bench_deadline(&server, &rt, scale);
         return;
     }
     if args.only_decisions {
@@ -739,6 +761,169 @@ fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize,
     }
 }
 
+/// Closed loop: `workers` clients send `n` requests in all (within `limit`); the
+/// answers counted as (2xx, 503, anything else including transport errors).
+async fn statuses(
+    url: &str,
+    secret: &str,
+    workers: usize,
+    n: usize,
+    limit: Duration,
+) -> (usize, usize, usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(workers)
+        .build()
+        .unwrap();
+    let stop = Instant::now() + limit;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counts = Arc::new([
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    ]);
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async {
+            let mut tasks = vec![];
+            for w in 0..workers {
+                let (client, sent, counts) = (client.clone(), sent.clone(), counts.clone());
+                let (url, secret) = (url.to_string(), secret.to_string());
+                tasks.push(tokio::task::spawn_local(async move {
+                    while Instant::now() < stop && sent.fetch_add(1, Relaxed) < n {
+                        let r = client
+                            .get(format!("{url}/v1/items/{w}"))
+                            .bearer_auth(&secret)
+                            .send()
+                            .await;
+                        let i = match r {
+                            Ok(r) if r.status().is_success() => {
+                                let _ = r.bytes().await;
+                                0
+                            }
+                            Ok(r) if r.status() == 503 => 1,
+                            _ => 2,
+                        };
+                        counts[i].fetch_add(1, Relaxed);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await;
+    let c = |i: usize| counts[i].load(Relaxed);
+    (c(0), c(1), c(2))
+}
+
+/// Stray 503s at saturation while both CPUs are also loaded by a competing busy
+/// process (a build, a noisy neighbour) and Redis is healthy: the native edge with
+/// its adaptive deadline vs today's fixed 3 ms, alternating rounds.
+fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
+    use floodgate_edge::admin;
+    let secret = rt.block_on(async {
+        let store = RespStore::connect(&server.url(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        admin::set_config(&store, BENCH_CONFIG).await.unwrap();
+        admin::create_key(&store, "bench", "free", 0)
+            .await
+            .unwrap()
+            .1
+    });
+    let up = floodgate_tests::free_port();
+    let _upstream = sibling(
+        "floodgate-demo-upstream",
+        &["--listen", &format!("127.0.0.1:{up}")],
+        &[],
+        up,
+    );
+    let upstream = format!("http://127.0.0.1:{up}");
+    let redis = server.url();
+    let edge = |extra: &[&str]| {
+        let port = floodgate_tests::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "--listen",
+            &listen,
+            "--upstream",
+            &upstream,
+            "--redis",
+            &redis,
+        ];
+        args.extend_from_slice(extra);
+        let p = sibling("floodgate-edge", &args, &[], port);
+        (p, format!("http://127.0.0.1:{port}"))
+    };
+    let (_adaptive, adaptive_url) = edge(&[]);
+    let (_fixed, fixed_url) = edge(&["--deadline-ms", "3"]);
+    let n = 10_000 / scale;
+    let rounds = 3;
+    let limit = Duration::from_secs(60);
+    // one busy process per CPU, each bounded in time by itself
+    let busy_secs = (rounds * 2) as f64 * limit.as_secs_f64();
+    let me = std::env::current_exe().unwrap();
+    let busy: Vec<Proc> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .map(|cpu| {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string()]).arg(&me);
+            if Command::new("taskset").arg("-V").output().is_err() {
+                c = Command::new(&me);
+            }
+            let child = c
+                .args(["--busy-secs", &busy_secs.to_string()])
+                .spawn()
+                .expect("start a busy loop");
+            Proc(child)
+        })
+        .collect();
+    println!(
+        "\n## Stray 503s with the CPUs loaded (native edge, Redis healthy, {} busy loops, 32 connections, {n} requests a round, {rounds} rounds alternating)",
+        busy.len()
+    );
+    let mut totals = [(0usize, 0usize, 0usize); 2];
+    for _ in 0..rounds {
+        for (i, url) in [&adaptive_url, &fixed_url].into_iter().enumerate() {
+            let (ok, refused, other) = rt.block_on(statuses(url, &secret, 32, n, limit));
+            totals[i].0 += ok;
+            totals[i].1 += refused;
+            totals[i].2 += other;
+        }
+    }
+    drop(busy);
+    let health: serde_json::Value = rt.block_on(async {
+        reqwest::get(format!(
+            "{adaptive_url}{}",
+            floodgate_edge::proxy::HEALTH_PATH
+        ))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+    });
+    println!("| deadline | requests | 503 | **503 per 10,000** | other failures |");
+    println!("|---|---|---|---|---|");
+    for (name, (ok, refused, other)) in [
+        ("adaptive (default: 3-100 ms)", totals[0]),
+        (
+            "fixed 3 ms (`--deadline-ms 3`, the former default)",
+            totals[1],
+        ),
+    ] {
+        let all = ok + refused + other;
+        println!(
+            "| {name} | {all} | {refused} | **{:.1}** | {other} |",
+            refused as f64 * 10_000.0 / all.max(1) as f64
+        );
+    }
+    println!(
+        "(adaptive edge afterwards: {})",
+        health["deadlines"]["global"]
+    );
+}
+
 /// A child process killed when dropped.
 struct Proc(std::process::Child);
 
@@ -927,10 +1112,9 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
             &upstream,
             "--redis",
             &redis,
-            // at saturation the queue, not Redis, sets the wait: a 3 ms deadline
-            // would turn load into fail-closed 503s and flatter the ratio
-            "--deadline-ms",
-            "50",
+            // the default, adaptive deadline: at saturation the queue, not Redis,
+            // sets the wait, and the deadline follows it (a fixed 3 ms one turned
+            // load into fail-closed 503s: see the deadline section)
         ],
         &[],
         on,
@@ -977,8 +1161,6 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
             &upstream,
             "--redis",
             &remote_redis,
-            "--deadline-ms",
-            "50",
         ],
         &[],
         on_remote,
