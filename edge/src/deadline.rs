@@ -28,7 +28,7 @@
 use floodgate_shared::time::Micros;
 
 /// Latencies remembered.
-pub const RING: usize = 256;
+pub const RING: usize = 1024;
 /// Replies needed before the percentile is trusted.
 pub const MIN_SAMPLES: usize = 16;
 /// A late reply's raise halves this often (µs).
@@ -129,7 +129,7 @@ pub struct Estimator {
 }
 
 /// The percentile is recomputed after this many new replies, or this long (µs).
-const RECOMPUTE_EVERY: (u64, Micros) = (8, 10_000);
+const RECOMPUTE_EVERY: (u64, Micros) = (32, 10_000);
 
 impl Estimator {
     pub fn new(settings: DeadlineSettings) -> Self {

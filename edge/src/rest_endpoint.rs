@@ -709,7 +709,7 @@ fn reply_size(v: &Value, limit: usize) -> usize {
 
 fn store_failure(e: StoreError) -> Response {
     let status = match e.kind {
-        StoreErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        StoreErrorKind::Timeout | StoreErrorKind::Stale => StatusCode::GATEWAY_TIMEOUT,
         StoreErrorKind::Connect => StatusCode::BAD_GATEWAY,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };

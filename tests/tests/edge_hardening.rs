@@ -445,6 +445,13 @@ async fn a_stalled_redis_costs_a_request_at_most_the_store_deadline(kind: EdgeKi
         20,
         "{h}"
     );
+    // both hosts' deadline is the adaptive one, learned (below its ceiling)
+    let global = &h["deadlines"]["global"];
+    assert_eq!(global["adaptive"], true, "{h}");
+    assert!(
+        global["deadline_ms"].as_f64().unwrap() < global["ceiling_ms"].as_f64().unwrap(),
+        "{h}"
+    );
 }
 
 /// All-fail-open policies (per key and per route).

@@ -52,7 +52,7 @@ async fn a_call_redis_runs_after_its_deadline_changes_nothing() {
             .check(&checks, When::RedisUntil(past))
             .await
             .expect_err("too late");
-        assert_eq!(e.kind, StoreErrorKind::Timeout, "{algorithm:?}: {e}");
+        assert_eq!(e.kind, StoreErrorKind::Stale, "{algorithm:?}: {e}");
         let exists: bool = redis::cmd("EXISTS")
             .arg(&key)
             .query(&mut server.connection())
@@ -73,7 +73,7 @@ async fn a_call_redis_runs_after_its_deadline_changes_nothing() {
         .acquire_slot(&slots, "a", 2, 1_000, Some(past))
         .await
         .expect_err("too late");
-    assert_eq!(e.kind, StoreErrorKind::Timeout);
+    assert_eq!(e.kind, StoreErrorKind::Stale);
     let held: u64 = redis::cmd("ZCARD")
         .arg(&slots)
         .query(&mut server.connection())

@@ -112,6 +112,15 @@ impl Lane {
         slow
     }
 
+    /// The store answered in time that it ran the call after the deadline (the
+    /// stale-call guard): a missed deadline, slow, and a reply. The deadline is
+    /// raised as by a late reply of at least `deadline`.
+    pub fn stale(&self, latency: Micros, deadline: Micros, now: Micros) {
+        self.expired.fetch_add(1, Ordering::Relaxed);
+        self.slow.fetch_add(1, Ordering::Relaxed);
+        self.late_reply(latency.max(deadline), now);
+    }
+
     /// The reply of a call that missed its deadline arrived, `latency` after the
     /// send. Within the ceiling: the deadline is raised and the breaker's
     /// consecutive failures reset.
@@ -171,6 +180,19 @@ mod tests {
         assert!(!l.expired(mark));
         let s = l.stats(0);
         assert_eq!((s.expired, s.slow, s.silent), (11, 10, 1));
+    }
+
+    #[test]
+    fn a_call_refused_as_stale_is_slow_and_raises_the_deadline() {
+        let l = lane();
+        for i in 0..20 {
+            l.answered(300, i);
+        }
+        // answered within 1 ms, but Redis ran it after the 3 ms deadline
+        l.stale(1_000, 3_000, 30);
+        assert_eq!(l.deadline(30), 9_000, "as a late reply of the deadline");
+        let s = l.stats(30);
+        assert_eq!((s.expired, s.slow, s.silent, s.late_replies), (1, 1, 0, 1));
     }
 
     #[test]

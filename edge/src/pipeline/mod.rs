@@ -610,6 +610,12 @@ where
                 self.logged(breaker.success(now));
                 Called::Done(v)
             }
+            Raced::Done(Err(e)) if e.kind == StoreErrorKind::Stale => {
+                // the store answered: slow, not down (no breaker failure)
+                let latency = watch.elapsed().as_micros() as Micros;
+                lane.stale(latency, deadline, self.clock.now());
+                Called::Failed(e, None)
+            }
             Raced::Done(Err(e)) => {
                 if e.is_retryable() {
                     self.logged(breaker.failure(self.clock.now(), &e));

@@ -44,6 +44,10 @@ pub use native::{NativeStore, StoreOptions};
 pub enum StoreErrorKind {
     /// No answer within the deadline. Retrying may help.
     Timeout,
+    /// The server answered that it ran the call after its caller had stopped
+    /// waiting (the stale-call guard, `When::RedisUntil`): nothing was written. The
+    /// server is alive but was slow. Retrying may help.
+    Stale,
     /// Could not reach or lost the server. Retrying may help.
     Connect,
     /// The server refused our credentials or the command (`NOAUTH`, `WRONGPASS`,
@@ -174,7 +178,7 @@ impl StoreError {
     /// deadline, or a passing state of the server (failover, migration, load).
     pub fn is_retryable(&self) -> bool {
         match self.kind {
-            StoreErrorKind::Timeout | StoreErrorKind::Connect => true,
+            StoreErrorKind::Timeout | StoreErrorKind::Stale | StoreErrorKind::Connect => true,
             StoreErrorKind::Redis(k) => k.is_transient(),
             StoreErrorKind::Auth | StoreErrorKind::Protocol => false,
         }
@@ -205,9 +209,10 @@ impl From<ProtocolError> for StoreError {
 }
 
 impl From<Stale> for StoreError {
-    /// Redis ran the call too late for its caller: as good as no answer in time.
+    /// Redis ran the call too late for its caller: as good as no answer in time,
+    /// but an answer (the store is alive).
     fn from(e: Stale) -> Self {
-        Self::new(StoreErrorKind::Timeout, e.to_string())
+        Self::new(StoreErrorKind::Stale, e.to_string())
     }
 }
 
@@ -724,7 +729,7 @@ pub fn slot_args(id: &str, limit: u32, ttl_ms: u64, until: Option<Micros>) -> Ve
 pub fn slot_taken(reply: &[i64]) -> Result<bool, StoreError> {
     match reply {
         [2, _] => Err(StoreError::new(
-            StoreErrorKind::Timeout,
+            StoreErrorKind::Stale,
             "Redis took the slot call after its caller had given up on it",
         )),
         [taken, _held] => Ok(*taken == 1),

@@ -801,7 +801,12 @@ async fn statuses(
                                 let _ = r.bytes().await;
                                 0
                             }
-                            Ok(r) if r.status() == 503 => 1,
+                            Ok(r) if r.status() == 503 => {
+                                if std::env::var_os("BENCH_SHOW_503").is_some() {
+                                    eprintln!("503: {}", r.text().await.unwrap_or_default());
+                                }
+                                1
+                            }
                             _ => 2,
                         };
                         counts[i].fetch_add(1, Relaxed);
@@ -864,7 +869,14 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
     // one busy process per CPU, each bounded in time by itself
     let busy_secs = (rounds * 2) as f64 * limit.as_secs_f64();
     let me = std::env::current_exe().unwrap();
-    let busy: Vec<Proc> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+    // every CPU of the machine (this process may be pinned to one)
+    let cpus = Command::new("nproc")
+        .arg("--all")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(2usize);
+    let busy: Vec<Proc> = (0..cpus)
         .map(|cpu| {
             let mut c = Command::new("taskset");
             c.args(["-c", &cpu.to_string()]).arg(&me);
@@ -892,17 +904,16 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
         }
     }
     drop(busy);
-    let health: serde_json::Value = rt.block_on(async {
-        reqwest::get(format!(
-            "{adaptive_url}{}",
-            floodgate_edge::proxy::HEALTH_PATH
-        ))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-    });
+    let health = |url: &str| -> serde_json::Value {
+        rt.block_on(async {
+            reqwest::get(format!("{url}{}", floodgate_edge::proxy::HEALTH_PATH))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        })
+    };
     println!("| deadline | requests | 503 | **503 per 10,000** | other failures |");
     println!("|---|---|---|---|---|");
     for (name, (ok, refused, other)) in [
@@ -918,10 +929,13 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
             refused as f64 * 10_000.0 / all.max(1) as f64
         );
     }
-    println!(
-        "(adaptive edge afterwards: {})",
-        health["deadlines"]["global"]
-    );
+    for (name, url) in [("adaptive", &adaptive_url), ("fixed", &fixed_url)] {
+        let h = health(url);
+        println!(
+            "({name} edge afterwards: breaker opened {} times; {})",
+            h["breaker_opened"], h["deadlines"]["global"]
+        );
+    }
 }
 
 /// A child process killed when dropped.
