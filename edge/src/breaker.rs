@@ -168,6 +168,20 @@ impl Breaker {
         None
     }
 
+    /// A late reply arrived within the deadline's ceiling: the store is slow, not
+    /// down. Closed: the failure count starts again (the timeouts it answers were
+    /// not outages). Open: the cool-down ends now, so the next request
+    /// health-checks the store at once (a stall shorter than the ceiling costs
+    /// the stall, not a whole cool-down).
+    pub fn answered_late(&self, now: Micros) {
+        let mut s = crate::sync::lock(&self.state);
+        match s.phase {
+            Phase::Closed => s.failures = 0,
+            Phase::Open => s.until = s.until.min(now),
+            Phase::HalfOpen => {}
+        }
+    }
+
     /// The half-open health check succeeded: close.
     pub fn probe_succeeded(&self, now: Micros) -> Option<Transition> {
         let mut s = crate::sync::lock(&self.state);
@@ -319,6 +333,18 @@ mod tests {
                 .to_string()
                 .starts_with("floodgate breaker: half_open -> closed at 0.002s")
         );
+    }
+
+    #[test]
+    fn a_late_reply_resets_the_count_or_ends_the_cool_down() {
+        let b = Breaker::new(2, 1_000_000);
+        b.failure(0, &"timeout");
+        b.answered_late(1);
+        assert_eq!(b.failure(2, &"timeout"), None, "the count started again");
+        assert!(b.failure(3, &"timeout").is_some(), "opened");
+        assert_eq!(permit(&b, 10), Permit::Skip);
+        b.answered_late(20);
+        assert_eq!(permit(&b, 21), Permit::Probe, "cool-down over at once");
     }
 
     #[test]

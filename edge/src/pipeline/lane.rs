@@ -11,7 +11,9 @@
 //!   connection;
 //! - a late reply that arrives within the ceiling is proof of life: the deadline
 //!   is raised to cover it and the breaker's consecutive failures start again
-//!   from zero (as after a success); a reply later than the ceiling changes
+//!   from zero, or, if the silent expiries opened it meanwhile (a stall of the
+//!   whole server shorter than the ceiling), its cool-down ends at once: the next
+//!   request health-checks the store; a reply later than the ceiling changes
 //!   nothing (its timeout stays counted).
 
 use std::sync::Mutex;
@@ -130,7 +132,7 @@ impl Lane {
         match lateness {
             Lateness::Slow => {
                 self.late_replies.fetch_add(1, Ordering::Relaxed);
-                self.breaker.success(now);
+                self.breaker.answered_late(now);
             }
             Lateness::TooLate => {
                 self.too_late.fetch_add(1, Ordering::Relaxed);
