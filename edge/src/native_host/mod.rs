@@ -26,6 +26,7 @@ use hyper_util::rt::TokioExecutor;
 
 use self::body::{BodyFault, Held, ProxyBody, RequestBody};
 use self::server::{Connection, ServerLimits};
+use crate::forward_auth::ForwardAuth;
 use crate::pipeline::{Gate, Pipeline, RequestHead, Slot, Task};
 use crate::proxy::{HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body};
 /// The store a native host talks to (in [`crate::store`], where every native
@@ -39,6 +40,9 @@ pub struct HostConfig {
     pub server: ServerLimits,
     /// `false`: proxy without limiting (the benchmark's baseline; no store).
     pub limiter: bool,
+    /// Forward-auth mode: no upstream; each request describes another one, which
+    /// the edge decides (see [`crate::forward_auth`]).
+    pub forward_auth: Option<ForwardAuth>,
 }
 
 impl HostConfig {
@@ -47,6 +51,15 @@ impl HostConfig {
             rules: ProxyRules::new(upstream),
             server: ServerLimits::default(),
             limiter: true,
+            forward_auth: None,
+        }
+    }
+
+    /// Forward-auth mode: answers gateways' auth requests, proxies nothing.
+    pub fn forward_auth(mode: ForwardAuth) -> Self {
+        Self {
+            forward_auth: Some(mode),
+            ..Self::new("")
         }
     }
 }
@@ -240,13 +253,29 @@ async fn decide(
     if !host.config.limiter {
         return Ok((None, vec![], vec![]));
     }
-    let head = RequestHead {
-        path: parts.uri.path(),
-        credentials: parts
-            .headers
-            .get(&host.key_header)
-            .map(HeaderValue::as_bytes),
-        client_ip: Some(peer.ip()),
+    let credentials = parts
+        .headers
+        .get(&host.key_header)
+        .map(HeaderValue::as_bytes);
+    let head = match &host.config.forward_auth {
+        None => RequestHead {
+            path: parts.uri.path(),
+            credentials,
+            client_ip: Some(peer.ip()),
+        },
+        Some(mode) => {
+            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let original = mode
+                .original(parts.method.as_str(), target, |name| {
+                    parts.headers.get(name).map(HeaderValue::as_bytes)
+                })
+                .map_err(|e| e.answer())?;
+            RequestHead {
+                path: original.path,
+                credentials,
+                client_ip: original.client_ip,
+            }
+        }
     };
     let decided = host.pipeline.gate(head).await;
     spawn_all(decided.background);
@@ -354,6 +383,17 @@ async fn handle(
         }),
         ..held
     };
+    if host.config.forward_auth.is_some() {
+        // the gateway proxies: admitted, with the identity to copy upstream (the
+        // slots, if any, are given back once this answer is written)
+        linger(body, host.config.rules.timeouts.body);
+        let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
+        add_headers(r.headers_mut(), &quota_headers);
+        if let Some(id) = key_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
+            r.headers_mut().insert(host.identity.clone(), id);
+        }
+        return r;
+    }
     let rules = &host.config.rules;
     let target = rules.target(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = target.parse::<hyper::Uri>() else {
