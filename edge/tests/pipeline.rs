@@ -588,6 +588,8 @@ async fn unknown_keys_spend_their_address_budget_then_cost_no_lookups() {
             path: "/v1/x",
             credentials: Some(auth.as_bytes()),
             client_ip: Some(ip.parse().unwrap()),
+            country: None,
+            user_agent: None,
         }
     }
     let owned: Vec<String> = (0..20u8)

@@ -80,6 +80,11 @@ struct Args {
         default_value = "x-floodgate-key-id"
     )]
     identity_header: String,
+    /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
+    /// deny lists, such as CF-IPCountry behind Cloudflare (default: none, and
+    /// country entries never match).
+    #[arg(long, env = "FLOODGATE_COUNTRY_HEADER")]
+    country_header: Option<String>,
     /// How long configuration and key records are cached.
     #[arg(long, env = "FLOODGATE_CACHE_TTL_MS", default_value_t = 5_000)]
     cache_ttl_ms: u32,
@@ -216,6 +221,11 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     host.rules.key_header = header("--key-header", &a.key_header)?;
     host.rules.identity_header = header("--identity-header", &a.identity_header)?;
     host.rules.forward_key = a.forward_key;
+    host.country_header = a
+        .country_header
+        .as_deref()
+        .map(|v| header("--country-header", v))
+        .transpose()?;
     let ms = |v: u32| Duration::from_millis(u64::from(v));
     host.rules.timeouts.upstream = ms(a.upstream_timeout_ms);
     host.rules.timeouts.header = ms(a.header_timeout_ms);

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use floodgate_shared::Micros;
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue};
+use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, USER_AGENT};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -43,6 +43,9 @@ pub struct HostConfig {
     /// Forward-auth mode: no upstream; each request describes another one, which
     /// the edge decides (see [`crate::forward_auth`]).
     pub forward_auth: Option<ForwardAuth>,
+    /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
+    /// deny lists, such as `cf-ipcountry` behind Cloudflare (lower case).
+    pub country_header: Option<String>,
 }
 
 impl HostConfig {
@@ -52,6 +55,7 @@ impl HostConfig {
             server: ServerLimits::default(),
             limiter: true,
             forward_auth: None,
+            country_header: None,
         }
     }
 
@@ -74,6 +78,7 @@ pub struct Host {
     config: HostConfig,
     identity: HeaderName,
     key_header: HeaderName,
+    country_header: Option<HeaderName>,
     client: Upstream,
     /// For requests without a body (most GETs): no body wrapper to poll.
     empty: EmptyUpstream,
@@ -108,6 +113,7 @@ impl Host {
         let host = Arc::new(Self {
             identity: header(&config.rules.identity_header)?,
             key_header: header(&config.rules.key_header)?,
+            country_header: config.country_header.as_deref().map(header).transpose()?,
             pipeline,
             client: build().build(connector()),
             empty: build().build(connector()),
@@ -257,11 +263,19 @@ async fn decide(
         .headers
         .get(&host.key_header)
         .map(HeaderValue::as_bytes);
+    let country = host
+        .country_header
+        .as_ref()
+        .and_then(|h| parts.headers.get(h))
+        .and_then(|v| v.to_str().ok());
+    let user_agent = parts.headers.get(USER_AGENT).map(HeaderValue::as_bytes);
     let head = match &host.config.forward_auth {
         None => RequestHead {
             path: parts.uri.path(),
             credentials,
             client_ip: Some(peer.ip()),
+            country,
+            user_agent,
         },
         Some(mode) => {
             let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -274,6 +288,8 @@ async fn decide(
                 path: original.path,
                 credentials,
                 client_ip: original.client_ip,
+                country,
+                user_agent,
             }
         }
     };
