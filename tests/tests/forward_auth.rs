@@ -122,7 +122,10 @@ async fn caddy_admits_exactly_the_quota_of_the_original_path_and_returns_the_429
                 let echo = Echo(r.json().await.unwrap());
                 assert_eq!(echo.0["target"], "/v1/checkout?cart=7");
                 // the identity the edge answered, never the client's spoofed one
-                assert_eq!(echo.header("X-Floodgate-Key-Id"), [s.key.key_id.clone()]);
+                assert_eq!(
+                    echo.header("X-Floodgate-Key-Id"),
+                    std::slice::from_ref(&s.key.key_id)
+                );
             }
             StatusCode::TOO_MANY_REQUESTS => {
                 limited += 1;
@@ -327,7 +330,10 @@ async fn nginx_auth_request_with_the_error_page_workaround_returns_the_429() {
         assert_eq!(header(&r, "X-RateLimit-Limit").as_deref(), Some("10"));
         if status == StatusCode::OK {
             let echo = Echo(r.json().await.unwrap());
-            assert_eq!(echo.header("X-Floodgate-Key-Id"), [s.key.key_id.clone()]);
+            assert_eq!(
+                echo.header("X-Floodgate-Key-Id"),
+                std::slice::from_ref(&s.key.key_id)
+            );
         } else {
             let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
             assert!((1..=60).contains(&retry));
