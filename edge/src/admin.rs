@@ -237,6 +237,10 @@ pub async fn edit_deny<S: Store>(
         let mut spec = EdgeConfig::from_json(&text)?.spec().clone();
         apply_deny_edit(&mut spec, list, edit, value)?;
         let config = EdgeConfig::new(spec)?;
+        if config.to_json() == text {
+            // nothing to change (the entry is there already): nothing to audit
+            return Ok((config, version));
+        }
         let entry = AuditEntry {
             at: now_secs,
             user: who.to_string(),

@@ -154,3 +154,89 @@ async fn denied_requests_get_403_cost_no_quota_and_are_counted_per_list(kind: Ed
     }
     assert_eq!(counted(&redis, "denied:country"), 0);
 }
+
+/// `floodgate-cli deny add|remove|list`: the audited save; errors name the entry,
+/// the list, or the missing entry, and store nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_edits_deny_lists_through_the_audited_save() {
+    let redis = RedisServer::start();
+    let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    admin::set_config(&store, DEMO_CONFIG).await.unwrap();
+    let url = redis.url();
+    let cli = |words: &[&str]| {
+        let mut args = vec!["--redis".to_string(), url.clone()];
+        args.extend(words.iter().map(|w| w.to_string()));
+        tokio::task::spawn_blocking(move || {
+            floodgate_edge::cli::run(args).map_err(|e| e.to_string())
+        })
+    };
+    let ips = |store: RespStore| async move {
+        let text = admin::get_config(&store).await.unwrap().unwrap();
+        let c = floodgate_shared::config::EdgeConfig::from_json(&text).unwrap();
+        c.spec().deny.ips.clone()
+    };
+    cli(&["deny", "add", "ip", "203.0.113.0/24"])
+        .await
+        .unwrap()
+        .unwrap();
+    cli(&["deny", "add", "ip", "2001:db8::/32"])
+        .await
+        .unwrap()
+        .unwrap();
+    // adding what is there changes nothing
+    cli(&["deny", "add", "ip", "2001:db8::/32"])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ips(store.clone()).await,
+        ["203.0.113.0/24", "2001:db8::/32"]
+    );
+    let (version, _) = admin::load_config(&store).await.unwrap();
+    for (words, says) in [
+        (
+            vec!["deny", "add", "country", "de"],
+            "deny.countries[0]: \"de\" is not an ISO 3166-1 alpha-2 country code",
+        ),
+        (
+            vec!["deny", "add", "ip", "203.0.113.9/24"],
+            "did you mean 203.0.113.0/24",
+        ),
+        (
+            vec!["deny", "add", "addresses", "1.2.3.4"],
+            "\"addresses\" is not a deny list (key_id, ip, country, user_agent)",
+        ),
+        (
+            vec!["deny", "remove", "ip", "1.2.3.4"],
+            "\"1.2.3.4\" is not on the ip deny list",
+        ),
+        (vec!["deny", "add", "user_agent", " "], "must not be empty"),
+    ] {
+        let e = cli(&words).await.unwrap().unwrap_err();
+        assert!(e.contains(says), "{words:?}: {e}");
+    }
+    assert_eq!(admin::load_config(&store).await.unwrap().0, version);
+    cli(&["deny", "remove", "ip", "203.0.113.0/24"])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ips(store.clone()).await, ["2001:db8::/32"]);
+    cli(&["deny", "list"]).await.unwrap().unwrap();
+    // the repeated add saved nothing, so audited nothing
+    let audit = admin::audit_log(&store, 4).await.unwrap();
+    let actions: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|e| (e.action.as_str(), e.target.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("deny.remove", "deny.ip"),
+            ("deny.add", "deny.ip"),
+            ("deny.add", "deny.ip"),
+            ("config.force", "configuration")
+        ]
+    );
+}

@@ -31,7 +31,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// The upstream's base URL (http:// or https://).
+    /// The upstream's base URL (http:// or https://); required unless --forward-auth.
     #[arg(long, env = "FLOODGATE_UPSTREAM", value_parser = http_url, required_unless_present = "forward_auth", conflicts_with = "forward_auth")]
     upstream: Option<String>,
     /// Forward-auth mode, for a gateway's auth subrequests (Caddy forward_auth,
