@@ -240,3 +240,48 @@ async fn the_cli_edits_deny_lists_through_the_audited_save() {
         ]
     );
 }
+
+/// The native host reads the country from `--country-header` (here CF-IPCountry,
+/// as behind Cloudflare); without the flag, country entries never match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_host_denies_countries_from_the_configured_header() {
+    use floodgate_edge::native_host::{HostConfig, NativeStore};
+    use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+    let redis = RedisServer::start();
+    let mut v: serde_json::Value = serde_json::from_str(DEMO_CONFIG).unwrap();
+    v["deny"] = serde_json::json!({"countries": ["KP", "T1"]});
+    let key = floodgate_tests::seed(&redis, &v.to_string()).await;
+    let seen = Seen::default();
+    let (upstream, _stop) = serve(demo_upstream::router(seen.clone())).await;
+    let client = reqwest::Client::new();
+    for header in [Some("cf-ipcountry"), None] {
+        let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+            .await
+            .unwrap();
+        let pipeline = Pipeline::new(
+            NativeStore::Resp(store),
+            floodgate_shared::time::SystemClock,
+            PipelineConfig::default(),
+        );
+        let mut host = HostConfig::new(&upstream);
+        host.country_header = header.map(str::to_string);
+        let (url, _edge) = floodgate_tests::serve_native(pipeline, host).await;
+        for (country, denied) in [("KP", true), ("kp", true), ("T1", true), ("DE", false)] {
+            let r = client
+                .get(format!("{url}/v1/items"))
+                .bearer_auth(&key.secret)
+                .header("CF-IPCountry", country)
+                .send()
+                .await
+                .unwrap();
+            let want = if denied && header.is_some() {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::OK
+            };
+            assert_eq!(r.status(), want, "{country} with {header:?}");
+        }
+    }
+    // DE with the header, and all four without it
+    assert_eq!(seen.total(), 5);
+}
