@@ -352,3 +352,45 @@ async fn nginx_auth_request_with_the_error_page_workaround_returns_the_429() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.upstream.total(), 10);
 }
+
+/// A request admitted without an identity (here the limiter is off; in production
+/// a fail-open policy while keys cannot be verified) must not reach the upstream
+/// with a client-sent identity. Caddy 2.6's `copy_headers` keeps the client's
+/// header when the auth answer lacks it, so the edge always sends one, empty here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_replaces_a_spoofed_identity_when_the_edge_has_none() {
+    let s = stack().await;
+    let store =
+        floodgate_edge::store::resp::RespStore::connect(&s._redis.url(), Duration::from_secs(2))
+            .await
+            .unwrap();
+    let pipeline = Pipeline::new(
+        NativeStore::Resp(store),
+        floodgate_shared::time::SystemClock,
+        PipelineConfig::default(),
+    );
+    let mut host = HostConfig::forward_auth(ForwardAuth::default());
+    host.limiter = false;
+    let (edge, _stop) = serve_native(pipeline, host).await;
+    let unlimited = Stack {
+        edge,
+        _redis: RedisServer::start(),
+        upstream: RawUpstream::start().await,
+        key: Seeded {
+            secret: String::new(),
+            key_id: String::new(),
+        },
+        _stop: tokio::sync::oneshot::channel().0,
+    };
+    let gw = caddy(&unlimited);
+    let r = client()
+        .get(format!("{}/v1/items", gw.url))
+        .header("X-Floodgate-Key-Id", "spoofed")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let echo = Echo(r.json().await.unwrap());
+    assert_eq!(echo.header("X-Floodgate-Key-Id"), [""]);
+    drop(s);
+}

@@ -405,9 +405,13 @@ async fn handle(
         linger(body, host.config.rules.timeouts.body);
         let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
         add_headers(r.headers_mut(), &quota_headers);
-        if let Some(id) = key_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
-            r.headers_mut().insert(host.identity.clone(), id);
-        }
+        // always sent, empty for a caller forwarded without an identity (fail-open
+        // while keys cannot be verified): a gateway copying it then replaces any
+        // client-sent value (Caddy 2.6 keeps the client's when it is absent)
+        let id = key_id
+            .and_then(|id| HeaderValue::from_str(&id).ok())
+            .unwrap_or_else(|| HeaderValue::from_static(""));
+        r.headers_mut().insert(host.identity.clone(), id);
         return r;
     }
     let rules = &host.config.rules;
