@@ -792,6 +792,56 @@ pub async fn save_headers(
     .await
 }
 
+/// The deny lists, one entry per line each, saved together. An invalid entry is
+/// refused on its list's field (`deny.ips`), naming the entry; nothing is saved.
+#[server(endpoint = "save_deny")]
+pub async fn save_deny(
+    #[server(default)] csrf: String,
+    version: String,
+    #[server(default)] key_ids: String,
+    #[server(default)] ips: String,
+    #[server(default)] countries: String,
+    #[server(default)] user_agents: String,
+) -> Result<Saved, AppError> {
+    use floodgate_shared::deny::{Deny, DenyList, DenySpec};
+    let lines = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let deny = DenySpec {
+        key_ids: lines(&key_ids),
+        ips: lines(&ips),
+        countries: lines(&countries),
+        user_agents: lines(&user_agents),
+    };
+    // each list is one field of the form: the error names the entry in its text
+    if let Err(e) = Deny::new(&deny) {
+        let list = DenyList::ALL
+            .into_iter()
+            .find(|l| e.field.starts_with(l.field()))
+            .map_or("deny", DenyList::field);
+        let entry = e.field[list.len()..]
+            .trim_matches(['[', ']'])
+            .parse::<usize>()
+            .map(|i| format!("line {}: ", i + 1))
+            .unwrap_or_default();
+        return Err(AppError::invalid(list, format!("{entry}{}", e.message)));
+    }
+    ctx::change_config(&csrf, &version, "set deny lists", "deny", move |c| {
+        let before = Some(ctx::json(&c.deny));
+        c.deny = deny.clone();
+        Ok(ctx::Edit {
+            before,
+            after: Some(ctx::json(&deny)),
+            prefix: "(none)".into(),
+        })
+    })
+    .await
+}
+
 /// The policies a request by `key_id` to `path` is checked against.
 #[server(endpoint = "effective")]
 pub async fn effective_limits(key_id: String, path: String) -> Result<Vec<EffectiveRow>, AppError> {

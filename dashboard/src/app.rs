@@ -688,9 +688,22 @@ fn degraded_view(t: &Traffic) -> impl IntoView + use<> {
         t.breaker_opened,
         t.breaker_open_ms as f64 / 1000.0
     );
+    let denied = if t.denied.is_empty() {
+        "No request was denied by a deny list.".to_string()
+    } else {
+        format!(
+            "Denied by list: {}.",
+            t.denied
+                .iter()
+                .map(|(l, n)| format!("{}: {n}", l.name()))
+                .collect::<Vec<_>>()
+                .join(" · ")
+        )
+    };
     view! {
         <h2>"Decisions taken without Redis"</h2>
         <p id="breaker">{breaker}</p>
+        <p id="denied">{denied}</p>
         <p id="modes">{if modes.is_empty() { "No degraded decisions.".to_string() } else { format!("By failure mode: {modes}") }}</p>
         <table id="degraded-modes">
             <thead><tr><th scope="col">"Endpoint"</th><th scope="col">"Failure mode"</th><th scope="col" class="num">"Decisions"</th></tr></thead>
@@ -715,7 +728,10 @@ fn PoliciesPage() -> impl IntoView {
     let delete_override = ServerAction::<DeleteOverride>::new();
     let save_ip = ServerAction::<SaveIpPolicies>::new();
     let save_headers = ServerAction::<SaveHeaders>::new();
+    let save_deny = ServerAction::<SaveDeny>::new();
     let config = Resource::new(|| (), |_| get_config());
+    // the deny lists' counts over the last 24 h
+    let denied = Resource::new(|| (), |_| traffic_stats("24h".into(), String::new()));
     // which item's form is filled in (`Edit` is a link)
     let query = use_query_map();
     let editing = move |k: &str| query.read_untracked().get(k);
@@ -739,6 +755,7 @@ fn PoliciesPage() -> impl IntoView {
                     {route_section(&spec, &csrf, &version, save_route, delete_route, editing("edit_route"))}
                     {override_section(&spec, &csrf, &version, save_override, delete_override, save_ip)}
                     {headers_section(&spec, &csrf, &version, save_headers)}
+                    {deny_section(&spec, &csrf, &version, save_deny, denied.await.ok().map(|t| t.denied))}
                     <EffectiveLimitsTool/>
                 }
                 .into_any()
@@ -1135,6 +1152,53 @@ fn headers_section(
             <label>"Retry-After jitter (0-60 s)" <input name="retry_jitter_secs" inputmode="numeric" value=h.retry_jitter_secs.to_string()/>{field_error(val(save), "headers.retry_jitter_secs")}</label>
             <button type="submit">"Save"</button>
             {outcome(val(save), saved_message, &["headers.retry_jitter_secs"])}
+        </ActionForm>
+    }
+}
+
+fn deny_section(
+    spec: &ConfigSpec,
+    csrf: &str,
+    version: &str,
+    save: ServerAction<SaveDeny>,
+    counts: Option<Vec<(floodgate_shared::deny::DenyList, u64)>>,
+) -> impl IntoView + use<> {
+    use floodgate_shared::deny::DenyList;
+    let d = spec.deny.clone();
+    let (csrf, version) = (csrf.to_string(), version.to_string());
+    let counts = match counts {
+        None => "Denied requests: unavailable.".to_string(),
+        Some(c) => {
+            let n = |l: DenyList| c.iter().find(|(k, _)| *k == l).map_or(0, |(_, n)| *n);
+            format!(
+                "Denied in the last 24 h: {}.",
+                DenyList::ALL
+                    .iter()
+                    .map(|l| format!("{} {}", l.name(), n(*l)))
+                    .collect::<Vec<_>>()
+                    .join(" · ")
+            )
+        }
+    };
+    let area = move |name: &'static str,
+                     label: &'static str,
+                     list: &[String],
+                     field: &'static str| {
+        view! {
+            <label>{label} <textarea name=name rows="4">{list.join("\n")}</textarea>{field_error(val(save), field)}</label>
+        }
+    };
+    view! {
+        <h2>"Deny lists (403 before any limit; one entry per line)"</h2>
+        <p id="deny-counts">{counts}</p>
+        <ActionForm action=save attr:class="card" attr:id="deny-form">
+            {hidden(&csrf, &version)}
+            {area("key_ids", "API key ids", &d.key_ids, "deny.key_ids")}
+            {area("ips", "IP addresses and CIDR ranges (203.0.113.7, 198.51.100.0/24, 2001:db8::/32)", &d.ips, "deny.ips")}
+            {area("countries", "Countries (ISO 3166-1 alpha-2: DE, KP; T1 is Tor)", &d.countries, "deny.countries")}
+            {area("user_agents", "User-agent substrings (case-insensitive)", &d.user_agents, "deny.user_agents")}
+            <button type="submit">"Save deny lists"</button>
+            {outcome(val(save), saved_message, &["deny.key_ids", "deny.ips", "deny.countries", "deny.user_agents"])}
         </ActionForm>
     }
 }

@@ -406,6 +406,8 @@ pub struct Traffic {
     /// Circuit-breaker openings and time open (ms) over the range, all edges.
     pub breaker_opened: u64,
     pub breaker_open_ms: u64,
+    /// Requests refused by each deny list over the range, all edges.
+    pub denied: Vec<(floodgate_shared::deny::DenyList, u64)>,
 }
 
 impl Traffic {

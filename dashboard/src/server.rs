@@ -677,6 +677,7 @@ pub fn summarize(
     let mut by_mode: BTreeMap<_, u64> = BTreeMap::new();
     let mut by_endpoint_mode: BTreeMap<(Endpoint, _), u64> = BTreeMap::new();
     let (mut opened, mut open_ms) = (0, 0);
+    let mut denied: BTreeMap<floodgate_shared::deny::DenyList, u64> = BTreeMap::new();
     for (at, fields) in hashes {
         let Ok(i) = usize::try_from((at - start).div_euclid(step)) else {
             continue;
@@ -706,6 +707,7 @@ pub fn summarize(
                 StatsField::Latency(b) => hist[i].push((b, *count)),
                 StatsField::BreakerOpened => opened += count,
                 StatsField::BreakerOpenMs => open_ms += count,
+                StatsField::Denied(list) => *denied.entry(list).or_default() += count,
                 // per-policy consistency figures: not shown yet
                 StatsField::SampleDropped | StatsField::Leasing(..) => {}
             }
@@ -729,6 +731,7 @@ pub fn summarize(
             .collect(),
         breaker_opened: opened,
         breaker_open_ms: open_ms,
+        denied: denied.into_iter().collect(),
     }
 }
 
@@ -1202,6 +1205,7 @@ mod tests {
                     ("mode:fail_open".to_string(), 9),
                     ("breaker:opened".to_string(), 1),
                     ("breaker:open_ms".to_string(), 1500),
+                    ("denied:ip".to_string(), 4),
                     ("search|allowed".to_string(), 1000),
                 ],
             ),
@@ -1237,6 +1241,7 @@ mod tests {
         );
         assert_eq!(t.degraded_by_endpoint_mode[0].2, 9);
         assert_eq!((t.breaker_opened, t.breaker_open_ms), (1, 1500));
+        assert_eq!(t.denied, [(floodgate_shared::deny::DenyList::Ip, 4)]);
         // six 10-second hashes summed into one 1-minute bar
         let tens: Vec<(i64, Vec<(String, u64)>)> = (0..6)
             .map(|i| (600 + 10 * i, vec![("unmatched|throttled".to_string(), 1)]))

@@ -8,6 +8,8 @@
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
 //! floodgate-cli [STORE] audit [count]            the newest audit records
+//! floodgate-cli [STORE] deny add|remove <list> <value>   list: key_id, ip, country, user_agent
+//! floodgate-cli [STORE] deny list [<list>]
 //! floodgate-cli [STORE] check <bucket key> <limit>/<period> [cost]
 //! floodgate-cli [STORE] show  <bucket key> <limit>/<period>
 //!
@@ -29,10 +31,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::admin::{self, AdminError, Basis};
+use crate::admin::{self, AdminError, Basis, DenyEdit};
 use crate::store::{NativeStore, Store, StoreError, StoreOptions};
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::contract::Answer;
+use floodgate_shared::deny::{DenyList, UnknownList};
 use floodgate_shared::policy::{PolicyError, Quota};
 use floodgate_shared::script::Check;
 
@@ -43,6 +46,8 @@ pub const USAGE: &str =
        floodgate-cli [STORE] key list
        floodgate-cli [STORE] key revoke <id>
        floodgate-cli [STORE] audit [count]
+       floodgate-cli [STORE] deny add|remove <key_id|ip|country|user_agent> <value>
+       floodgate-cli [STORE] deny list [key_id|ip|country|user_agent]
        floodgate-cli [STORE] check <bucket key> <limit>/<period> [cost]
        floodgate-cli [STORE] show  <bucket key> <limit>/<period>
 STORE: [--redis URL | --rest-url URL] [--redis-ca-file PEM]
@@ -102,13 +107,14 @@ pub fn run(mut args: Vec<String>) -> Result<(), CliError> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         if !matches!(
             args.first(),
-            Some(&("config" | "key" | "audit" | "check" | "show"))
+            Some(&("config" | "key" | "audit" | "deny" | "check" | "show"))
         ) {
             return Err(CliError::Usage);
         }
         let store = NativeStore::connect(&options).await?;
         match args.as_slice() {
             ["config", ..] | ["key", ..] | ["audit", ..] => admin_command(&store, &args).await,
+            ["deny", ..] => deny_command(&store, &args).await,
             _ => bucket_command(&store, &args).await,
         }
     })
@@ -227,6 +233,51 @@ async fn admin_command(store: &NativeStore, args: &[&str]) -> Result<(), CliErro
             };
             for e in admin::audit_log(store, count).await? {
                 println!("{}\t{}\t{}\t{}", e.at, e.user, e.action, e.target);
+            }
+        }
+        _ => return Err(CliError::Usage),
+    }
+    Ok(())
+}
+
+fn deny_list(name: &str) -> Result<DenyList, CliError> {
+    name.parse()
+        .map_err(|e: UnknownList| CliError::Refused(e.to_string()))
+}
+
+/// `deny add|remove <list> <value>` (the audited, version-checked save) and
+/// `deny list [<list>]` (one `<list>\t<entry>` line each).
+async fn deny_command(store: &NativeStore, args: &[&str]) -> Result<(), CliError> {
+    match args {
+        ["deny", op @ ("add" | "remove"), list, value] => {
+            let list = deny_list(list)?;
+            let edit = if *op == "add" {
+                DenyEdit::Add
+            } else {
+                DenyEdit::Remove
+            };
+            let (c, version) =
+                admin::edit_deny(store, list, edit, value, &who(), now_secs()).await?;
+            println!(
+                "{} list: {} entries (version {version})",
+                list,
+                c.spec().deny.list(list).len()
+            );
+        }
+        ["deny", "list", rest @ ..] => {
+            let lists = match rest {
+                [] => DenyList::ALL.to_vec(),
+                [one] => vec![deny_list(one)?],
+                _ => return Err(CliError::Usage),
+            };
+            let text = admin::get_config(store)
+                .await?
+                .ok_or_else(|| CliError::Refused("no configuration is stored".into()))?;
+            let config = floodgate_shared::config::EdgeConfig::from_json(&text)?;
+            for list in lists {
+                for entry in config.spec().deny.list(list) {
+                    println!("{list}\t{entry}");
+                }
             }
         }
         _ => return Err(CliError::Usage),

@@ -17,6 +17,7 @@ pub mod cli;
 #[cfg(feature = "native")]
 pub mod demo_upstream;
 #[cfg(feature = "native")]
+pub mod forward_auth;
 #[cfg(feature = "native")]
 pub mod native_host;
 #[cfg(feature = "native")]

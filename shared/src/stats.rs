@@ -20,6 +20,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::deny::DenyList;
 use crate::policy::FailureMode;
 
 /// How long the per-minute hashes stay (two days: the 24 h range and a margin).
@@ -239,6 +240,9 @@ pub enum StatsField {
     /// `policy:<name>|<leasing>`: how a bounded or `auto` policy's requests were
     /// decided, and what its leases cost (docs/consistency.md).
     Leasing(String, Leasing),
+    /// `denied:<list>`: requests refused by a deny list (`key_id`, `ip`, `country`,
+    /// `user_agent`).
+    Denied(DenyList),
 }
 
 /// What a bounded or `auto` policy's counters count.
@@ -295,6 +299,7 @@ impl fmt::Display for StatsField {
             StatsField::BreakerOpenMs => f.write_str("breaker:open_ms"),
             StatsField::SampleDropped => f.write_str("sample:dropped"),
             StatsField::Leasing(policy, l) => write!(f, "policy:{policy}|{}", l.name()),
+            StatsField::Denied(list) => write!(f, "denied:{list}"),
         }
     }
 }
@@ -334,6 +339,7 @@ impl FromStr for StatsField {
             Some(("breaker", "opened")) => Some(StatsField::BreakerOpened),
             Some(("breaker", "open_ms")) => Some(StatsField::BreakerOpenMs),
             Some(("sample", "dropped")) => Some(StatsField::SampleDropped),
+            Some(("denied", list)) => list.parse().ok().map(StatsField::Denied),
             _ => None,
         }
         .map_or_else(|| bad(s), Ok)
@@ -481,6 +487,7 @@ mod tests {
                 prop::sample::select(Leasing::ALL.to_vec())
             )
                 .prop_map(|(p, l)| StatsField::Leasing(p, l)),
+            prop::sample::select(DenyList::ALL.to_vec()).prop_map(StatsField::Denied),
         ]
     }
 
@@ -559,6 +566,9 @@ mod tests {
             "policy:search|leased",
             "policy:search",
             "policy:a b|local",
+            "denied:",
+            "denied:keys",
+            "denied:IP",
         ] {
             assert!(bad.parse::<StatsField>().is_err(), "{bad}");
         }

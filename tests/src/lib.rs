@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod gateway;
 pub mod http;
 pub mod scale;
 pub mod silent;

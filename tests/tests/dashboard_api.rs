@@ -574,3 +574,57 @@ async fn a_backtest_replays_recent_requests_against_the_proposal_without_saving_
     assert_eq!(config["spec"]["headers"]["ietf"], true);
     assert_eq!(config["spec"]["headers"]["retry_jitter_secs"], 3);
 }
+
+#[tokio::test]
+async fn deny_lists_are_saved_from_the_form_and_a_bad_entry_stores_nothing() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let op = Operator::sign_in(&d.url).await;
+    let version = op.version().await;
+    let form = |ips: &'static str, countries: &'static str| {
+        vec![
+            ("key_ids", ""),
+            ("ips", ips),
+            ("countries", countries),
+            ("user_agents", "BadBot\n"),
+        ]
+    };
+    for (ips, countries, field, says) in [
+        (
+            "203.0.113.7\n10.0.0.0/40",
+            "",
+            "deny.ips",
+            "line 2: \"10.0.0.0/40\" is not an IP address or CIDR range",
+        ),
+        ("10.1.2.3/8", "", "deny.ips", "did you mean 10.0.0.0/8"),
+        ("", "DE\nUK1", "deny.countries", "line 2:"),
+    ] {
+        let mut fields = form(ips, countries);
+        fields.push(("version", &version));
+        let v = op.refused("save_deny", &fields).await;
+        assert_eq!(invalid_field(&v), Some(field), "{v}");
+        let message = v["Invalid"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(op.version().await, version, "nothing was stored");
+    let mut fields = form("203.0.113.7\n2001:db8::/32", "KP");
+    fields.push(("version", &version));
+    let v = op.json("save_deny", &fields).await;
+    assert!(v["Ok"].is_string(), "{v}");
+    let config = op.json("config", &[]).await;
+    assert_eq!(
+        config["spec"]["deny"],
+        serde_json::json!({"ips": ["203.0.113.7", "2001:db8::/32"], "countries": ["KP"], "user_agents": ["BadBot"]})
+    );
+    let audit = op.json("audit", &[]).await;
+    assert_eq!(audit[0]["action"], "set deny lists", "{audit}");
+    // a save based on the old version is a conflict, not an overwrite
+    let mut stale = form("", "");
+    stale.push(("version", &version));
+    let v = op.refused("save_deny", &stale).await;
+    assert!(v["Conflict"].is_string(), "{v}");
+    // the editor shows the lists and the counts
+    let (status, html) = op.page("/policies").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("2001:db8::/32") && html.contains("deny-counts"));
+}

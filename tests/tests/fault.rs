@@ -145,6 +145,8 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
                         path: "/v1/x",
                         credentials: Some(auth.as_bytes()),
                         client_ip: None,
+                        country: None,
+                        user_agent: None,
                     };
                     let started = Instant::now();
                     let decided = p.gate(head).await;

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use floodgate_edge::forward_auth::ForwardAuth;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
@@ -30,9 +31,21 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// The upstream's base URL (http:// or https://).
-    #[arg(long, env = "FLOODGATE_UPSTREAM", value_parser = http_url)]
-    upstream: String,
+    /// The upstream's base URL (http:// or https://); required unless --forward-auth.
+    #[arg(long, env = "FLOODGATE_UPSTREAM", value_parser = http_url, required_unless_present = "forward_auth", conflicts_with = "forward_auth")]
+    upstream: Option<String>,
+    /// Forward-auth mode, for a gateway's auth subrequests (Caddy forward_auth,
+    /// Traefik ForwardAuth, Envoy ext_authz, nginx auth_request): no upstream; each
+    /// request is decided from X-Forwarded-Method/-Uri (or Envoy's path prefix) and
+    /// answered 200 with the quota and identity headers, or with the full
+    /// 401/403/429/503 answer. The forwarded headers are trusted: keep this port
+    /// reachable by the gateway only.
+    #[arg(long, env = "FLOODGATE_FORWARD_AUTH")]
+    forward_auth: bool,
+    /// In forward-auth mode, auth requests under this path follow Envoy ext_authz's
+    /// path_prefix convention (the original path after it, the original method).
+    #[arg(long, env = "FLOODGATE_ENVOY_PREFIX", default_value = floodgate_edge::forward_auth::ENVOY_PREFIX, value_parser = path_prefix)]
+    envoy_prefix: String,
     /// Where to listen.
     #[arg(long, env = "FLOODGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
@@ -67,6 +80,11 @@ struct Args {
         default_value = "x-floodgate-key-id"
     )]
     identity_header: String,
+    /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
+    /// deny lists, such as CF-IPCountry behind Cloudflare (default: none, and
+    /// country entries never match).
+    #[arg(long, env = "FLOODGATE_COUNTRY_HEADER")]
+    country_header: Option<String>,
     /// How long configuration and key records are cached.
     #[arg(long, env = "FLOODGATE_CACHE_TTL_MS", default_value_t = 5_000)]
     cache_ttl_ms: u32,
@@ -147,6 +165,20 @@ struct Args {
     no_limit: bool,
 }
 
+fn path_prefix(v: &str) -> Result<String, String> {
+    if v.len() > 1
+        && v.starts_with('/')
+        && !v.ends_with('/')
+        && v.bytes().all(|b| b.is_ascii_graphic())
+    {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "expected a path such as /ext-authz (no trailing /), got {v:?}"
+        ))
+    }
+}
+
 fn http_url(v: &str) -> Result<String, String> {
     if v.starts_with("http://") || v.starts_with("https://") {
         Ok(v.trim_end_matches('/').to_string())
@@ -175,7 +207,12 @@ fn main() -> ExitCode {
 }
 
 fn host_config(a: &Args) -> Result<HostConfig, String> {
-    let mut host = HostConfig::new(&a.upstream);
+    let mut host = match &a.upstream {
+        Some(upstream) => HostConfig::new(upstream),
+        None => HostConfig::forward_auth(ForwardAuth {
+            envoy_prefix: a.envoy_prefix.clone(),
+        }),
+    };
     let header = |flag: &str, v: &str| {
         axum::http::HeaderName::from_bytes(v.as_bytes())
             .map(|h| h.as_str().to_string())
@@ -184,6 +221,11 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     host.rules.key_header = header("--key-header", &a.key_header)?;
     host.rules.identity_header = header("--identity-header", &a.identity_header)?;
     host.rules.forward_key = a.forward_key;
+    host.country_header = a
+        .country_header
+        .as_deref()
+        .map(|v| header("--country-header", v))
+        .transpose()?;
     let ms = |v: u32| Duration::from_millis(u64::from(v));
     host.rules.timeouts.upstream = ms(a.upstream_timeout_ms);
     host.rules.timeouts.header = ms(a.header_timeout_ms);
@@ -287,7 +329,7 @@ fn run(a: Args) -> Result<(), String> {
         eprintln!(
             "floodgate-edge: listening on http://{} → {} (limiter {}, store {}, at most {} connections)",
             listener.local_addr().map_err(|e| e.to_string())?,
-            host.rules.upstream,
+            a.upstream.as_deref().unwrap_or("forward-auth answers"),
             if host.limiter { "on" } else { "OFF" },
             redacted(a.rest_url.as_deref().unwrap_or(&a.redis)),
             host.server.max_connections,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use floodgate_shared::Micros;
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue};
+use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, USER_AGENT};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -26,6 +26,7 @@ use hyper_util::rt::TokioExecutor;
 
 use self::body::{BodyFault, Held, ProxyBody, RequestBody};
 use self::server::{Connection, ServerLimits};
+use crate::forward_auth::ForwardAuth;
 use crate::pipeline::{Gate, Pipeline, RequestHead, Slot, Task};
 use crate::proxy::{HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body};
 /// The store a native host talks to (in [`crate::store`], where every native
@@ -39,6 +40,12 @@ pub struct HostConfig {
     pub server: ServerLimits,
     /// `false`: proxy without limiting (the benchmark's baseline; no store).
     pub limiter: bool,
+    /// Forward-auth mode: no upstream; each request describes another one, which
+    /// the edge decides (see [`crate::forward_auth`]).
+    pub forward_auth: Option<ForwardAuth>,
+    /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
+    /// deny lists, such as `cf-ipcountry` behind Cloudflare (lower case).
+    pub country_header: Option<String>,
 }
 
 impl HostConfig {
@@ -47,6 +54,16 @@ impl HostConfig {
             rules: ProxyRules::new(upstream),
             server: ServerLimits::default(),
             limiter: true,
+            forward_auth: None,
+            country_header: None,
+        }
+    }
+
+    /// Forward-auth mode: answers gateways' auth requests, proxies nothing.
+    pub fn forward_auth(mode: ForwardAuth) -> Self {
+        Self {
+            forward_auth: Some(mode),
+            ..Self::new("")
         }
     }
 }
@@ -61,6 +78,7 @@ pub struct Host {
     config: HostConfig,
     identity: HeaderName,
     key_header: HeaderName,
+    country_header: Option<HeaderName>,
     client: Upstream,
     /// For requests without a body (most GETs): no body wrapper to poll.
     empty: EmptyUpstream,
@@ -95,6 +113,7 @@ impl Host {
         let host = Arc::new(Self {
             identity: header(&config.rules.identity_header)?,
             key_header: header(&config.rules.key_header)?,
+            country_header: config.country_header.as_deref().map(header).transpose()?,
             pipeline,
             client: build().build(connector()),
             empty: build().build(connector()),
@@ -240,13 +259,39 @@ async fn decide(
     if !host.config.limiter {
         return Ok((None, vec![], vec![]));
     }
-    let head = RequestHead {
-        path: parts.uri.path(),
-        credentials: parts
-            .headers
-            .get(&host.key_header)
-            .map(HeaderValue::as_bytes),
-        client_ip: Some(peer.ip()),
+    let credentials = parts
+        .headers
+        .get(&host.key_header)
+        .map(HeaderValue::as_bytes);
+    let country = host
+        .country_header
+        .as_ref()
+        .and_then(|h| parts.headers.get(h))
+        .and_then(|v| v.to_str().ok());
+    let user_agent = parts.headers.get(USER_AGENT).map(HeaderValue::as_bytes);
+    let head = match &host.config.forward_auth {
+        None => RequestHead {
+            path: parts.uri.path(),
+            credentials,
+            client_ip: Some(peer.ip()),
+            country,
+            user_agent,
+        },
+        Some(mode) => {
+            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let original = mode
+                .original(parts.method.as_str(), target, |name| {
+                    parts.headers.get(name).map(HeaderValue::as_bytes)
+                })
+                .map_err(|e| e.answer())?;
+            RequestHead {
+                path: original.path,
+                credentials,
+                client_ip: original.client_ip,
+                country,
+                user_agent,
+            }
+        }
     };
     let decided = host.pipeline.gate(head).await;
     spawn_all(decided.background);
@@ -354,6 +399,21 @@ async fn handle(
         }),
         ..held
     };
+    if host.config.forward_auth.is_some() {
+        // the gateway proxies: admitted, with the identity to copy upstream (the
+        // slots, if any, are given back once this answer is written)
+        linger(body, host.config.rules.timeouts.body);
+        let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
+        add_headers(r.headers_mut(), &quota_headers);
+        // always sent, empty for a caller forwarded without an identity (fail-open
+        // while keys cannot be verified): a gateway copying it then replaces any
+        // client-sent value (Caddy 2.6 keeps the client's when it is absent)
+        let id = key_id
+            .and_then(|id| HeaderValue::from_str(&id).ok())
+            .unwrap_or_else(|| HeaderValue::from_static(""));
+        r.headers_mut().insert(host.identity.clone(), id);
+        return r;
+    }
     let rules = &host.config.rules;
     let target = rules.target(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = target.parse::<hyper::Uri>() else {

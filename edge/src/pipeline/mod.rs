@@ -6,7 +6,7 @@
 //! around it; what both do with the HTTP exchange itself is [`crate::proxy`].
 //!
 //! A request goes through phases, each returning early with its answer:
-//! credentials → caller (key record and configuration, cached) → policies →
+//! credentials → caller (key record and configuration, cached) → deny lists → policies →
 //! deny cache → the bucket check → in-flight slots → forward.
 //!
 //! Every store call (key and configuration reads included) goes through the
@@ -38,6 +38,7 @@ use floodgate_shared::apikeys::{
 };
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
+use floodgate_shared::deny::Visitor;
 use floodgate_shared::lease::{
     LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
 };
@@ -70,6 +71,11 @@ pub struct RequestHead<'a> {
     /// The value of the credentials header, if any.
     pub credentials: Option<&'a [u8]>,
     pub client_ip: Option<IpAddr>,
+    /// The client's country (ISO 3166-1 alpha-2), when the host knows it: the
+    /// Worker's `request.cf.country`, the native host's `--country-header`.
+    pub country: Option<&'a str>,
+    /// The `User-Agent` header's value.
+    pub user_agent: Option<&'a [u8]>,
 }
 
 /// A boxed future: `Send` natively (so a host can spawn it), not in wasm32.
@@ -676,6 +682,7 @@ where
     async fn phases(&self, req: &RequestHead<'_>, later: &mut Vec<Task>) -> Result<Gate, Gate> {
         let secret = self.credentials(req)?;
         let (record, config) = self.caller(secret, req).await?;
+        self.deny_listed(&config, &record, req)?;
         let ctx = self.policies(&config, record, req)?;
         if ctx.policies.is_empty() {
             // a plan without policies: admitted, and counted like any decision
@@ -929,6 +936,32 @@ where
     fn degraded_refusal(&self, ctx: Option<&Ctx<'_>>, route: Option<&str>, why: &str) -> Gate {
         self.degraded(ctx.map(|c| &c.record), FailureMode::FailClosed, route);
         Gate::unavailable(why).with_header(DEGRADED_HEADER, "fail-closed")
+    }
+
+    /// Between phases 2 and 3: the deny lists (cached with the configuration: no
+    /// store call). A
+    /// listed caller gets a 403 naming nothing, before any bucket is checked; it is
+    /// counted per list.
+    fn deny_listed(
+        &self,
+        config: &EdgeConfig,
+        record: &KeyRecord,
+        req: &RequestHead<'_>,
+    ) -> Result<(), Gate> {
+        let visitor = Visitor {
+            key_id: Some(&record.id),
+            ip: req.client_ip,
+            country: req.country,
+            user_agent: req.user_agent,
+        };
+        match config.deny().matches(&visitor) {
+            None => Ok(()),
+            Some(list) => {
+                self.stats
+                    .bump(self.clock.now(), StatsField::Denied(list), 1);
+                Err(Gate::json(403, "Forbidden", None))
+            }
+        }
     }
 
     /// Phase 3: the buckets this request must pass.

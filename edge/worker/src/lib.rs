@@ -220,10 +220,14 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         .headers()
         .get("cf-connecting-ip")?
         .and_then(|v| v.parse().ok());
+    let country = req.cf().and_then(|cf| cf.country());
+    let user_agent = req.headers().get("user-agent")?;
     let head = RequestHead {
         path: url.path(),
         credentials: credentials.as_deref().map(str::as_bytes),
         client_ip,
+        country: country.as_deref(),
+        user_agent: user_agent.as_deref().map(str::as_bytes),
     };
     let decided = edge.pipeline.gate(head).await;
     for task in decided.background {
