@@ -284,6 +284,8 @@ pub async fn save_policy(
     #[server(default)] max_in_flight: String,
     #[server(default)] algorithm: String,
     #[server(default)] shadow: String,
+    #[server(default)] consistency: String,
+    #[server(default)] max_overshoot: String,
     #[server(default)] preview: String,
 ) -> Result<Saved, AppError> {
     let form = crate::model::PolicyForm {
@@ -298,6 +300,8 @@ pub async fn save_policy(
         max_in_flight,
         algorithm,
         shadow: matches!(shadow.as_str(), "on" | "true" | "1"),
+        consistency,
+        max_overshoot,
     };
     let spec = match form.to_spec() {
         Ok(s) => s,
@@ -991,12 +995,28 @@ pub async fn traffic_stats(
     let range = Range::parse(&range).unwrap_or(Range::Minutes15);
     let resolution = range.resolution(Resolution::parse(&resolution));
     let (_, text) = crate::server::load_config(&core.store).await?;
-    let patterns = text
+    let config = text
         .as_deref()
-        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
+        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok());
+    let patterns = config
+        .as_ref()
         .map(|c| crate::server::patterns(c.spec()))
         .unwrap_or_default();
-    Ok(crate::server::traffic(&core.store, ctx::now_secs(), range, resolution, patterns).await?)
+    let leasing = config
+        .as_ref()
+        .map(crate::server::leasing_policies)
+        .unwrap_or_default();
+    let mut t = crate::server::traffic(
+        &core.store,
+        ctx::now_secs(),
+        range,
+        resolution,
+        patterns,
+        leasing,
+    )
+    .await?;
+    t.regions = config.map_or(0, |c| c.regions());
+    Ok(t)
 }
 
 /// The newest 200 audit records, each with the fields its change touched.

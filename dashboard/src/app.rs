@@ -72,6 +72,8 @@ button { cursor:pointer; } button.danger { color:var(--throttled); border-color:
 .muted { color:var(--muted); }
 .banner { background:var(--banner-bg); border:1px solid var(--banner-line); border-left-width:6px; border-radius:4px; padding:.6rem .8rem; margin:.6rem 0; color:var(--fg); }
 .secret { font-family:monospace; font-size:1rem; padding:.5rem; border:2px dashed var(--accent); display:inline-block; user-select:all; word-break:break-all; }
+[hidden] { display:none !important; }
+ul.help { margin:.2rem 0 .6rem; padding-left:1.2rem; font-size:.85rem; }
 .sr-only { position:absolute; width:1px; height:1px; padding:0; margin:-1px; overflow:hidden; clip:rect(0,0,0,0); white-space:nowrap; border:0; }
 .ranges { display:flex; gap:.4rem; flex-wrap:wrap; align-items:center; margin:.4rem 0; }
 .ranges a { padding:.15rem .5rem; border:1px solid var(--line); border-radius:4px; text-decoration:none; color:var(--fg); }
@@ -455,6 +457,7 @@ fn traffic_view(t: Traffic) -> impl IntoView {
         {charts}
         {latency_chart(&t)}
         {degraded_view(&t)}
+        {leasing_view(&t)}
         <h2>{format!("Most throttled keys (last {} min)", t.top_minutes)}</h2>
         <table id="top-throttled">
             <thead><tr><th scope="col">"Key id"</th><th scope="col" class="num">"429s"</th></tr></thead>
@@ -669,6 +672,38 @@ fn latency_chart(t: &Traffic) -> impl IntoView + use<> {
     }
 }
 
+/// The bounded and `auto` limits' figures over the range, as text.
+fn leasing_view(t: &Traffic) -> impl IntoView + use<> {
+    let rows = t
+        .leasing
+        .iter()
+        .map(|l| {
+            view! {
+                <tr data-policy=l.policy.clone()>
+                    <th scope="row">{l.policy.clone()}</th><td>{l.label()}</td>
+                    <td class="local">{l.local_text()}</td><td class="saved">{l.saved_text()}</td><td class="budget">{l.budget_text()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    let regions = (t.regions > 0).then(|| format!(
+        " With {r} regions, each region may admit max_overshoot / (2 × {r}) tokens of a key on credit; N is what that leaves of the bound.",
+        r = t.regions
+    ));
+    let table = (!t.leasing.is_empty()).then(|| view! {
+        <p class="muted">"Decided locally: from tokens at hand, without a round trip to the global Redis. Calls saved: local decisions less the global calls that refilled leases and pools. Budget in use: the tokens outstanding at a refill, on average, of the N tokens the global Redis leases of the bound." {regions}</p>
+        <table id="consistency">
+            <thead><tr><th scope="col">"Limit"</th><th scope="col">"Across edges"</th><th scope="col">"Decided locally"</th><th scope="col">"Global Redis calls saved"</th><th scope="col">"Overshoot budget in use"</th></tr></thead>
+            <tbody>{rows}</tbody>
+        </table>
+    });
+    view! {
+        <h2>"Limits decided at the edge (bounded and auto)"</h2>
+        {t.leasing.is_empty().then(|| view! { <p id="no-bounded">"No bounded policies: every limit is exact (each request asks the global Redis)."</p> })}
+        {table}
+    }
+}
+
 fn degraded_view(t: &Traffic) -> impl IntoView + use<> {
     let modes = t
         .degraded_by_mode
@@ -785,6 +820,7 @@ fn policy_section(
                     <td class="limit">{describe_quota(p)}</td>
                     <td>{p.cost}</td>
                     <td>{form.failure_mode.clone()}{form.shadow.then_some(" · shadow (not enforced)")}</td>
+                    <td class="consistency">{describe_consistency(p)}</td>
                     <td>
                         <a class="edit" href=format!("/policies?edit={name}#policy-form")>"Edit"</a>
                         " "
@@ -806,7 +842,7 @@ fn policy_section(
     view! {
         <h2>"Limits"</h2>
         <table id="policies">
-            <thead><tr><th scope="col">"Name"</th><th scope="col">"Keyed by"</th><th scope="col">"Limit"</th><th scope="col">"Cost"</th><th scope="col">"If Redis fails"</th><th scope="col">"Actions"</th></tr></thead>
+            <thead><tr><th scope="col">"Name"</th><th scope="col">"Keyed by"</th><th scope="col">"Limit"</th><th scope="col">"Cost"</th><th scope="col">"If Redis fails"</th><th scope="col">"Across edges"</th><th scope="col">"Actions"</th></tr></thead>
             <tbody>{rows}</tbody>
         </table>
         {outcome(val(delete), saved_message, &[])}
@@ -843,6 +879,16 @@ fn PolicyEditor(
         f.algorithm.clone()
     };
     let fields: &'static [&'static str] = &POLICY_FIELDS;
+    let chosen = if f.consistency.is_empty() {
+        "exact".to_string()
+    } else {
+        f.consistency.clone()
+    };
+    let consistency = RwSignal::new(chosen.clone());
+    // without JavaScript the bound is always there (refused with exact); once
+    // hydrated, only with bounded or auto (disabled, so not sent, with exact)
+    let ready = hydrated();
+    let no_bound = move || ready.get() && consistency.get() == "exact";
     view! {
         <ActionForm action=save attr:class="card" attr:id="policy-form">
             <strong>{title}</strong><br/>
@@ -877,6 +923,22 @@ fn PolicyEditor(
             </label>
             <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
             <br/>
+            <label>"Consistency across edges"
+                <select name="consistency" aria-describedby="consistency-help" on:change=move |ev| consistency.set(event_target_value(&ev))>
+                    {CONSISTENCIES.iter().map(|(v, label)| view! { <option value=*v selected=chosen == *v>{*label}</option> }).collect_view()}
+                </select>
+                {field_error(val(save), "consistency")}
+            </label>
+            <label hidden=no_bound>"Overshoot bound N (tokens; bounded or auto)"
+                <input name="max_overshoot" inputmode="numeric" aria-describedby="consistency-help" value=f.max_overshoot.clone() disabled=no_bound/>
+                {field_error(val(save), "max_overshoot")}
+            </label>
+            <ul class="help muted" id="consistency-help">
+                <li>"Exact (default): every request asks the global Redis: one round trip each, never over the limit."</li>
+                <li>"Bounded: edges decide warm keys locally, from tokens taken from the global Redis in advance, without waiting for it. In any window, all edges together admit at most N tokens above the limit (N requests at a cost of 1)."</li>
+                <li>"Auto: exact until a key is busy on an edge, then bounded while it stays busy."</li>
+                <li>"N is 1 to the capacity. Bounded and auto need the token bucket algorithm, and work neither with shadow nor with max in flight."</li>
+            </ul>
             <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
             " "
             <button type="submit" id="save-limit">"Save limit"</button>
@@ -890,6 +952,12 @@ fn PolicyEditor(
         </ActionForm>
     }
 }
+
+const CONSISTENCIES: [(&str, &str); 3] = [
+    ("exact", "exact (every request asks the global Redis)"),
+    ("bounded", "bounded (decided at the edge, at most N over)"),
+    ("auto", "auto (exact until a key is busy, then bounded)"),
+];
 
 const ALGORITHMS: [(&str, &str); 4] = [
     ("token_bucket", "token bucket (burst, continuous refill)"),
