@@ -7,7 +7,8 @@
 use leptos::prelude::*;
 
 use crate::model::{
-    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
+    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, LeasingFigures, Saved,
+    SessionInfo, Traffic,
 };
 
 #[cfg(feature = "ssr")]
@@ -995,28 +996,36 @@ pub async fn traffic_stats(
     let range = Range::parse(&range).unwrap_or(Range::Minutes15);
     let resolution = range.resolution(Resolution::parse(&resolution));
     let (_, text) = crate::server::load_config(&core.store).await?;
-    let config = text
+    let patterns = text
         .as_deref()
-        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok());
-    let patterns = config
-        .as_ref()
+        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
         .map(|c| crate::server::patterns(c.spec()))
         .unwrap_or_default();
-    let leasing = config
-        .as_ref()
-        .map(crate::server::leasing_policies)
-        .unwrap_or_default();
-    let mut t = crate::server::traffic(
-        &core.store,
-        ctx::now_secs(),
-        range,
-        resolution,
-        patterns,
-        leasing,
-    )
-    .await?;
-    t.regions = config.map_or(0, |c| c.regions());
-    Ok(t)
+    Ok(crate::server::traffic(&core.store, ctx::now_secs(), range, resolution, patterns).await?)
+}
+
+/// The bounded and `auto` limits' figures over `range` (`15m`, `1h`, `24h`): the
+/// share decided locally, the global calls saved, the overshoot budget in use.
+#[server(endpoint = "leasing")]
+pub async fn leasing_stats(#[server(default)] range: String) -> Result<LeasingFigures, AppError> {
+    use crate::model::Range;
+    ctx::session().await?;
+    let core = ctx::core()?;
+    let range = Range::parse(&range).unwrap_or(Range::Minutes15);
+    let (_, text) = crate::server::load_config(&core.store).await?;
+    let Some(config) = text
+        .as_deref()
+        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
+    else {
+        return Ok(LeasingFigures {
+            policies: vec![],
+            regions: 0,
+        });
+    };
+    Ok(LeasingFigures {
+        policies: crate::server::leasing(&core.store, ctx::now_secs(), range, &config).await?,
+        regions: config.regions(),
+    })
 }
 
 /// The newest 200 audit records, each with the fields its change touched.

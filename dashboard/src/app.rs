@@ -72,7 +72,7 @@ button { cursor:pointer; } button.danger { color:var(--throttled); border-color:
 .muted { color:var(--muted); }
 .banner { background:var(--banner-bg); border:1px solid var(--banner-line); border-left-width:6px; border-radius:4px; padding:.6rem .8rem; margin:.6rem 0; color:var(--fg); }
 .secret { font-family:monospace; font-size:1rem; padding:.5rem; border:2px dashed var(--accent); display:inline-block; user-select:all; word-break:break-all; }
-[hidden] { display:none !important; }
+#policy-form:has(select[name=consistency] option[value=exact]:checked) label.bound:not(:has(.field-error)) { display:none; }
 ul.help { margin:.2rem 0 .6rem; padding-left:1.2rem; font-size:.85rem; }
 .sr-only { position:absolute; width:1px; height:1px; padding:0; margin:-1px; overflow:hidden; clip:rect(0,0,0,0); white-space:nowrap; border:0; }
 .ranges { display:flex; gap:.4rem; flex-wrap:wrap; align-items:center; margin:.4rem 0; }
@@ -326,6 +326,7 @@ fn TrafficPage() -> impl IntoView {
         || (),
         move |_| traffic_stats(range.code().to_string(), resolution.code().to_string()),
     );
+    let figures = Resource::new(|| (), move |_| leasing_stats(range.code().to_string()));
     view! {
         <Title text="Floodgate — traffic"/>
         <h1>"Traffic"</h1>
@@ -343,7 +344,11 @@ fn TrafficPage() -> impl IntoView {
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let initial = data.await;
-                view! { <TrafficLive range=range resolution=resolution initial=initial/> }
+                let figures = match figures.await {
+                    Ok(f) => leasing_view(f).into_any(),
+                    Err(_) => ().into_any(), // the live part shows the error
+                };
+                view! { <TrafficLive range=range resolution=resolution initial=initial/> {figures} }
             })}
         </Suspense>
     }
@@ -457,7 +462,6 @@ fn traffic_view(t: Traffic) -> impl IntoView {
         {charts}
         {latency_chart(&t)}
         {degraded_view(&t)}
-        {leasing_view(&t)}
         <h2>{format!("Most throttled keys (last {} min)", t.top_minutes)}</h2>
         <table id="top-throttled">
             <thead><tr><th scope="col">"Key id"</th><th scope="col" class="num">"429s"</th></tr></thead>
@@ -672,10 +676,11 @@ fn latency_chart(t: &Traffic) -> impl IntoView + use<> {
     }
 }
 
-/// The bounded and `auto` limits' figures over the range, as text.
-fn leasing_view(t: &Traffic) -> impl IntoView + use<> {
+/// The bounded and `auto` limits' figures over the range, as text (rendered on
+/// the server: not part of the live island).
+fn leasing_view(t: LeasingFigures) -> impl IntoView {
     let rows = t
-        .leasing
+        .policies
         .iter()
         .map(|l| {
             view! {
@@ -690,8 +695,8 @@ fn leasing_view(t: &Traffic) -> impl IntoView + use<> {
         " With {r} regions, each region may admit max_overshoot / (2 × {r}) tokens of a key on credit; N is what that leaves of the bound.",
         r = t.regions
     ));
-    let table = (!t.leasing.is_empty()).then(|| view! {
-        <p class="muted">"Decided locally: from tokens at hand, without a round trip to the global Redis. Calls saved: local decisions less the global calls that refilled leases and pools. Budget in use: the tokens outstanding at a refill, on average, of the N tokens the global Redis leases of the bound." {regions}</p>
+    let table = (!t.policies.is_empty()).then(|| view! {
+        <p class="muted">"Decided locally: from tokens at hand, without a round trip to the global Redis. Calls saved: local decisions less the global calls that refilled leases and pools. Budget in use: the tokens outstanding at a refill, on average, of the N tokens the global Redis leases of the bound. As of loading the page (the charts above refresh on their own)." {regions}</p>
         <table id="consistency">
             <thead><tr><th scope="col">"Limit"</th><th scope="col">"Across edges"</th><th scope="col">"Decided locally"</th><th scope="col">"Global Redis calls saved"</th><th scope="col">"Overshoot budget in use"</th></tr></thead>
             <tbody>{rows}</tbody>
@@ -699,7 +704,7 @@ fn leasing_view(t: &Traffic) -> impl IntoView + use<> {
     });
     view! {
         <h2>"Limits decided at the edge (bounded and auto)"</h2>
-        {t.leasing.is_empty().then(|| view! { <p id="no-bounded">"No bounded policies: every limit is exact (each request asks the global Redis)."</p> })}
+        {t.policies.is_empty().then(|| view! { <p id="no-bounded">"No bounded policies: every limit is exact (each request asks the global Redis)."</p> })}
         {table}
     }
 }
@@ -846,6 +851,16 @@ fn policy_section(
             <tbody>{rows}</tbody>
         </table>
         {outcome(val(delete), saved_message, &[])}
+        // outside the island: static text, not in the browser bundle
+        <div class="muted" id="consistency-help">
+            "Consistency across edges, in the form below:"
+            <ul class="help">
+                <li>"Exact (default): every request asks the global Redis: one round trip each, never over the limit."</li>
+                <li>"Bounded: edges decide warm keys locally, from tokens taken from the global Redis in advance, without waiting for it. In any window, all edges together admit at most N tokens above the limit (N requests at a cost of 1)."</li>
+                <li>"Auto: exact until a key is busy on an edge, then bounded while it stays busy."</li>
+                <li>"N is 1 to the capacity. Bounded and auto need the token bucket algorithm, and work neither with shadow nor with max in flight."</li>
+            </ul>
+        </div>
         <PolicyEditor form=form original=original csrf=csrf.to_string() version=version.to_string()/>
     }
 }
@@ -884,11 +899,6 @@ fn PolicyEditor(
     } else {
         f.consistency.clone()
     };
-    let consistency = RwSignal::new(chosen.clone());
-    // without JavaScript the bound is always there (refused with exact); once
-    // hydrated, only with bounded or auto (disabled, so not sent, with exact)
-    let ready = hydrated();
-    let no_bound = move || ready.get() && consistency.get() == "exact";
     view! {
         <ActionForm action=save attr:class="card" attr:id="policy-form">
             <strong>{title}</strong><br/>
@@ -924,21 +934,18 @@ fn PolicyEditor(
             <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
             <br/>
             <label>"Consistency across edges"
-                <select name="consistency" aria-describedby="consistency-help" on:change=move |ev| consistency.set(event_target_value(&ev))>
-                    {CONSISTENCIES.iter().map(|(v, label)| view! { <option value=*v selected=chosen == *v>{*label}</option> }).collect_view()}
+                <select name="consistency" aria-describedby="consistency-help" on:change=|ev| send_bound(event_target_value(&ev) != "exact")>
+                    <option value="exact" selected=chosen == "exact">"exact (every request asks the global Redis)"</option>
+                    <option value="bounded" selected=chosen == "bounded">"bounded (decided at the edge, at most N over)"</option>
+                    <option value="auto" selected=chosen == "auto">"auto (exact until a key is busy, then bounded)"</option>
                 </select>
                 {field_error(val(save), "consistency")}
             </label>
-            <label hidden=no_bound>"Overshoot bound N (tokens; bounded or auto)"
-                <input name="max_overshoot" inputmode="numeric" aria-describedby="consistency-help" value=f.max_overshoot.clone() disabled=no_bound/>
+            <label class="bound">"Overshoot bound N (tokens; bounded or auto)"
+                <input name="max_overshoot" inputmode="numeric" aria-describedby="consistency-help" value=f.max_overshoot.clone()/>
                 {field_error(val(save), "max_overshoot")}
             </label>
-            <ul class="help muted" id="consistency-help">
-                <li>"Exact (default): every request asks the global Redis: one round trip each, never over the limit."</li>
-                <li>"Bounded: edges decide warm keys locally, from tokens taken from the global Redis in advance, without waiting for it. In any window, all edges together admit at most N tokens above the limit (N requests at a cost of 1)."</li>
-                <li>"Auto: exact until a key is busy on an edge, then bounded while it stays busy."</li>
-                <li>"N is 1 to the capacity. Bounded and auto need the token bucket algorithm, and work neither with shadow nor with max in flight."</li>
-            </ul>
+
             <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
             " "
             <button type="submit" id="save-limit">"Save limit"</button>
@@ -953,11 +960,23 @@ fn PolicyEditor(
     }
 }
 
-const CONSISTENCIES: [(&str, &str); 3] = [
-    ("exact", "exact (every request asks the global Redis)"),
-    ("bounded", "bounded (decided at the edge, at most N over)"),
-    ("auto", "auto (exact until a key is busy, then bounded)"),
-];
+/// The policy form's bound is hidden by the style sheet while exact is chosen (with
+/// or without JavaScript; a bound sent with exact is refused, and its error shows
+/// the field again). Once hydrated, switching to exact also stops it being sent
+/// (disabled), so a bounded limit is switched back in one save. Plain DOM calls:
+/// the bundle stays small.
+fn send_bound(on: bool) {
+    #[cfg(feature = "hydrate")]
+    if let Ok(Some(input)) = document().query_selector("#policy-form input[name=max_overshoot]") {
+        let _ = if on {
+            input.remove_attribute("disabled")
+        } else {
+            input.set_attribute("disabled", "")
+        };
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = on;
+}
 
 const ALGORITHMS: [(&str, &str); 4] = [
     ("token_bucket", "token bucket (burst, continuous refill)"),

@@ -406,9 +406,15 @@ pub struct Traffic {
     /// Circuit-breaker openings and time open (ms) over the range, all edges.
     pub breaker_opened: u64,
     pub breaker_open_ms: u64,
-    /// Each configured bounded or `auto` policy's figures over the range (per
-    /// minute: the edges count them per minute only), by name.
-    pub leasing: Vec<PolicyLeasing>,
+}
+
+/// The traffic page's consistency figures: each configured bounded or `auto`
+/// policy over the range, by name (per minute: the edges count them per minute
+/// only). Rendered on the server, outside the page's island, so the browser
+/// bundle carries none of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasingFigures {
+    pub policies: Vec<PolicyLeasing>,
     /// The configuration's `regions` (regional pools holding credit).
     pub regions: u32,
 }

@@ -683,17 +683,35 @@ pub fn count_leasing(rows: &mut [PolicyLeasing], hashes: &[Vec<(String, u64)>]) 
     }
 }
 
+/// The figures of the bounded and `auto` policies of `config` over `range` ending
+/// with the minute of `now`: the range's per-minute hashes (none read when no
+/// policy is bounded).
+pub async fn leasing(
+    store: &NativeStore,
+    now: i64,
+    range: Range,
+    config: &EdgeConfig,
+) -> Result<Vec<PolicyLeasing>, DashError> {
+    let mut rows = leasing_policies(config);
+    if !rows.is_empty() {
+        let (start, n) = bars(now, range, Resolution::Minute1);
+        let minutes: Vec<String> = (0..n as i64)
+            .map(|i| minute_key(start.div_euclid(60) + i))
+            .collect();
+        count_leasing(&mut rows, &hashes(store, &minutes).await?);
+    }
+    Ok(rows)
+}
+
 /// Reads what the traffic page draws: the per-10-second hashes at 10 s, else the
-/// per-minute hashes summed into bars, the most throttled keys of the last hour at
-/// most (their per-minute hashes), and the figures of `leasing` (the bounded and
-/// `auto` policies, from [`leasing_policies`]) from the range's per-minute hashes.
+/// per-minute hashes summed into bars, and the most throttled keys of the last
+/// hour at most (their per-minute hashes).
 pub async fn traffic(
     store: &NativeStore,
     now: i64,
     range: Range,
     resolution: Resolution,
     patterns: BTreeMap<String, String>,
-    mut leasing: Vec<PolicyLeasing>,
 ) -> Result<Traffic, DashError> {
     let (start, n) = bars(now, range, resolution);
     let end = start + n as i64 * resolution.secs();
@@ -707,17 +725,6 @@ pub async fn traffic(
             .unzip()
     };
     let read = hashes(store, &keys).await?;
-    if !leasing.is_empty() {
-        if resolution == Resolution::Seconds10 {
-            // counted per minute only: the minutes the range touches
-            let minutes: Vec<String> = (start.div_euclid(60)..=(end - 1).div_euclid(60))
-                .map(minute_key)
-                .collect();
-            count_leasing(&mut leasing, &hashes(store, &minutes).await?);
-        } else {
-            count_leasing(&mut leasing, &read);
-        }
-    }
     let timed: Vec<(i64, Vec<(String, u64)>)> = starts.into_iter().zip(read).collect();
     let top_minutes = (range.secs() / 60).min(60) as u32;
     let minute = now.div_euclid(60);
@@ -730,7 +737,6 @@ pub async fn traffic(
     t.patterns = patterns;
     t.top_minutes = top_minutes;
     t.top_throttled = top_throttled(&keys_read);
-    t.leasing = leasing;
     Ok(t)
 }
 
@@ -776,7 +782,7 @@ pub fn summarize(
                 StatsField::Latency(b) => hist[i].push((b, *count)),
                 StatsField::BreakerOpened => opened += count,
                 StatsField::BreakerOpenMs => open_ms += count,
-                // per-policy consistency figures: per minute, by `count_leasing`
+                // per-policy consistency figures: per minute, by `leasing`
                 StatsField::SampleDropped | StatsField::Leasing(..) => {}
             }
         }
@@ -799,8 +805,6 @@ pub fn summarize(
             .collect(),
         breaker_opened: opened,
         breaker_open_ms: open_ms,
-        leasing: vec![],
-        regions: 0,
     }
 }
 

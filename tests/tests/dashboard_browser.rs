@@ -775,7 +775,8 @@ async fn an_operator_makes_a_limit_bounded_and_reads_its_figures() {
     b.goto(&format!("{}/policies?edit=search#policy-form", dash.url))
         .await;
     hydrated(&b).await;
-    let bound_hidden = "return document.querySelector('#policy-form input[name=max_overshoot]').closest('label').hidden;";
+    // the style sheet hides the bound while exact is chosen
+    let bound_hidden = "return getComputedStyle(document.querySelector('#policy-form input[name=max_overshoot]').closest('label')).display === 'none';";
     b.wait_until("exact hides the bound", bound_hidden, WAIT)
         .await;
     js(
@@ -849,5 +850,24 @@ async fn an_operator_makes_a_limit_bounded_and_reads_its_figures() {
     assert!(b.find("#no-bounded").await.is_none());
     b.screenshot("03-bounded-figures").await;
     accessible(&b, "/, bounded figures").await;
+
+    // back to exact in one save: the bound is hidden and no longer sent
+    b.goto(&format!("{}/policies?edit=search#policy-form", dash.url))
+        .await;
+    hydrated(&b).await;
+    js(
+        &b,
+        "const s = document.querySelector('#policy-form select[name=consistency]'); s.value = 'exact'; s.dispatchEvent(new Event('change', {bubbles: true})); return 1;",
+    )
+    .await;
+    b.wait_until("exact hides the bound again", bound_hidden, WAIT)
+        .await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
+    b.wait_until(
+        "the list shows exact",
+        "const c = document.querySelector(\"tr[data-policy='search'] td.consistency\"); return !!c && c.textContent === 'exact';",
+        WAIT,
+    )
+    .await;
     b.quit().await;
 }
