@@ -251,6 +251,11 @@ mod tests {
             ("routes[0].pattern", "Route \"search\", pattern"),
             ("routes[7].policies", "Route #8, limits"),
             ("policies[0].quota.capacity", "Limit \"default\", capacity"),
+            (
+                "policies[0].max_overshoot",
+                "Limit \"default\", overshoot bound",
+            ),
+            ("consistency", "Consistency across edges"),
             ("policies[0]", "Limit \"default\""),
             ("plans.free[0]", "Plan \"free\", limits"),
             ("plans.free", "Plan \"free\""),

@@ -604,6 +604,30 @@ async fn without_javascript_every_page_reads_and_forms_still_post() {
     b.click(&b.find("#plan-form button[type=submit]").await.unwrap())
         .await;
     b.wait_for("tr[data-plan='gold']", WAIT).await;
+    // a limit made bounded: the style sheet shows the bound only once bounded is
+    // chosen (WebDriver's text is empty for what is not displayed)
+    b.goto(&format!("{}/policies?edit=search", dash.url)).await;
+    let bound_label = b.wait_for("#policy-form label.bound", WAIT).await;
+    assert_eq!(b.text(&bound_label).await, "", "hidden while exact");
+    b.click(&b.find("#policy-form option[value=bounded]").await.unwrap())
+        .await;
+    assert!(
+        b.text(&bound_label).await.contains("Overshoot bound"),
+        "shown with bounded"
+    );
+    let bound = b
+        .find("#policy-form input[name=max_overshoot]")
+        .await
+        .unwrap();
+    b.fill(&bound, "20").await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while text_of(&b, "tr[data-policy='search'] td.consistency").await != "bounded, at most 20 over"
+    {
+        assert!(std::time::Instant::now() < deadline, "not saved");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    b.screenshot("02b-policies-bounded").await;
     // keys: the table reads; creating a key needs the page's script to show its
     // secret once, so without it the form says so and creates nothing
     b.goto(&format!("{}/keys", dash.url)).await;
