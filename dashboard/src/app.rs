@@ -932,7 +932,6 @@ fn PolicyEditor(
                 {field_error(val(save), "algorithm")}
             </label>
             <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
-            <br/>
             <label>"Consistency across edges"
                 <select name="consistency" aria-describedby="consistency-help" on:change=|ev| send_bound(event_target_value(&ev) != "exact")>
                     <option value="exact" selected=chosen == "exact">"exact (every request asks the global Redis)"</option>
@@ -945,6 +944,7 @@ fn PolicyEditor(
                 <input name="max_overshoot" inputmode="numeric" aria-describedby="consistency-help" value=f.max_overshoot.clone()/>
                 {field_error(val(save), "max_overshoot")}
             </label>
+            <br/>
 
             <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
             " "
