@@ -7,7 +7,8 @@
 use leptos::prelude::*;
 
 use crate::model::{
-    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
+    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, LeasingFigures, Saved,
+    SessionInfo, Traffic,
 };
 
 #[cfg(feature = "ssr")]
@@ -284,6 +285,8 @@ pub async fn save_policy(
     #[server(default)] max_in_flight: String,
     #[server(default)] algorithm: String,
     #[server(default)] shadow: String,
+    #[server(default)] consistency: String,
+    #[server(default)] max_overshoot: String,
     #[server(default)] preview: String,
 ) -> Result<Saved, AppError> {
     let form = crate::model::PolicyForm {
@@ -298,6 +301,8 @@ pub async fn save_policy(
         max_in_flight,
         algorithm,
         shadow: matches!(shadow.as_str(), "on" | "true" | "1"),
+        consistency,
+        max_overshoot,
     };
     let spec = match form.to_spec() {
         Ok(s) => s,
@@ -1047,6 +1052,30 @@ pub async fn traffic_stats(
         .map(|c| crate::server::patterns(c.spec()))
         .unwrap_or_default();
     Ok(crate::server::traffic(&core.store, ctx::now_secs(), range, resolution, patterns).await?)
+}
+
+/// The bounded and `auto` limits' figures over `range` (`15m`, `1h`, `24h`): the
+/// share decided locally, the global calls saved, the overshoot budget in use.
+#[server(endpoint = "leasing")]
+pub async fn leasing_stats(#[server(default)] range: String) -> Result<LeasingFigures, AppError> {
+    use crate::model::Range;
+    ctx::session().await?;
+    let core = ctx::core()?;
+    let range = Range::parse(&range).unwrap_or(Range::Minutes15);
+    let (_, text) = crate::server::load_config(&core.store).await?;
+    let Some(config) = text
+        .as_deref()
+        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
+    else {
+        return Ok(LeasingFigures {
+            policies: vec![],
+            regions: 0,
+        });
+    };
+    Ok(LeasingFigures {
+        policies: crate::server::leasing(&core.store, ctx::now_secs(), range, &config).await?,
+        regions: config.regions(),
+    })
 }
 
 /// The newest 200 audit records, each with the fields its change touched.
