@@ -6,13 +6,15 @@
 //! background and is refunded if it admitted a request that was refused.
 //! `--breaker-threshold` consecutive failures open the circuit breaker for
 //! `--breaker-cool-down-ms`, then one `PING` decides whether it closes. Breaker
-//! transitions are logged to stderr. Ctrl-C or SIGTERM stops it after requests in
-//! flight.
+//! transitions and configuration reloads are logged to stderr (`--log-format`
+//! text or json; request-scoped events carry the request's id). Ctrl-C or SIGTERM
+//! stops it after requests in flight.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use floodgate_edge::args::{LogArgs, http_url};
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
@@ -145,14 +147,8 @@ struct Args {
     /// Proxy without limiting and without a store (a baseline for benchmarks).
     #[arg(long, env = "FLOODGATE_NO_LIMIT")]
     no_limit: bool,
-}
-
-fn http_url(v: &str) -> Result<String, String> {
-    if v.starts_with("http://") || v.starts_with("https://") {
-        Ok(v.trim_end_matches('/').to_string())
-    } else {
-        Err(format!("expected an http(s):// URL, got {v:?}"))
-    }
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 /// A store URL without its password, for logs.
@@ -165,10 +161,11 @@ fn redacted(url: &str) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    args.log.init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("floodgate-edge: {e}");
+            tracing::error!("{e}");
             ExitCode::from(2)
         }
     }
@@ -284,12 +281,21 @@ fn run(a: Args) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .map_err(|e| format!("--listen {}: {e}", a.listen))?;
-        eprintln!(
-            "floodgate-edge: listening on http://{} → {} (limiter {}, store {}, at most {} connections)",
-            listener.local_addr().map_err(|e| e.to_string())?,
+        let at = listener.local_addr().map_err(|e| e.to_string())?;
+        let store = if a.no_limit {
+            "none".to_string()
+        } else {
+            redacted(a.rest_url.as_deref().unwrap_or(&a.redis))
+        };
+        tracing::info!(
+            listen = %at,
+            upstream = %host.rules.upstream,
+            limiter = host.limiter,
+            store = %store,
+            max_connections = host.server.max_connections,
+            "floodgate-edge: listening on http://{at} → {} (limiter {}, store {store}, at most {} connections)",
             host.rules.upstream,
             if host.limiter { "on" } else { "OFF" },
-            redacted(a.rest_url.as_deref().unwrap_or(&a.redis)),
             host.server.max_connections,
         );
         let host = Host::new(pipeline, host)?;
