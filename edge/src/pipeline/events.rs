@@ -181,26 +181,25 @@ pub fn trace(_event: &LogEvent<'_>) {}
 
 /// One JSON object per event (the Worker's console line): `timestamp` (given by
 /// the host), `level`, `target`, `message` and `fields`, like the native JSON logs.
+/// Written by hand (strings escaped by serde_json): no JSON tree in the Worker.
 pub fn json_line(event: &LogEvent<'_>, timestamp: &str) -> String {
-    let fields: serde_json::Map<String, serde_json::Value> = event
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    let fields: Vec<String> = event
         .fields()
         .into_iter()
-        .map(|(k, v)| {
-            let v = match v {
-                FieldValue::Text(t) => serde_json::Value::from(t),
-                FieldValue::Number(n) => serde_json::Value::from(n),
-            };
-            (k.to_string(), v)
+        .map(|(k, v)| match v {
+            FieldValue::Text(t) => format!("{}:{}", text(k), text(t)),
+            FieldValue::Number(n) => format!("{}:{n}", text(k)),
         })
         .collect();
-    serde_json::json!({
-        "timestamp": timestamp,
-        "level": event.level().name(),
-        "target": event.target(),
-        "message": event.message(),
-        "fields": fields,
-    })
-    .to_string()
+    format!(
+        "{{\"timestamp\":{},\"level\":{},\"target\":{},\"message\":{},\"fields\":{{{}}}}}",
+        text(timestamp),
+        text(event.level().name()),
+        text(event.target()),
+        text(&event.message()),
+        fields.join(",")
+    )
 }
 
 #[cfg(test)]
@@ -233,5 +232,19 @@ mod tests {
         assert_eq!(v["fields"]["at_us"], 1_500_000);
         assert_eq!(v["fields"]["store"], "global");
         assert!(v["message"].as_str().unwrap().contains("5 consecutive"));
+        let quoted = Transition {
+            reason: "a \"quoted\"\nline".into(),
+            ..t
+        };
+        let line = json_line(
+            &LogEvent::Breaker {
+                store: StoreRole::Regional,
+                transition: &quoted,
+            },
+            "t",
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["fields"]["reason"], "a \"quoted\"\nline");
+        assert!(!line.contains('\n'));
     }
 }

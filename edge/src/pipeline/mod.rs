@@ -162,6 +162,13 @@ impl Default for PipelineConfig {
     }
 }
 
+/// FNV-1a over `bytes` (never 0 in practice; tells one stored text from another).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// How long a store call may run in the background after missing an answer
 /// deadline of `deadline`: the store's own (transport) deadline, which hosts give
 /// their stores. Long enough for a late reply to be settled (refunded), short
@@ -188,6 +195,9 @@ struct Totals {
     open_us_counted: std::sync::Mutex<Micros>,
     key_cache_hits: AtomicU64,
     key_cache_misses: AtomicU64,
+    /// The FNV-1a digest of the configuration in use (0: none yet), so a reload
+    /// of the same text is not logged as a new configuration.
+    config_digest: AtomicU64,
     /// Why the stored configuration was last not used (logged once per reason).
     config_problem: std::sync::Mutex<String>,
 }
@@ -880,10 +890,16 @@ where
         let now = self.clock.now();
         let mut values = values.into_iter();
         let config = if need_config {
-            match self.parse_config(values.next().flatten()) {
+            let raw = values.next().flatten();
+            let digest = raw.as_deref().map(fnv1a);
+            match self.parse_config(raw) {
                 Ok(c) => {
                     lock(&self.totals.config_problem).clear();
-                    if config.any().is_none_or(|old| *old != c) {
+                    let seen = self
+                        .totals
+                        .config_digest
+                        .swap(digest.unwrap_or_default(), Ordering::Relaxed);
+                    if seen != digest.unwrap_or_default() {
                         let spec = c.spec();
                         (self.settings.log)(&LogEvent::ConfigLoaded {
                             policies: spec.policies.len(),
