@@ -58,6 +58,8 @@ pub struct Core {
     /// Proxies whose `X-Forwarded-For` names the client (none by default: the
     /// client is the connection's peer).
     pub trusted_proxies: Vec<IpNet>,
+    /// The fleet's totals served at `/metrics`.
+    pub fleet: Arc<crate::fleet::Fleet>,
 }
 
 #[derive(Clone)]
@@ -785,7 +787,7 @@ pub fn summarize(
                 StatsField::BreakerOpenMs => open_ms += count,
                 StatsField::Denied(list) => *denied.entry(list).or_default() += count,
                 // per-policy consistency figures: per minute, by `leasing`
-                StatsField::SampleDropped | StatsField::Leasing(..) => {}
+                StatsField::SampleDropped | StatsField::LatencySumUs | StatsField::Leasing(..) => {}
             }
         }
     }
@@ -1132,6 +1134,7 @@ pub fn app_state(store: NativeStore, site_root: &str, secure_cookies: bool) -> A
             store,
             secure_cookies,
             trusted_proxies: vec![],
+            fleet: Arc::default(),
         }),
     }
 }
@@ -1188,7 +1191,24 @@ pub fn router(state: AppState) -> axum::Router {
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        // after the guard: a scraper has no session, and a scrape during an outage
+        // must answer (the guard reads sessions from Redis)
+        .route("/metrics", axum::routing::get(metrics))
         .with_state(state)
+}
+
+/// The fleet's totals (`crate::fleet`), without a session.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let now = chrono::Utc::now().timestamp();
+    let text = state.core.fleet.scrape(&state.core.store, now).await;
+    (
+        [
+            (header::CONTENT_TYPE, floodgate_edge::metrics::CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        text,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -13,11 +13,14 @@ pub mod timer;
 #[cfg(feature = "native")]
 pub mod admin;
 #[cfg(feature = "native")]
+pub mod args;
+#[cfg(feature = "native")]
 pub mod cli;
 #[cfg(feature = "native")]
 pub mod demo_upstream;
 #[cfg(feature = "native")]
 pub mod forward_auth;
+pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native_host;
 #[cfg(feature = "native")]

@@ -230,6 +230,9 @@ pub enum StatsField {
     Mode(FailureMode),
     /// `lat:<upper bound µs>` (`lat:inf` above 1 s): store calls by latency.
     Latency(u64),
+    /// `lat:sum_us`: the store calls' latencies summed (µs; with the `Latency`
+    /// buckets, a Prometheus histogram's sum).
+    LatencySumUs,
     /// `breaker:opened`: closed → open transitions of the circuit breaker.
     BreakerOpened,
     /// `breaker:open_ms`: ms the breaker spent open or half-open.
@@ -294,6 +297,7 @@ impl fmt::Display for StatsField {
             StatsField::EndpointMode(e, m) => write!(f, "{e}|degraded:{}", m.name()),
             StatsField::Mode(m) => write!(f, "mode:{}", m.name()),
             StatsField::Latency(u64::MAX) => f.write_str("lat:inf"),
+            StatsField::LatencySumUs => f.write_str("lat:sum_us"),
             StatsField::Latency(b) => write!(f, "lat:{b}"),
             StatsField::BreakerOpened => f.write_str("breaker:opened"),
             StatsField::BreakerOpenMs => f.write_str("breaker:open_ms"),
@@ -331,6 +335,7 @@ impl FromStr for StatsField {
         match s.split_once(':') {
             Some(("mode", m)) => mode_from_name(m).map(StatsField::Mode),
             Some(("lat", "inf")) => Some(StatsField::Latency(u64::MAX)),
+            Some(("lat", "sum_us")) => Some(StatsField::LatencySumUs),
             Some(("lat", b)) => b
                 .parse()
                 .ok()
@@ -475,6 +480,7 @@ mod tests {
             (endpoint(), mode()).prop_map(|(e, m)| StatsField::EndpointMode(e, m)),
             mode().prop_map(StatsField::Mode),
             prop::sample::select(LATENCY_BOUNDS_US.to_vec()).prop_map(StatsField::Latency),
+            Just(StatsField::LatencySumUs),
             Just(StatsField::BreakerOpened),
             Just(StatsField::BreakerOpenMs),
             Just(StatsField::SampleDropped),

@@ -37,8 +37,8 @@ const PERSISTENT: &[&str] = &["--appendonly", "yes", "--appendfsync", "everysec"
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-fn log_line(line: &str) {
-    LOG.lock().unwrap().push(line.to_string());
+fn log_line(event: &floodgate_edge::pipeline::LogEvent<'_>) {
+    LOG.lock().unwrap().push(event.message());
 }
 
 fn config(mode: &str) -> String {

@@ -6,13 +6,15 @@
 //! background and is refunded if it admitted a request that was refused.
 //! `--breaker-threshold` consecutive failures open the circuit breaker for
 //! `--breaker-cool-down-ms`, then one `PING` decides whether it closes. Breaker
-//! transitions are logged to stderr. Ctrl-C or SIGTERM stops it after requests in
-//! flight.
+//! transitions and configuration reloads are logged to stderr (`--log-format`
+//! text or json; request-scoped events carry the request's id). Ctrl-C or SIGTERM
+//! stops it after requests in flight.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use floodgate_edge::args::{LogArgs, http_url};
 use floodgate_edge::forward_auth::ForwardAuth;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
@@ -163,6 +165,8 @@ struct Args {
     /// Proxy without limiting and without a store (a baseline for benchmarks).
     #[arg(long, env = "FLOODGATE_NO_LIMIT")]
     no_limit: bool,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 fn path_prefix(v: &str) -> Result<String, String> {
@@ -179,14 +183,6 @@ fn path_prefix(v: &str) -> Result<String, String> {
     }
 }
 
-fn http_url(v: &str) -> Result<String, String> {
-    if v.starts_with("http://") || v.starts_with("https://") {
-        Ok(v.trim_end_matches('/').to_string())
-    } else {
-        Err(format!("expected an http(s):// URL, got {v:?}"))
-    }
-}
-
 /// A store URL without its password, for logs.
 fn redacted(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -197,10 +193,11 @@ fn redacted(url: &str) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    args.log.init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("floodgate-edge: {e}");
+            tracing::error!("{e}");
             ExitCode::from(2)
         }
     }
@@ -326,12 +323,21 @@ fn run(a: Args) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .map_err(|e| format!("--listen {}: {e}", a.listen))?;
-        eprintln!(
-            "floodgate-edge: listening on http://{} → {} (limiter {}, store {}, at most {} connections)",
-            listener.local_addr().map_err(|e| e.to_string())?,
-            a.upstream.as_deref().unwrap_or("forward-auth answers"),
+        let at = listener.local_addr().map_err(|e| e.to_string())?;
+        let store = if a.no_limit {
+            "none".to_string()
+        } else {
+            redacted(a.rest_url.as_deref().unwrap_or(&a.redis))
+        };
+        let upstream = a.upstream.as_deref().unwrap_or("forward-auth answers");
+        tracing::info!(
+            listen = %at,
+            upstream = %upstream,
+            limiter = host.limiter,
+            store = %store,
+            max_connections = host.server.max_connections,
+            "floodgate-edge: listening on http://{at} → {upstream} (limiter {}, store {store}, at most {} connections)",
             if host.limiter { "on" } else { "OFF" },
-            redacted(a.rest_url.as_deref().unwrap_or(&a.redis)),
             host.server.max_connections,
         );
         let host = Host::new(pipeline, host)?;

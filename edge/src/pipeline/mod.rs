@@ -24,6 +24,7 @@
 mod answer;
 pub mod bounded;
 mod deny;
+pub mod events;
 pub mod offset;
 mod records;
 
@@ -50,6 +51,7 @@ use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
 pub use self::answer::{DEGRADED_HEADER, Gate, Slot};
 use self::bounded::{GiveBack, LeaseSettings, Leases, Refill};
 use self::deny::{Denied, DenyCache};
+pub use self::events::{LogEvent, StoreRole};
 use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
 use crate::breaker::{Breaker, BreakerStats, Permit, Phase, Transition};
@@ -133,14 +135,9 @@ pub struct PipelineConfig {
     pub unknown_keys_per_min: u32,
     /// Lease lifetime and the `auto` switch's rates (bounded consistency).
     pub leases: LeaseSettings,
-    /// Where breaker transitions are logged (one line each): stderr natively, the
-    /// console in the Worker.
-    pub log: fn(&str),
-}
-
-/// Logs to stderr (natively; a no-op sink in wasm32, where hosts pass their own).
-pub fn log_to_stderr(line: &str) {
-    eprintln!("{line}");
+    /// Where breaker transitions and configuration reloads are logged: `tracing`
+    /// natively ([`events::trace`]), JSON lines on the console in the Worker.
+    pub log: fn(&LogEvent<'_>),
 }
 
 /// Default breaker threshold: consecutive retryable failures that open it.
@@ -166,9 +163,16 @@ impl Default for PipelineConfig {
             unknown_keys_per_ip_per_min: 20,
             unknown_keys_per_min: 600,
             leases: LeaseSettings::default(),
-            log: log_to_stderr,
+            log: events::trace,
         }
     }
+}
+
+/// FNV-1a over `bytes` (never 0 in practice; tells one stored text from another).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// How long a store call may run in the background after missing an answer
@@ -195,6 +199,13 @@ struct Totals {
     lease_misses: AtomicU64,
     /// µs of breaker time already written to `breaker|open_ms`.
     open_us_counted: std::sync::Mutex<Micros>,
+    key_cache_hits: AtomicU64,
+    key_cache_misses: AtomicU64,
+    /// The FNV-1a digest of the configuration in use (0: none yet), so a reload
+    /// of the same text is not logged as a new configuration.
+    config_digest: AtomicU64,
+    /// Why the stored configuration was last not used (logged once per reason).
+    config_problem: std::sync::Mutex<String>,
 }
 
 /// One instance's view of its store, served as JSON by the hosts
@@ -452,6 +463,37 @@ where
         self
     }
 
+    /// Counts every stats field into `sink` as well (the instance's Prometheus
+    /// metrics natively), as it is counted.
+    pub fn with_stats_sink(mut self, sink: Arc<dyn crate::stats::StatsSink>) -> Self {
+        self.stats = Stats::with_sink(sink);
+        self
+    }
+
+    /// The phase and counters of each store's breaker: the global store's, and
+    /// the regional store's when there is one.
+    pub fn breakers(&self) -> Vec<(StoreRole, Phase, BreakerStats)> {
+        let now = self.clock.now();
+        let mut out = vec![(
+            StoreRole::Global,
+            self.breaker.phase(),
+            self.breaker.stats(now),
+        )];
+        if let Some(r) = &self.regional {
+            out.push((StoreRole::Regional, r.breaker.phase(), r.breaker.stats(now)));
+        }
+        out
+    }
+
+    /// Key records found fresh in the cache, and key lookups that went to the
+    /// store, since start.
+    pub fn key_cache(&self) -> (u64, u64) {
+        (
+            self.totals.key_cache_hits.load(Ordering::Relaxed),
+            self.totals.key_cache_misses.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn store(&self) -> &S {
         &self.store
     }
@@ -488,9 +530,12 @@ where
     }
 
     /// Logs a breaker transition, if there was one, and counts new outages.
-    fn logged(&self, moved: Option<Transition>) {
+    fn logged(&self, store: StoreRole, moved: Option<Transition>) {
         if let Some(t) = moved {
-            (self.settings.log)(&t.to_string());
+            (self.settings.log)(&LogEvent::Breaker {
+                store,
+                transition: &t,
+            });
             if (t.from, t.to) == (Phase::Closed, Phase::Open) {
                 self.stats.bump(t.at, StatsField::BreakerOpened, 1);
             }
@@ -524,8 +569,13 @@ where
         store: &S,
         fut: BoxFuture<'static, Result<T, StoreError>>,
     ) -> Called<T> {
+        let role = if std::ptr::eq(breaker, &self.breaker) {
+            StoreRole::Global
+        } else {
+            StoreRole::Regional
+        };
         let (permit, moved) = breaker.permit(self.clock.now());
-        self.logged(moved);
+        self.logged(role, moved);
         match permit {
             Permit::Skip => return Called::Failed(skipped(), None),
             Permit::Probe => {
@@ -539,28 +589,28 @@ where
                 let now = self.clock.now();
                 if let Some(e) = failed {
                     // any failed health check reopens, whatever the error
-                    self.logged(breaker.probe_failed(now, &e));
+                    self.logged(role, breaker.probe_failed(now, &e));
                     return Called::Failed(e, None);
                 }
-                self.logged(breaker.probe_succeeded(now));
+                self.logged(role, breaker.probe_succeeded(now));
             }
             Permit::Call => {}
         }
         match race(fut, self.deadline()).await {
             Raced::Done(Ok(v)) => {
-                self.logged(breaker.success(self.clock.now()));
+                self.logged(role, breaker.success(self.clock.now()));
                 Called::Done(v)
             }
             Raced::Done(Err(e)) => {
                 if e.is_retryable() {
-                    self.logged(breaker.failure(self.clock.now(), &e));
+                    self.logged(role, breaker.failure(self.clock.now(), &e));
                 }
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
                 let e = self.late_error();
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
-                self.logged(breaker.failure(self.clock.now(), &e));
+                self.logged(role, breaker.failure(self.clock.now(), &e));
                 Called::Failed(e, Some(still))
             }
         }
@@ -778,6 +828,12 @@ where
         let key = self.records.key(&hash, now);
         let config = self.records.config(now);
         let need_key = !matches!(key, Lookup::Fresh(_));
+        let counter = if need_key {
+            &self.totals.key_cache_misses
+        } else {
+            &self.totals.key_cache_hits
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         if need_key
             && key == Lookup::Missing
             && let Err(wait) = self.unknown_keys.room(req.client_ip, now)
@@ -841,17 +897,41 @@ where
         let now = self.clock.now();
         let mut values = values.into_iter();
         let config = if need_config {
-            match self.parse_config(values.next().flatten()) {
+            let raw = values.next().flatten();
+            let digest = raw.as_deref().map(fnv1a);
+            match self.parse_config(raw) {
                 Ok(c) => {
+                    lock(&self.totals.config_problem).clear();
+                    let seen = self
+                        .totals
+                        .config_digest
+                        .swap(digest.unwrap_or_default(), Ordering::Relaxed);
+                    if seen != digest.unwrap_or_default() {
+                        let spec = c.spec();
+                        (self.settings.log)(&LogEvent::ConfigLoaded {
+                            policies: spec.policies.len(),
+                            plans: spec.plans.len(),
+                            routes: spec.routes.len(),
+                            at: now,
+                        });
+                    }
                     let c = Arc::new(c);
                     self.records.set_config(c.clone(), now);
                     c
                 }
                 // a broken or missing configuration: keep the last good one
-                Err(why) => match config.any() {
-                    Some(c) => c,
-                    None => return Err(self.degraded_refusal(None, None, &why)),
-                },
+                Err(why) => {
+                    let mut last = lock(&self.totals.config_problem);
+                    if *last != why {
+                        (self.settings.log)(&LogEvent::ConfigRejected { why: &why, at: now });
+                        last.clone_from(&why);
+                    }
+                    drop(last);
+                    match config.any() {
+                        Some(c) => c,
+                        None => return Err(self.degraded_refusal(None, None, &why)),
+                    }
+                }
             }
         } else {
             config.any().expect("fresh")
