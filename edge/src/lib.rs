@@ -20,6 +20,7 @@ pub mod cli;
 pub mod demo_upstream;
 #[cfg(feature = "native")]
 pub mod forward_auth;
+#[cfg(feature = "native")]
 pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native_host;
