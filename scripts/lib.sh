@@ -88,3 +88,38 @@ worker_env() {
     echo env "${common[@]}"
   fi
 }
+
+# inputs_hash PATH...: one hash over the build inputs under PATHs (sources, manifests,
+# lock files, scripts; never build output or node_modules) and the toolchain
+# versions: equal hashes mean an output built from them is up to date.
+inputs_hash() {
+  {
+    find "$@" -type f \( -name '*.rs' -o -name '*.toml' -o -name '*.lock' -o -name '*.lua' \
+      -o -name '*.mjs' -o -name '*.js' -o -name '*.css' -o -name '*.json' -o -name '*.sh' \) \
+      -not -path '*/node_modules/*' -not -path '*/target/*' -not -path '*/build/*' -print0 \
+      | sort -z | xargs -0 sha256sum
+    rustc --version 2>/dev/null || true
+    "${WASM_CARGO[@]}" --version 2>/dev/null || true
+  } | sha256sum | cut -c1-16
+}
+
+# build_once NAME STAMP HASH OUTPUT... -- COMMAND...: runs COMMAND unless STAMP holds
+# HASH and every OUTPUT exists (then says what it skipped); records HASH after a
+# successful build. `scripts/run` uses it so a built tree starts in seconds.
+build_once() {
+  local name=$1 stamp=$2 hash=$3
+  shift 3
+  local outputs=() fresh=1
+  while [ "$1" != -- ]; do outputs+=("$1"); shift; done
+  shift
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ] || fresh=""
+  for o in "${outputs[@]}"; do [ -e "$o" ] || fresh=""; done
+  if [ -n "$fresh" ]; then
+    say "skipped $name: its inputs are unchanged since $(date -u -r "$stamp" '+%Y-%m-%d %H:%M UTC')"
+    return 0
+  fi
+  rm -f "$stamp"
+  "$@"
+  mkdir -p "$(dirname "$stamp")"
+  echo "$hash" >"$stamp"
+}

@@ -7,7 +7,8 @@
 use leptos::prelude::*;
 
 use crate::model::{
-    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, Saved, SessionInfo, Traffic,
+    AppError, AuditRow, ConfigView, CreatedKey, EffectiveRow, KeyRow, LeasingFigures, Saved,
+    SessionInfo, Traffic,
 };
 
 #[cfg(feature = "ssr")]
@@ -284,6 +285,8 @@ pub async fn save_policy(
     #[server(default)] max_in_flight: String,
     #[server(default)] algorithm: String,
     #[server(default)] shadow: String,
+    #[server(default)] consistency: String,
+    #[server(default)] max_overshoot: String,
     #[server(default)] preview: String,
 ) -> Result<Saved, AppError> {
     let form = crate::model::PolicyForm {
@@ -298,6 +301,8 @@ pub async fn save_policy(
         max_in_flight,
         algorithm,
         shadow: matches!(shadow.as_str(), "on" | "true" | "1"),
+        consistency,
+        max_overshoot,
     };
     let spec = match form.to_spec() {
         Ok(s) => s,
@@ -792,6 +797,56 @@ pub async fn save_headers(
     .await
 }
 
+/// The deny lists, one entry per line each, saved together. An invalid entry is
+/// refused on its list's field (`deny.ips`), naming the entry; nothing is saved.
+#[server(endpoint = "save_deny")]
+pub async fn save_deny(
+    #[server(default)] csrf: String,
+    version: String,
+    #[server(default)] key_ids: String,
+    #[server(default)] ips: String,
+    #[server(default)] countries: String,
+    #[server(default)] user_agents: String,
+) -> Result<Saved, AppError> {
+    use floodgate_shared::deny::{Deny, DenyList, DenySpec};
+    let lines = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let deny = DenySpec {
+        key_ids: lines(&key_ids),
+        ips: lines(&ips),
+        countries: lines(&countries),
+        user_agents: lines(&user_agents),
+    };
+    // each list is one field of the form: the error names the entry in its text
+    if let Err(e) = Deny::new(&deny) {
+        let list = DenyList::ALL
+            .into_iter()
+            .find(|l| e.field.starts_with(l.field()))
+            .map_or("deny", DenyList::field);
+        let entry = e.field[list.len()..]
+            .trim_matches(['[', ']'])
+            .parse::<usize>()
+            .map(|i| format!("line {}: ", i + 1))
+            .unwrap_or_default();
+        return Err(AppError::invalid(list, format!("{entry}{}", e.message)));
+    }
+    ctx::change_config(&csrf, &version, "set deny lists", "deny", move |c| {
+        let before = Some(ctx::json(&c.deny));
+        c.deny = deny.clone();
+        Ok(ctx::Edit {
+            before,
+            after: Some(ctx::json(&deny)),
+            prefix: "(none)".into(),
+        })
+    })
+    .await
+}
+
 /// The policies a request by `key_id` to `path` is checked against.
 #[server(endpoint = "effective")]
 pub async fn effective_limits(key_id: String, path: String) -> Result<Vec<EffectiveRow>, AppError> {
@@ -997,6 +1052,30 @@ pub async fn traffic_stats(
         .map(|c| crate::server::patterns(c.spec()))
         .unwrap_or_default();
     Ok(crate::server::traffic(&core.store, ctx::now_secs(), range, resolution, patterns).await?)
+}
+
+/// The bounded and `auto` limits' figures over `range` (`15m`, `1h`, `24h`): the
+/// share decided locally, the global calls saved, the overshoot budget in use.
+#[server(endpoint = "leasing")]
+pub async fn leasing_stats(#[server(default)] range: String) -> Result<LeasingFigures, AppError> {
+    use crate::model::Range;
+    ctx::session().await?;
+    let core = ctx::core()?;
+    let range = Range::parse(&range).unwrap_or(Range::Minutes15);
+    let (_, text) = crate::server::load_config(&core.store).await?;
+    let Some(config) = text
+        .as_deref()
+        .and_then(|t| floodgate_shared::config::EdgeConfig::from_json(t).ok())
+    else {
+        return Ok(LeasingFigures {
+            policies: vec![],
+            regions: 0,
+        });
+    };
+    Ok(LeasingFigures {
+        policies: crate::server::leasing(&core.store, ctx::now_secs(), range, &config).await?,
+        regions: config.regions(),
+    })
 }
 
 /// The newest 200 audit records, each with the fields its change touched.

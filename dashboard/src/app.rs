@@ -72,6 +72,8 @@ button { cursor:pointer; } button.danger { color:var(--throttled); border-color:
 .muted { color:var(--muted); }
 .banner { background:var(--banner-bg); border:1px solid var(--banner-line); border-left-width:6px; border-radius:4px; padding:.6rem .8rem; margin:.6rem 0; color:var(--fg); }
 .secret { font-family:monospace; font-size:1rem; padding:.5rem; border:2px dashed var(--accent); display:inline-block; user-select:all; word-break:break-all; }
+#policy-form:has(select[name=consistency] option[value=exact]:checked) label.bound:not(:has(.field-error)) { display:none; }
+ul.help { margin:.2rem 0 .6rem; padding-left:1.2rem; font-size:.85rem; }
 .sr-only { position:absolute; width:1px; height:1px; padding:0; margin:-1px; overflow:hidden; clip:rect(0,0,0,0); white-space:nowrap; border:0; }
 .ranges { display:flex; gap:.4rem; flex-wrap:wrap; align-items:center; margin:.4rem 0; }
 .ranges a { padding:.15rem .5rem; border:1px solid var(--line); border-radius:4px; text-decoration:none; color:var(--fg); }
@@ -324,6 +326,7 @@ fn TrafficPage() -> impl IntoView {
         || (),
         move |_| traffic_stats(range.code().to_string(), resolution.code().to_string()),
     );
+    let figures = Resource::new(|| (), move |_| leasing_stats(range.code().to_string()));
     view! {
         <Title text="Floodgate — traffic"/>
         <h1>"Traffic"</h1>
@@ -341,7 +344,11 @@ fn TrafficPage() -> impl IntoView {
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let initial = data.await;
-                view! { <TrafficLive range=range resolution=resolution initial=initial/> }
+                let figures = match figures.await {
+                    Ok(f) => leasing_view(f).into_any(),
+                    Err(_) => ().into_any(), // the live part shows the error
+                };
+                view! { <TrafficLive range=range resolution=resolution initial=initial/> {figures} }
             })}
         </Suspense>
     }
@@ -669,6 +676,39 @@ fn latency_chart(t: &Traffic) -> impl IntoView + use<> {
     }
 }
 
+/// The bounded and `auto` limits' figures over the range, as text (rendered on
+/// the server: not part of the live island).
+fn leasing_view(t: LeasingFigures) -> impl IntoView {
+    let rows = t
+        .policies
+        .iter()
+        .map(|l| {
+            view! {
+                <tr data-policy=l.policy.clone()>
+                    <th scope="row">{l.policy.clone()}</th><td>{l.label()}</td>
+                    <td class="local">{l.local_text()}</td><td class="saved">{l.saved_text()}</td><td class="budget">{l.budget_text()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    let regions = (t.regions > 0).then(|| format!(
+        " With {r} regions, each region may admit max_overshoot / (2 × {r}) tokens of a key on credit; N is what that leaves of the bound.",
+        r = t.regions
+    ));
+    let table = (!t.policies.is_empty()).then(|| view! {
+        <p class="muted">"Decided locally: from tokens at hand, without a round trip to the global Redis. Calls saved: local decisions less the global calls that refilled leases and pools. Budget in use: the tokens outstanding at a refill, on average, of the N tokens the global Redis leases of the bound. As of loading the page (the charts above refresh on their own)." {regions}</p>
+        <table id="consistency">
+            <thead><tr><th scope="col">"Limit"</th><th scope="col">"Across edges"</th><th scope="col">"Decided locally"</th><th scope="col">"Global Redis calls saved"</th><th scope="col">"Overshoot budget in use"</th></tr></thead>
+            <tbody>{rows}</tbody>
+        </table>
+    });
+    view! {
+        <h2>"Limits decided at the edge (bounded and auto)"</h2>
+        {t.policies.is_empty().then(|| view! { <p id="no-bounded">"No bounded policies: every limit is exact (each request asks the global Redis)."</p> })}
+        {table}
+    }
+}
+
 fn degraded_view(t: &Traffic) -> impl IntoView + use<> {
     let modes = t
         .degraded_by_mode
@@ -688,9 +728,22 @@ fn degraded_view(t: &Traffic) -> impl IntoView + use<> {
         t.breaker_opened,
         t.breaker_open_ms as f64 / 1000.0
     );
+    let denied = if t.denied.is_empty() {
+        "No request was denied by a deny list.".to_string()
+    } else {
+        format!(
+            "Denied by list: {}.",
+            t.denied
+                .iter()
+                .map(|(l, n)| format!("{}: {n}", l.name()))
+                .collect::<Vec<_>>()
+                .join(" · ")
+        )
+    };
     view! {
         <h2>"Decisions taken without Redis"</h2>
         <p id="breaker">{breaker}</p>
+        <p id="denied">{denied}</p>
         <p id="modes">{if modes.is_empty() { "No degraded decisions.".to_string() } else { format!("By failure mode: {modes}") }}</p>
         <table id="degraded-modes">
             <thead><tr><th scope="col">"Endpoint"</th><th scope="col">"Failure mode"</th><th scope="col" class="num">"Decisions"</th></tr></thead>
@@ -715,7 +768,10 @@ fn PoliciesPage() -> impl IntoView {
     let delete_override = ServerAction::<DeleteOverride>::new();
     let save_ip = ServerAction::<SaveIpPolicies>::new();
     let save_headers = ServerAction::<SaveHeaders>::new();
+    let save_deny = ServerAction::<SaveDeny>::new();
     let config = Resource::new(|| (), |_| get_config());
+    // the deny lists' counts over the last 24 h
+    let denied = Resource::new(|| (), |_| traffic_stats("24h".into(), String::new()));
     // which item's form is filled in (`Edit` is a link)
     let query = use_query_map();
     let editing = move |k: &str| query.read_untracked().get(k);
@@ -739,6 +795,7 @@ fn PoliciesPage() -> impl IntoView {
                     {route_section(&spec, &csrf, &version, save_route, delete_route, editing("edit_route"))}
                     {override_section(&spec, &csrf, &version, save_override, delete_override, save_ip)}
                     {headers_section(&spec, &csrf, &version, save_headers)}
+                    {deny_section(&spec, &csrf, &version, save_deny, denied.await.ok().map(|t| t.denied))}
                     <EffectiveLimitsTool/>
                 }
                 .into_any()
@@ -785,6 +842,7 @@ fn policy_section(
                     <td class="limit">{describe_quota(p)}</td>
                     <td>{p.cost}</td>
                     <td>{form.failure_mode.clone()}{form.shadow.then_some(" · shadow (not enforced)")}</td>
+                    <td class="consistency">{describe_consistency(p)}</td>
                     <td>
                         <a class="edit" href=format!("/policies?edit={name}#policy-form")>"Edit"</a>
                         " "
@@ -806,10 +864,20 @@ fn policy_section(
     view! {
         <h2>"Limits"</h2>
         <table id="policies">
-            <thead><tr><th scope="col">"Name"</th><th scope="col">"Keyed by"</th><th scope="col">"Limit"</th><th scope="col">"Cost"</th><th scope="col">"If Redis fails"</th><th scope="col">"Actions"</th></tr></thead>
+            <thead><tr><th scope="col">"Name"</th><th scope="col">"Keyed by"</th><th scope="col">"Limit"</th><th scope="col">"Cost"</th><th scope="col">"If Redis fails"</th><th scope="col">"Across edges"</th><th scope="col">"Actions"</th></tr></thead>
             <tbody>{rows}</tbody>
         </table>
         {outcome(val(delete), saved_message, &[])}
+        // outside the island: static text, not in the browser bundle
+        <div class="muted" id="consistency-help">
+            "Consistency across edges, in the form below:"
+            <ul class="help">
+                <li>"Exact (default): every request asks the global Redis: one round trip each, never over the limit."</li>
+                <li>"Bounded: edges decide warm keys locally, from tokens taken from the global Redis in advance, without waiting for it. In any window, all edges together admit at most N tokens above the limit (N requests at a cost of 1)."</li>
+                <li>"Auto: exact until a key is busy on an edge, then bounded while it stays busy."</li>
+                <li>"N is 1 to the capacity. Bounded and auto need the token bucket algorithm, and work neither with shadow nor with max in flight."</li>
+            </ul>
+        </div>
         <PolicyEditor form=form original=original csrf=csrf.to_string() version=version.to_string()/>
     }
 }
@@ -843,6 +911,11 @@ fn PolicyEditor(
         f.algorithm.clone()
     };
     let fields: &'static [&'static str] = &POLICY_FIELDS;
+    let chosen = if f.consistency.is_empty() {
+        "exact".to_string()
+    } else {
+        f.consistency.clone()
+    };
     view! {
         <ActionForm action=save attr:class="card" attr:id="policy-form">
             <strong>{title}</strong><br/>
@@ -876,7 +949,20 @@ fn PolicyEditor(
                 {field_error(val(save), "algorithm")}
             </label>
             <label>"Shadow (count, never enforce)" <input type="checkbox" name="shadow" checked=f.shadow/></label>
+            <label>"Consistency across edges"
+                <select name="consistency" aria-describedby="consistency-help" on:change=|ev| send_bound(event_target_value(&ev) != "exact")>
+                    <option value="exact" selected=chosen == "exact">"exact (every request asks the global Redis)"</option>
+                    <option value="bounded" selected=chosen == "bounded">"bounded (decided at the edge, at most N over)"</option>
+                    <option value="auto" selected=chosen == "auto">"auto (exact until a key is busy, then bounded)"</option>
+                </select>
+                {field_error(val(save), "consistency")}
+            </label>
+            <label class="bound">"Overshoot bound N (tokens; bounded or auto)"
+                <input name="max_overshoot" inputmode="numeric" aria-describedby="consistency-help" value=f.max_overshoot.clone()/>
+                {field_error(val(save), "max_overshoot")}
+            </label>
             <br/>
+
             <button type="submit" name="preview" value="1" id="backtest">"Backtest on recent traffic"</button>
             " "
             <button type="submit" id="save-limit">"Save limit"</button>
@@ -889,6 +975,24 @@ fn PolicyEditor(
             }}
         </ActionForm>
     }
+}
+
+/// The policy form's bound is hidden by the style sheet while exact is chosen (with
+/// or without JavaScript; a bound sent with exact is refused, and its error shows
+/// the field again). Once hydrated, switching to exact also stops it being sent
+/// (disabled), so a bounded limit is switched back in one save. Plain DOM calls:
+/// the bundle stays small.
+fn send_bound(on: bool) {
+    #[cfg(feature = "hydrate")]
+    if let Ok(Some(input)) = document().query_selector("#policy-form input[name=max_overshoot]") {
+        let _ = if on {
+            input.remove_attribute("disabled")
+        } else {
+            input.set_attribute("disabled", "")
+        };
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = on;
 }
 
 const ALGORITHMS: [(&str, &str); 4] = [
@@ -1135,6 +1239,53 @@ fn headers_section(
             <label>"Retry-After jitter (0-60 s)" <input name="retry_jitter_secs" inputmode="numeric" value=h.retry_jitter_secs.to_string()/>{field_error(val(save), "headers.retry_jitter_secs")}</label>
             <button type="submit">"Save"</button>
             {outcome(val(save), saved_message, &["headers.retry_jitter_secs"])}
+        </ActionForm>
+    }
+}
+
+fn deny_section(
+    spec: &ConfigSpec,
+    csrf: &str,
+    version: &str,
+    save: ServerAction<SaveDeny>,
+    counts: Option<Vec<(floodgate_shared::deny::DenyList, u64)>>,
+) -> impl IntoView + use<> {
+    use floodgate_shared::deny::DenyList;
+    let d = spec.deny.clone();
+    let (csrf, version) = (csrf.to_string(), version.to_string());
+    let counts = match counts {
+        None => "Denied requests: unavailable.".to_string(),
+        Some(c) => {
+            let n = |l: DenyList| c.iter().find(|(k, _)| *k == l).map_or(0, |(_, n)| *n);
+            format!(
+                "Denied in the last 24 h: {}.",
+                DenyList::ALL
+                    .iter()
+                    .map(|l| format!("{} {}", l.name(), n(*l)))
+                    .collect::<Vec<_>>()
+                    .join(" · ")
+            )
+        }
+    };
+    let area = move |name: &'static str,
+                     label: &'static str,
+                     list: &[String],
+                     field: &'static str| {
+        view! {
+            <label>{label} <textarea name=name rows="4">{list.join("\n")}</textarea>{field_error(val(save), field)}</label>
+        }
+    };
+    view! {
+        <h2>"Deny lists (403 before any limit; one entry per line)"</h2>
+        <p id="deny-counts">{counts}</p>
+        <ActionForm action=save attr:class="card" attr:id="deny-form">
+            {hidden(&csrf, &version)}
+            {area("key_ids", "API key ids", &d.key_ids, "deny.key_ids")}
+            {area("ips", "IP addresses and CIDR ranges (203.0.113.7, 198.51.100.0/24, 2001:db8::/32)", &d.ips, "deny.ips")}
+            {area("countries", "Countries (ISO 3166-1 alpha-2: DE, KP; T1 is Tor)", &d.countries, "deny.countries")}
+            {area("user_agents", "User-agent substrings (case-insensitive)", &d.user_agents, "deny.user_agents")}
+            <button type="submit">"Save deny lists"</button>
+            {outcome(val(save), saved_message, &["deny.key_ids", "deny.ips", "deny.countries", "deny.user_agents"])}
         </ActionForm>
     }
 }

@@ -22,6 +22,8 @@ fn leaf_label(leaf: &str) -> String {
         "max_in_flight" => "max in flight",
         "algorithm" => "algorithm",
         "shadow" => "shadow",
+        "consistency" => "consistency across edges",
+        "max_overshoot" => "overshoot bound",
         "pattern" => "pattern",
         "policies" => "limits",
         "label" => "label",
@@ -171,6 +173,14 @@ fn leaves(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
     }
 }
 
+/// Policy fields the stored JSON omits at their default (`PolicySpec`'s
+/// `skip_serializing_if`), so a change from the default reads `exact → bounded`.
+const OMITTED_DEFAULTS: [(&str, &str); 3] = [
+    ("consistency", "exact"),
+    ("algorithm", "token_bucket"),
+    ("shadow", "false"),
+];
+
 /// What changed between an audit record's `before` and `after` (JSON texts of the
 /// item), field by field, in field order. `None` when either side is not JSON (an
 /// item cut for the audit log): the page then shows the texts as they are.
@@ -186,7 +196,19 @@ pub fn diff(before: Option<&str>, after: Option<&str>) -> Option<Vec<Change>> {
             }
         }
     };
-    let (b, a) = (parse(before)?, parse(after)?);
+    let (mut b, mut a) = (parse(before)?, parse(after)?);
+    if before.is_some() && after.is_some() {
+        // a field the JSON leaves out at its default reads as that default
+        for (path, default) in OMITTED_DEFAULTS {
+            let has = |side: &[(String, String)]| side.iter().any(|(p, _)| p == path);
+            let side = match (has(&b), has(&a)) {
+                (false, true) => &mut b,
+                (true, false) => &mut a,
+                _ => continue,
+            };
+            side.push((path.to_string(), default.to_string()));
+        }
+    }
     let mut paths: Vec<&String> = b.iter().chain(&a).map(|(p, _)| p).collect();
     let mut seen = std::collections::BTreeSet::new();
     paths.retain(|p| seen.insert(*p));
@@ -229,6 +251,11 @@ mod tests {
             ("routes[0].pattern", "Route \"search\", pattern"),
             ("routes[7].policies", "Route #8, limits"),
             ("policies[0].quota.capacity", "Limit \"default\", capacity"),
+            (
+                "policies[0].max_overshoot",
+                "Limit \"default\", overshoot bound",
+            ),
+            ("consistency", "Consistency across edges"),
             ("policies[0]", "Limit \"default\""),
             ("plans.free[0]", "Plan \"free\", limits"),
             ("plans.free", "Plan \"free\""),
@@ -261,9 +288,28 @@ mod tests {
             [
                 ("quota.capacity", Some("100"), Some("5")),
                 ("quota.period", Some("1m"), Some("1h")),
-                ("shadow", None, Some("true")),
+                ("shadow", Some("false"), Some("true")),
             ]
         );
+        // fields the JSON omits at their default read as that default
+        let bounded = r#"{"name":"search","quota":{"capacity":100,"period":"1m"},"consistency":"bounded","max_overshoot":20}"#;
+        let exact = r#"{"name":"search","quota":{"capacity":100,"period":"1m"}}"#;
+        let d = diff(Some(exact), Some(bounded)).unwrap();
+        let shown: Vec<(&str, Option<&str>, Option<&str>)> = d
+            .iter()
+            .map(|c| (c.path.as_str(), c.before.as_deref(), c.after.as_deref()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("consistency", Some("exact"), Some("bounded")),
+                ("max_overshoot", None, Some("20")),
+            ]
+        );
+        let back = diff(Some(bounded), Some(exact)).unwrap();
+        assert_eq!(back[0].after.as_deref(), Some("exact"));
+        let created = diff(None, Some(bounded)).unwrap();
+        assert!(created.iter().all(|c| c.before.is_none()), "{created:?}");
         let created = diff(None, Some(r#"["default","search"]"#)).unwrap();
         assert_eq!(created[0].after.as_deref(), Some("default, search"));
         let key = diff(None, Some(r#"{"id":"K1","created":1796000000}"#)).unwrap();

@@ -7,6 +7,8 @@ pub mod api;
 pub mod app;
 pub mod chart;
 pub mod describe;
+#[cfg(feature = "ssr")]
+pub mod fleet;
 pub mod model;
 #[cfg(feature = "ssr")]
 pub mod server;

@@ -3,8 +3,10 @@
 //! ```text
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //!                     [--redis-ca-file ca.pem] [--site-root target/site] [--secure-cookies]
-//!                     [--trusted-proxy CIDR]...
+//!                     [--trusted-proxy CIDR]... [--log-format text|json]
 //! ```
+//! `--help` lists every flag; each can also be set by the environment variable
+//! named there.
 //! `--redis` takes any store URL: `rediss://user:password@host:port` (TLS, ACL
 //! user; the CA file also from `FLOODGATE_REDIS_CA_FILE`), `redis+sentinel://`,
 //! `redis+cluster://`, or the deployment's `https://` REST URL (its token in
@@ -18,97 +20,103 @@
 //! overwritten).
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use floodgate_dashboard::server::{app_state, ensure_operator};
-use floodgate_edge::store::{NativeStore, StoreOptions};
+use floodgate_edge::args::{LogArgs, StoreArgs, socket_addr};
+use floodgate_edge::store::NativeStore;
 
-fn usage(message: &str) -> ! {
-    eprintln!("floodgate-dashboard: {message}");
-    eprintln!(
-        "usage: floodgate-dashboard [--listen ADDR] [--redis URL] [--redis-ca-file PEM] [--site-root DIR] [--secure-cookies] [--trusted-proxy CIDR]..."
-    );
-    std::process::exit(2)
+/// Floodgate's operator dashboard: limits, API keys, traffic. The first operator
+/// comes from FLOODGATE_ADMIN_USER and FLOODGATE_ADMIN_PASSWORD (or
+/// FLOODGATE_ADMIN_PASSWORD_FILE).
+#[derive(Debug, Parser)]
+#[command(name = "floodgate-dashboard", version)]
+struct Args {
+    /// Where to listen.
+    #[arg(long, env = "FLOODGATE_DASHBOARD_LISTEN", default_value = "127.0.0.1:3000", value_parser = socket_addr)]
+    listen: SocketAddr,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The directory holding the browser bundle (scripts/dashboard build).
+    #[arg(long, env = "FLOODGATE_SITE_ROOT", default_value = "target/site")]
+    site_root: String,
+    /// Mark the session cookie Secure (serve over HTTPS).
+    #[arg(long, env = "FLOODGATE_SECURE_COOKIES")]
+    secure_cookies: bool,
+    /// A proxy (address or CIDR) whose X-Forwarded-For is believed; repeatable, or
+    /// comma-separated.
+    #[arg(long, env = "FLOODGATE_TRUSTED_PROXY", value_delimiter = ',', value_parser = ip_net)]
+    trusted_proxy: Vec<ipnet::IpNet>,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+fn ip_net(v: &str) -> Result<ipnet::IpNet, String> {
+    v.parse::<ipnet::IpNet>()
+        .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("expected an IP address or a CIDR range like 10.0.0.0/8, got {v:?}"))
+}
+
+/// Why the dashboard could not start.
+fn fail(message: String) -> ExitCode {
+    tracing::error!("{message}");
+    ExitCode::from(2)
 }
 
 #[tokio::main]
-async fn main() {
-    let mut listen: SocketAddr = "127.0.0.1:3000".parse().expect("an address");
-    let mut redis = "redis://127.0.0.1:6379".to_string();
-    let mut site_root = "target/site".to_string();
-    let mut secure_cookies = false;
-    let mut trusted_proxies: Vec<ipnet::IpNet> = vec![];
-    let mut ca_file = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = || {
-            args.next()
-                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
-        };
-        match a.as_str() {
-            "--listen" => {
-                listen = value()
-                    .parse()
-                    .unwrap_or_else(|e| usage(&format!("--listen: {e}")))
-            }
-            "--redis" => redis = value(),
-            "--redis-ca-file" => ca_file = Some(std::path::PathBuf::from(value())),
-            "--site-root" => site_root = value(),
-            "--secure-cookies" => secure_cookies = true,
-            "--trusted-proxy" => {
-                let v = value();
-                let net = v
-                    .parse::<ipnet::IpNet>()
-                    .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                    .unwrap_or_else(|e| usage(&format!("--trusted-proxy {v:?}: {e}")));
-                trusted_proxies.push(net);
-            }
-            other => usage(&format!("unknown argument {other:?}")),
-        }
-    }
-    let mut options = StoreOptions::from_env(&redis, Duration::from_secs(2));
-    if ca_file.is_some() {
-        options.ca_file = ca_file;
-    }
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    args.log.init();
+    let options = args.store.options(Duration::from_secs(2));
     // the message names the URL, its password redacted
-    let store = NativeStore::connect(&options)
-        .await
-        .unwrap_or_else(|e| usage(&format!("cannot reach the store: {e}")));
+    let store = match NativeStore::connect(&options).await {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot reach the store: {e}")),
+    };
     let user = std::env::var("FLOODGATE_ADMIN_USER").ok();
-    let password = std::env::var("FLOODGATE_ADMIN_PASSWORD").ok().or_else(|| {
-        std::env::var("FLOODGATE_ADMIN_PASSWORD_FILE")
-            .ok()
-            .map(|f| {
-                std::fs::read_to_string(&f)
-                    .unwrap_or_else(|e| usage(&format!("FLOODGATE_ADMIN_PASSWORD_FILE {f}: {e}")))
-                    .trim_end_matches(['\r', '\n'])
-                    .to_string()
-            })
-    });
+    let password = match std::env::var("FLOODGATE_ADMIN_PASSWORD") {
+        Ok(p) => Some(p),
+        Err(_) => match std::env::var("FLOODGATE_ADMIN_PASSWORD_FILE") {
+            Ok(f) => match std::fs::read_to_string(&f) {
+                Ok(p) => Some(p.trim_end_matches(['\r', '\n']).to_string()),
+                Err(e) => return fail(format!("FLOODGATE_ADMIN_PASSWORD_FILE {f}: {e}")),
+            },
+            Err(_) => None,
+        },
+    };
     match (user, password) {
         (Some(u), Some(p)) => match ensure_operator(&store, &u, &p).await {
-            Ok(true) => eprintln!("floodgate-dashboard: created operator {u:?}"),
+            Ok(true) => tracing::info!(operator = %u, "created operator {u:?}"),
             Ok(false) => {
-                eprintln!("floodgate-dashboard: operator {u:?} exists; its password is kept")
+                tracing::info!(operator = %u, "operator {u:?} exists; its password is kept")
             }
-            Err(e) => usage(&format!("cannot create operator {u:?}: {e}")),
+            Err(e) => return fail(format!("cannot create operator {u:?}: {e}")),
         },
-        (Some(_), None) | (None, Some(_)) => usage(
-            "set both FLOODGATE_ADMIN_USER and FLOODGATE_ADMIN_PASSWORD (or _FILE), or neither",
-        ),
+        (Some(_), None) | (None, Some(_)) => {
+            return fail(
+                "set both FLOODGATE_ADMIN_USER and FLOODGATE_ADMIN_PASSWORD (or _FILE), or neither"
+                    .into(),
+            );
+        }
         (None, None) => {}
     }
-    let state = app_state(store, &site_root, secure_cookies).trusting(trusted_proxies);
+    let state = app_state(store, &args.site_root, args.secure_cookies).trusting(args.trusted_proxy);
     let app = floodgate_dashboard::server::router(state);
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .unwrap_or_else(|e| usage(&format!("cannot listen on {listen}: {e}")));
-    eprintln!("floodgate-dashboard: listening on http://{listen}");
-    axum::serve(
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(format!("--listen {}: {e}", args.listen)),
+    };
+    tracing::info!(listen = %args.listen, "floodgate-dashboard: listening on http://{}", args.listen);
+    match axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(floodgate_edge::shutdown_signal())
     .await
-    .expect("the server runs");
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format!("serving: {e}")),
+    }
 }

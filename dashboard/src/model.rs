@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use floodgate_shared::config::{ConfigSpec, Source};
-use floodgate_shared::policy::{FailureMode, Policy, PolicyError, PolicySpec};
+use floodgate_shared::policy::{Consistency, FailureMode, Policy, PolicyError, PolicySpec};
 use floodgate_shared::stats::Endpoint;
 use serde::{Deserialize, Serialize};
 
@@ -406,6 +406,19 @@ pub struct Traffic {
     /// Circuit-breaker openings and time open (ms) over the range, all edges.
     pub breaker_opened: u64,
     pub breaker_open_ms: u64,
+    /// Requests refused by each deny list over the range, all edges.
+    pub denied: Vec<(floodgate_shared::deny::DenyList, u64)>,
+}
+
+/// The traffic page's consistency figures: each configured bounded or `auto`
+/// policy over the range, by name (per minute: the edges count them per minute
+/// only). Rendered on the server, outside the page's island, so the browser
+/// bundle carries none of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasingFigures {
+    pub policies: Vec<PolicyLeasing>,
+    /// The configuration's `regions` (regional pools holding credit).
+    pub regions: u32,
 }
 
 impl Traffic {
@@ -522,10 +535,15 @@ pub struct PolicyForm {
     pub algorithm: String,
     /// Shadow (dry-run) mode.
     pub shadow: bool,
+    /// `exact` (default when empty), `bounded` or `auto`.
+    pub consistency: String,
+    /// With `bounded` or `auto`: the most tokens admitted above the quota in any
+    /// window, all edges together (empty: none).
+    pub max_overshoot: String,
 }
 
 /// The form fields a policy error can name, as `PolicySpec` names them.
-pub const POLICY_FIELDS: [&str; 11] = [
+pub const POLICY_FIELDS: [&str; 13] = [
     "algorithm",
     "shadow",
     "name",
@@ -537,6 +555,8 @@ pub const POLICY_FIELDS: [&str; 11] = [
     "failure_mode",
     "local_share_percent",
     "max_in_flight",
+    "consistency",
+    "max_overshoot",
 ];
 
 impl PolicyForm {
@@ -583,6 +603,13 @@ impl PolicyForm {
         if self.shadow {
             doc.insert("shadow".into(), true.into());
         }
+        let consistency = bounded("consistency", &self.consistency)?;
+        if !consistency.is_empty() {
+            doc.insert("consistency".into(), consistency.into());
+        }
+        if let Some(n) = whole_number("max_overshoot", &self.max_overshoot)? {
+            doc.insert("max_overshoot".into(), n);
+        }
         let policy = Policy::from_json(&serde_json::Value::Object(doc).to_string())?;
         Ok(serde_json::from_str(&policy.to_json()).expect("a valid policy's JSON is a spec"))
     }
@@ -608,6 +635,8 @@ impl PolicyForm {
             max_in_flight: p.max_in_flight.map(|v| v.to_string()).unwrap_or_default(),
             algorithm: p.algorithm.name().to_string(),
             shadow: p.shadow,
+            consistency: p.consistency.name().to_string(),
+            max_overshoot: p.max_overshoot.map(|v| v.to_string()).unwrap_or_default(),
         }
     }
 }
@@ -640,6 +669,106 @@ pub fn describe_quota(p: &PolicySpec) -> String {
     match p.algorithm {
         floodgate_shared::policy::Algorithm::TokenBucket => base,
         a => format!("{base} ({})", a.name().replace('_', " ")),
+    }
+}
+
+/// How a policy is decided across edges, as the policy list shows it: `exact`, or
+/// `bounded, at most 50 over` (tokens above the quota in any window).
+pub fn describe_consistency(p: &PolicySpec) -> String {
+    consistency_label(p.consistency, p.max_overshoot)
+}
+
+fn consistency_label(c: Consistency, bound: Option<u64>) -> String {
+    match (c, bound) {
+        (Consistency::Exact, _) => "exact".to_string(),
+        (c, Some(n)) => format!("{}, at most {n} over", c.name()),
+        (c, None) => c.name().to_string(),
+    }
+}
+
+/// A bounded or `auto` policy's consistency figures over the traffic page's range:
+/// the edges' `policy:<name>|local|exact|refills|outstanding` counters
+/// ([`floodgate_shared::stats::Leasing`]) summed, with the policy's bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyLeasing {
+    pub policy: String,
+    pub consistency: Consistency,
+    /// The policy's `max_overshoot`.
+    pub bound: u64,
+    /// What the global store leases of the bound: the bound less what the regions
+    /// may admit on credit (the edge's own `LeaseSettings::for_policy` computes it).
+    pub leasable: u64,
+    /// Requests decided from tokens at hand, and on the exact path.
+    pub local: u64,
+    pub exact: u64,
+    /// Global calls that refilled a lease or a regional pool.
+    pub refills: u64,
+    /// Tokens outstanding at those refills, summed.
+    pub outstanding: u64,
+}
+
+impl PolicyLeasing {
+    /// Share of the policy's decisions taken locally (0-1); `None` without any.
+    pub fn local_share(&self) -> Option<f64> {
+        let all = self.local.saturating_add(self.exact);
+        (all > 0).then(|| self.local as f64 / all as f64)
+    }
+
+    /// Global Redis calls saved: one per local decision, less one per refill
+    /// (negative when refills cost more than the local decisions saved).
+    pub fn calls_saved(&self) -> i128 {
+        i128::from(self.local) - i128::from(self.refills)
+    }
+
+    /// Mean tokens outstanding at a refill; `None` without refills.
+    pub fn mean_outstanding(&self) -> Option<f64> {
+        (self.refills > 0).then(|| self.outstanding as f64 / self.refills as f64)
+    }
+
+    /// `bounded, at most 50 over`.
+    pub fn label(&self) -> String {
+        consistency_label(self.consistency, Some(self.bound))
+    }
+
+    pub fn local_text(&self) -> String {
+        match self.local_share() {
+            None => "no decisions in this range".to_string(),
+            Some(s) => format!(
+                "{:.1} % ({} of {} decisions)",
+                s * 100.0,
+                self.local,
+                self.local + self.exact
+            ),
+        }
+    }
+
+    pub fn saved_text(&self) -> String {
+        let (local, refills) = (self.local, self.refills);
+        match self.calls_saved() {
+            n if n > 0 => format!("{n} ({local} local decisions, less {refills} refills)"),
+            _ if local == 0 && refills == 0 => {
+                "none yet (no local decisions or refills in this range)".to_string()
+            }
+            0 => format!(
+                "none: {refills} refills cost as many global calls as the {local} local decisions saved"
+            ),
+            n => format!(
+                "none: {refills} refills cost {} more global calls than the {local} local decisions saved (keys too cold for leases to pay)",
+                -n
+            ),
+        }
+    }
+
+    pub fn budget_text(&self) -> String {
+        match self.mean_outstanding() {
+            None => "no refills in this range".to_string(),
+            Some(mean) => format!(
+                "{mean:.1} of {} tokens ({:.0} %), the mean outstanding at {} refills",
+                self.leasable,
+                100.0 * mean / self.leasable.max(1) as f64,
+                self.refills
+            ),
+        }
     }
 }
 
@@ -691,6 +820,16 @@ mod tests {
             max_in_flight: "".into(),
             algorithm: "".into(),
             shadow: false,
+            consistency: "".into(),
+            max_overshoot: "".into(),
+        }
+    }
+
+    fn bounded_form(bound: &str) -> PolicyForm {
+        PolicyForm {
+            consistency: "bounded".into(),
+            max_overshoot: bound.into(),
+            ..form()
         }
     }
 
@@ -711,6 +850,7 @@ mod tests {
         );
         f.cost = "1".into();
         f.algorithm = "token_bucket".into();
+        f.consistency = "exact".into();
         assert_eq!(PolicyForm::from_spec(&spec), f);
         let mut f = form();
         f.algorithm = "fixed_window".into();
@@ -721,6 +861,154 @@ mod tests {
             spec.algorithm,
             floodgate_shared::policy::Algorithm::FixedWindow
         );
+    }
+
+    #[test]
+    fn a_bounded_form_round_trips_and_an_exact_one_stores_no_consistency() {
+        let spec = bounded_form("20").to_spec().unwrap();
+        assert_eq!(
+            (spec.consistency, spec.max_overshoot),
+            (Consistency::Bounded, Some(20))
+        );
+        let back = PolicyForm::from_spec(&spec);
+        assert_eq!(
+            (back.consistency.as_str(), back.max_overshoot.as_str()),
+            ("bounded", "20")
+        );
+        assert_eq!(back.to_spec().unwrap(), spec);
+        assert_eq!(describe_consistency(&spec), "bounded, at most 20 over");
+        let mut auto = bounded_form("100");
+        auto.consistency = "auto".into();
+        assert_eq!(auto.to_spec().unwrap().consistency, Consistency::Auto);
+        // exact, chosen or by default: nothing in the JSON the edge stores
+        for c in ["", "exact"] {
+            let mut f = form();
+            f.consistency = c.into();
+            let spec = f.to_spec().unwrap();
+            assert_eq!(
+                (spec.consistency, spec.max_overshoot),
+                (Consistency::Exact, None)
+            );
+            let json = serde_json::to_string(&spec).unwrap();
+            assert!(
+                !json.contains("consistency") && !json.contains("max_overshoot"),
+                "{json}"
+            );
+            assert_eq!(describe_consistency(&spec), "exact");
+        }
+    }
+
+    #[test]
+    fn a_bad_consistency_or_bound_is_named_by_the_edges_rules() {
+        type Edit = fn(&mut PolicyForm);
+        let cases: [(PolicyForm, Edit, &str, &str); 11] = [
+            (bounded_form(""), |_| {}, "max_overshoot", "is required"),
+            (
+                bounded_form("0"),
+                |_| {},
+                "max_overshoot",
+                "between 1 and quota.capacity",
+            ),
+            (bounded_form("101"), |_| {}, "max_overshoot", "got 101"),
+            (bounded_form("-1"), |_| {}, "max_overshoot", "whole number"),
+            (bounded_form("1.5"), |_| {}, "max_overshoot", "whole number"),
+            (
+                form(),
+                |f| f.max_overshoot = "5".into(),
+                "max_overshoot",
+                "only applies",
+            ),
+            (
+                bounded_form("5"),
+                |f| f.algorithm = "sliding_log".into(),
+                "consistency",
+                "cannot lease",
+            ),
+            (
+                bounded_form("5"),
+                |f| f.algorithm = "fixed_window".into(),
+                "consistency",
+                "cannot lease",
+            ),
+            (
+                bounded_form("5"),
+                |f| f.shadow = true,
+                "consistency",
+                "shadow",
+            ),
+            (
+                bounded_form("5"),
+                |f| f.max_in_flight = "3".into(),
+                "consistency",
+                "max_in_flight",
+            ),
+            (
+                bounded_form("5"),
+                |f| f.consistency = "eventual".into(),
+                "consistency",
+                "unknown variant",
+            ),
+        ];
+        for (mut f, edit, field, says) in cases {
+            edit(&mut f);
+            let e = f.to_spec().unwrap_err();
+            assert_eq!(e.field, field, "{f:?} → {e}");
+            assert!(e.message.contains(says), "{f:?} → {e}");
+            assert!(POLICY_FIELDS.contains(&e.field.as_str()));
+        }
+    }
+
+    #[test]
+    fn consistency_figures_read_as_shares_calls_and_tokens() {
+        let l = PolicyLeasing {
+            policy: "search".into(),
+            consistency: Consistency::Bounded,
+            bound: 50,
+            leasable: 26,
+            local: 930,
+            exact: 70,
+            refills: 20,
+            outstanding: 260,
+        };
+        assert_eq!(l.label(), "bounded, at most 50 over");
+        assert_eq!(l.local_text(), "93.0 % (930 of 1000 decisions)");
+        assert_eq!(l.saved_text(), "910 (930 local decisions, less 20 refills)");
+        assert_eq!(
+            l.budget_text(),
+            "13.0 of 26 tokens (50 %), the mean outstanding at 20 refills"
+        );
+        // refills costing more than they saved are explained, never negative
+        let cold = PolicyLeasing {
+            local: 3,
+            refills: 12,
+            ..l.clone()
+        };
+        assert_eq!(cold.calls_saved(), -9);
+        assert!(
+            cold.saved_text()
+                .starts_with("none: 12 refills cost 9 more"),
+            "{}",
+            cold.saved_text()
+        );
+        let even = PolicyLeasing {
+            local: 12,
+            refills: 12,
+            ..l.clone()
+        };
+        assert!(
+            even.saved_text()
+                .starts_with("none: 12 refills cost as many")
+        );
+        let idle = PolicyLeasing {
+            local: 0,
+            exact: 0,
+            refills: 0,
+            outstanding: 0,
+            ..l
+        };
+        assert_eq!(idle.local_text(), "no decisions in this range");
+        assert!(idle.saved_text().starts_with("none yet"));
+        assert_eq!(idle.budget_text(), "no refills in this range");
     }
 
     #[test]

@@ -28,7 +28,9 @@ use leptos::config::LeptosOptions;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use crate::model::{AppError, AuditEntry, Range, Resolution, Series, Traffic, histogram_quantile};
+use crate::model::{
+    AppError, AuditEntry, PolicyLeasing, Range, Resolution, Series, Traffic, histogram_quantile,
+};
 
 pub const OPERATOR_PREFIX: &str = "fg:dash:operator:";
 pub const SESSION_PREFIX: &str = "fg:dash:session:";
@@ -56,6 +58,8 @@ pub struct Core {
     /// Proxies whose `X-Forwarded-For` names the client (none by default: the
     /// client is the connection's peer).
     pub trusted_proxies: Vec<IpNet>,
+    /// The fleet's totals served at `/metrics`.
+    pub fleet: Arc<crate::fleet::Fleet>,
 }
 
 #[derive(Clone)]
@@ -627,6 +631,80 @@ pub fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {
     (now.div_euclid(step) * step - (n as i64 - 1) * step, n)
 }
 
+/// The bounded and `auto` policies of `config`, with their bounds and what the
+/// global store leases of each (the edge's own `LeaseSettings::for_policy`, so the
+/// dashboard cannot drift from it), their counts still zero.
+pub fn leasing_policies(config: &EdgeConfig) -> Vec<PolicyLeasing> {
+    use floodgate_edge::pipeline::bounded::LeaseSettings;
+    use floodgate_shared::policy::Consistency;
+    let mut rows: Vec<PolicyLeasing> = config
+        .spec()
+        .policies
+        .iter()
+        .filter_map(|spec| {
+            let p = config.policy(&spec.name)?;
+            let bound = p
+                .max_overshoot()
+                .filter(|_| p.consistency() != Consistency::Exact)?;
+            Some(PolicyLeasing {
+                policy: spec.name.clone(),
+                consistency: p.consistency(),
+                bound,
+                leasable: LeaseSettings::default()
+                    .for_policy(p, config.regions())
+                    .max_overshoot,
+                local: 0,
+                exact: 0,
+                refills: 0,
+                outstanding: 0,
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| a.policy.cmp(&b.policy));
+    rows
+}
+
+/// Adds the edges' per-policy consistency counters of `hashes` (per-minute hashes'
+/// fields, read through [`StatsField`]) to `rows` (pure).
+pub fn count_leasing(rows: &mut [PolicyLeasing], hashes: &[Vec<(String, u64)>]) {
+    use floodgate_shared::stats::Leasing;
+    for (field, n) in hashes.iter().flatten() {
+        let Ok(StatsField::Leasing(policy, what)) = field.parse::<StatsField>() else {
+            continue;
+        };
+        let Some(row) = rows.iter_mut().find(|r| r.policy == policy) else {
+            continue; // a policy no longer bounded, or gone
+        };
+        let counter = match what {
+            Leasing::Local => &mut row.local,
+            Leasing::Exact => &mut row.exact,
+            Leasing::Refills => &mut row.refills,
+            Leasing::Outstanding => &mut row.outstanding,
+        };
+        *counter = counter.saturating_add(*n);
+    }
+}
+
+/// The figures of the bounded and `auto` policies of `config` over `range` ending
+/// with the minute of `now`: the range's per-minute hashes (none read when no
+/// policy is bounded).
+pub async fn leasing(
+    store: &NativeStore,
+    now: i64,
+    range: Range,
+    config: &EdgeConfig,
+) -> Result<Vec<PolicyLeasing>, DashError> {
+    let mut rows = leasing_policies(config);
+    if !rows.is_empty() {
+        let (start, n) = bars(now, range, Resolution::Minute1);
+        let minutes: Vec<String> = (0..n as i64)
+            .map(|i| minute_key(start.div_euclid(60) + i))
+            .collect();
+        count_leasing(&mut rows, &hashes(store, &minutes).await?);
+    }
+    Ok(rows)
+}
+
 /// Reads what the traffic page draws: the per-10-second hashes at 10 s, else the
 /// per-minute hashes summed into bars, and the most throttled keys of the last
 /// hour at most (their per-minute hashes).
@@ -677,6 +755,7 @@ pub fn summarize(
     let mut by_mode: BTreeMap<_, u64> = BTreeMap::new();
     let mut by_endpoint_mode: BTreeMap<(Endpoint, _), u64> = BTreeMap::new();
     let (mut opened, mut open_ms) = (0, 0);
+    let mut denied: BTreeMap<floodgate_shared::deny::DenyList, u64> = BTreeMap::new();
     for (at, fields) in hashes {
         let Ok(i) = usize::try_from((at - start).div_euclid(step)) else {
             continue;
@@ -706,8 +785,9 @@ pub fn summarize(
                 StatsField::Latency(b) => hist[i].push((b, *count)),
                 StatsField::BreakerOpened => opened += count,
                 StatsField::BreakerOpenMs => open_ms += count,
-                // per-policy consistency figures: not shown yet
-                StatsField::SampleDropped | StatsField::Leasing(..) => {}
+                StatsField::Denied(list) => *denied.entry(list).or_default() += count,
+                // per-policy consistency figures: per minute, by `leasing`
+                StatsField::SampleDropped | StatsField::LatencySumUs | StatsField::Leasing(..) => {}
             }
         }
     }
@@ -729,6 +809,7 @@ pub fn summarize(
             .collect(),
         breaker_opened: opened,
         breaker_open_ms: open_ms,
+        denied: denied.into_iter().collect(),
     }
 }
 
@@ -1053,6 +1134,7 @@ pub fn app_state(store: NativeStore, site_root: &str, secure_cookies: bool) -> A
             store,
             secure_cookies,
             trusted_proxies: vec![],
+            fleet: Arc::default(),
         }),
     }
 }
@@ -1109,7 +1191,24 @@ pub fn router(state: AppState) -> axum::Router {
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        // after the guard: a scraper has no session, and a scrape during an outage
+        // must answer (the guard reads sessions from Redis)
+        .route("/metrics", axum::routing::get(metrics))
         .with_state(state)
+}
+
+/// The fleet's totals (`crate::fleet`), without a session.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let now = chrono::Utc::now().timestamp();
+    let text = state.core.fleet.scrape(&state.core.store, now).await;
+    (
+        [
+            (header::CONTENT_TYPE, floodgate_edge::metrics::CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        text,
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -1202,6 +1301,7 @@ mod tests {
                     ("mode:fail_open".to_string(), 9),
                     ("breaker:opened".to_string(), 1),
                     ("breaker:open_ms".to_string(), 1500),
+                    ("denied:ip".to_string(), 4),
                     ("search|allowed".to_string(), 1000),
                 ],
             ),
@@ -1237,12 +1337,66 @@ mod tests {
         );
         assert_eq!(t.degraded_by_endpoint_mode[0].2, 9);
         assert_eq!((t.breaker_opened, t.breaker_open_ms), (1, 1500));
+        assert_eq!(t.denied, [(floodgate_shared::deny::DenyList::Ip, 4)]);
         // six 10-second hashes summed into one 1-minute bar
         let tens: Vec<(i64, Vec<(String, u64)>)> = (0..6)
             .map(|i| (600 + 10 * i, vec![("unmatched|throttled".to_string(), 1)]))
             .collect();
         let t = summarize(600, Resolution::Minute1, 1, &tens);
         assert_eq!(t.endpoints[0].1.throttled, [6]);
+    }
+
+    #[test]
+    fn bounded_policies_are_counted_through_the_stats_contract_with_the_edges_bound() {
+        let config = |regions: u32| {
+            EdgeConfig::from_json(&format!(
+                r#"{{"regions":{regions},"policies":[
+                {{"name":"search","dimensions":["api_key"],"quota":{{"capacity":100,"period":"1m"}},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":50}},
+                {{"name":"burst","dimensions":["api_key"],"quota":{{"capacity":100,"period":"1m"}},"failure_mode":"fail_closed","consistency":"auto","max_overshoot":10}},
+                {{"name":"default","dimensions":["api_key"],"quota":{{"capacity":100,"period":"1m"}},"failure_mode":"fail_closed"}}],
+                "plans":{{"free":["default"]}}}}"#
+            ))
+            .unwrap()
+        };
+        // without regions the whole bound is leased; with 2, each region holds
+        // max_overshoot / 4 on credit (the edge's LeaseSettings::for_policy)
+        let rows = leasing_policies(&config(0));
+        let shown: Vec<(&str, u64, u64)> = rows
+            .iter()
+            .map(|r| (r.policy.as_str(), r.bound, r.leasable))
+            .collect();
+        assert_eq!(shown, [("burst", 10, 10), ("search", 50, 50)]);
+        let mut rows = leasing_policies(&config(2));
+        let shown: Vec<(&str, u64)> = rows
+            .iter()
+            .map(|r| (r.policy.as_str(), r.leasable))
+            .collect();
+        assert_eq!(shown, [("burst", 6), ("search", 26)]);
+        let hashes = vec![
+            vec![
+                ("policy:search|local".to_string(), 90),
+                ("policy:search|exact".to_string(), 10),
+                ("policy:search|refills".to_string(), 4),
+                ("policy:search|outstanding".to_string(), 40),
+                ("policy:default|local".to_string(), 1000),
+                ("route:search|allowed".to_string(), 100),
+                ("policy:search|leased".to_string(), 7),
+                ("search|local".to_string(), 7),
+            ],
+            vec![("policy:search|local".to_string(), 10)],
+        ];
+        count_leasing(&mut rows, &hashes);
+        let s = &rows[1];
+        assert_eq!(
+            (s.local, s.exact, s.refills, s.outstanding),
+            (100, 10, 4, 40)
+        );
+        assert_eq!((rows[0].local, rows[0].refills), (0, 0), "{rows:?}");
+        assert!(leasing_policies(&EdgeConfig::from_json(crate_demo()).unwrap()).is_empty());
+    }
+
+    fn crate_demo() -> &'static str {
+        r#"{"policies":[{"name":"default","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_closed"}],"plans":{"free":["default"]}}"#
     }
 
     #[test]

@@ -11,7 +11,8 @@ use floodgate_shared::apikeys::{
     ID_LEN, KeyRecord, KeyStatus, RANDOM_LEN, hash_secret, new_secret, record_key,
 };
 use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY, AuditEntry, CONFIG_CAS, SaveOutcome};
-use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
+use floodgate_shared::config::{CONFIG_KEY, ConfigSpec, EdgeConfig};
+use floodgate_shared::deny::DenyList;
 use floodgate_shared::policy::{PolicyError, validate_name};
 use rand::RngCore;
 
@@ -169,6 +170,93 @@ pub async fn replace_config<S: Store>(
     Err(AdminError::Conflict {
         based_on: "(forced)".into(),
         current: load_config(store).await?.0,
+    })
+}
+
+/// A change to one deny list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyEdit {
+    Add,
+    Remove,
+}
+
+impl DenyEdit {
+    /// The audit action: `deny.add`, `deny.remove`.
+    pub fn action(self) -> &'static str {
+        match self {
+            DenyEdit::Add => "deny.add",
+            DenyEdit::Remove => "deny.remove",
+        }
+    }
+}
+
+/// Applies `edit` of `value` to the deny `list` of `spec`: adding an entry already
+/// there changes nothing, removing one that is not there is [`AdminError::NotFound`].
+pub fn apply_deny_edit(
+    spec: &mut ConfigSpec,
+    list: DenyList,
+    edit: DenyEdit,
+    value: &str,
+) -> Result<(), AdminError> {
+    let entries = spec.deny.list_mut(list);
+    match edit {
+        DenyEdit::Add if entries.iter().any(|e| e == value) => {}
+        DenyEdit::Add => entries.push(value.to_string()),
+        DenyEdit::Remove => {
+            let before = entries.len();
+            entries.retain(|e| e != value);
+            if entries.len() == before {
+                return Err(AdminError::NotFound(format!(
+                    "{value:?} is not on the {list} deny list"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds `value` to, or removes it from, the deny `list` of the stored
+/// configuration: validated (the entry's field named), version-checked and
+/// audited like any save. A concurrent change to the configuration is read again
+/// and the edit re-applied to it. Returns the configuration as stored and its
+/// version.
+pub async fn edit_deny<S: Store>(
+    store: &S,
+    list: DenyList,
+    edit: DenyEdit,
+    value: &str,
+    who: &str,
+    now_secs: i64,
+) -> Result<(EdgeConfig, String), AdminError> {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let (version, text) = load_config(store).await?;
+        let text = text.ok_or_else(|| {
+            AdminError::NotFound("no configuration is stored (floodgate-cli config set)".into())
+        })?;
+        let mut spec = EdgeConfig::from_json(&text)?.spec().clone();
+        apply_deny_edit(&mut spec, list, edit, value)?;
+        let config = EdgeConfig::new(spec)?;
+        if config.to_json() == text {
+            // nothing to change (the entry is there already): nothing to audit
+            return Ok((config, version));
+        }
+        let entry = AuditEntry {
+            at: now_secs,
+            user: who.to_string(),
+            action: edit.action().into(),
+            target: format!("deny.{list}"),
+            before: Some(audit_item(&text)),
+            after: Some(audit_item(&config.to_json())),
+        };
+        match save_config(store, &version, &config, &entry).await? {
+            SaveOutcome::Saved { version } => return Ok((config, version)),
+            SaveOutcome::Conflict { current } => last = current,
+        }
+    }
+    Err(AdminError::Conflict {
+        based_on: "(deny edit)".into(),
+        current: last,
     })
 }
 

@@ -1,5 +1,7 @@
-//! `floodgate-cli` (`src/bin/floodgate-cli.rs` runs [`run`]): administer what the
-//! edge reads from Redis, and poke buckets.
+//! `floodgate-cli` (`src/bin/floodgate-cli.rs` runs [`Cli`] through [`execute`]):
+//! administer what the edge reads from Redis, and poke buckets. `--help` lists
+//! every command and flag; each flag can also be set by the environment variable
+//! named there.
 //!
 //! ```text
 //! floodgate-cli [STORE] config set <file | -> [--based-on VERSION | --force]
@@ -7,7 +9,9 @@
 //! floodgate-cli [STORE] key create --plan <plan> [--owner <text>]   prints the secret ONCE
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
-//! floodgate-cli [STORE] audit [count]            the newest audit records
+//! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
+//! floodgate-cli [STORE] deny add|remove <list> <value>   list: key_id, ip, country, user_agent
+//! floodgate-cli [STORE] deny list [<list>]
 //! floodgate-cli [STORE] check <bucket key> <limit>/<period> [cost]
 //! floodgate-cli [STORE] show  <bucket key> <limit>/<period>
 //!
@@ -16,7 +20,7 @@
 //! The URL is any store URL (`redis://`, `rediss://user:password@host:port`,
 //! `redis+sentinel://`, `redis+cluster://`, or the `https://` REST URL with its
 //! token in `FLOODGATE_REST_TOKEN` or `UPSTASH_REDIS_REST_TOKEN`); it defaults to
-//! `$FLOODGATE_REDIS_URL` or `redis://127.0.0.1:6379/`. The CA file defaults to
+//! `$FLOODGATE_REDIS` or `redis://127.0.0.1:6379/`. The CA file defaults to
 //! `$FLOODGATE_REDIS_CA_FILE`.
 //!
 //! `config set` is the dashboard's save: validated, version-checked and audited.
@@ -26,34 +30,145 @@
 //! once and prints the decision as the edge would answer it; `show` prints the
 //! bucket's stored state in the reference layout without consuming anything.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::admin::{self, AdminError, Basis};
-use crate::store::{NativeStore, Store, StoreError, StoreOptions};
+use clap::{Parser, Subcommand};
+
+use crate::admin::{self, AdminError, Basis, DenyEdit};
+use crate::args::StoreArgs;
+use crate::store::{NativeStore, Store, StoreError};
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::contract::Answer;
+use floodgate_shared::deny::{DenyList, UnknownList};
 use floodgate_shared::policy::{PolicyError, Quota};
 use floodgate_shared::script::Check;
 
-pub const USAGE: &str =
-    "usage: floodgate-cli [STORE] config set <file | -> [--based-on VERSION | --force]
-       floodgate-cli [STORE] config show
-       floodgate-cli [STORE] key create --plan <plan> [--owner <text>]
-       floodgate-cli [STORE] key list
-       floodgate-cli [STORE] key revoke <id>
-       floodgate-cli [STORE] audit [count]
-       floodgate-cli [STORE] check <bucket key> <limit>/<period> [cost]
-       floodgate-cli [STORE] show  <bucket key> <limit>/<period>
-STORE: [--redis URL | --rest-url URL] [--redis-ca-file PEM]
-URL defaults to $FLOODGATE_REDIS_URL or redis://127.0.0.1:6379/; the CA file to
-$FLOODGATE_REDIS_CA_FILE; a REST URL's token comes from $FLOODGATE_REST_TOKEN.";
+/// Administer Floodgate's configuration, API keys and buckets in its store.
+#[derive(Debug, Parser)]
+#[command(name = "floodgate-cli", version)]
+pub struct Cli {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The limits configuration (the edge's policies, plans and routes).
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// API keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Prints the newest audit records (time in UTC, who, action, target).
+    Audit {
+        /// How many records.
+        #[arg(default_value_t = 20)]
+        count: usize,
+    },
+    /// Deny lists: API key ids, IPs and CIDR ranges, countries, user agents
+    /// (saved with the configuration: version-checked and audited).
+    #[command(subcommand)]
+    Deny(DenyCommand),
+    /// Runs the token-bucket script once on a bucket and prints the edge's answer.
+    Check {
+        /// The bucket's Redis key.
+        key: String,
+        /// The quota, like 1000/1m or 10/s.
+        #[arg(value_name = "LIMIT/PERIOD", value_parser = quota)]
+        quota: Quota,
+        /// Tokens the request costs.
+        #[arg(default_value_t = 1)]
+        cost: u32,
+    },
+    /// Prints a bucket's stored state without consuming anything.
+    Show {
+        /// The bucket's Redis key.
+        key: String,
+        /// The quota, like 1000/1m or 10/s.
+        #[arg(value_name = "LIMIT/PERIOD", value_parser = quota)]
+        quota: Quota,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validates and stores a configuration (JSON file, or - for stdin), version
+    /// checked and audited like the dashboard's save.
+    Set {
+        /// The JSON file, or - for stdin.
+        file: String,
+        /// The version this configuration replaces (printed by `config show`).
+        #[arg(long, value_name = "VERSION", conflicts_with = "force")]
+        based_on: Option<String>,
+        /// Replace whatever is stored (still audited, with what it replaced).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Prints the stored configuration (its version on stderr).
+    Show,
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// Creates an API key and prints its secret, once.
+    Create {
+        /// The plan the key is on.
+        #[arg(long)]
+        plan: String,
+        /// Who the key is for (free text).
+        #[arg(long, default_value = "")]
+        owner: String,
+    },
+    /// Lists the API keys (id, status, plan, created in UTC, owner).
+    List,
+    /// Revokes an API key.
+    Revoke {
+        /// The key's id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DenyCommand {
+    /// Adds an entry to a list.
+    Add {
+        /// key_id, ip, country or user_agent.
+        #[arg(value_parser = deny_list)]
+        list: DenyList,
+        /// The entry: a key id, an IP or CIDR range, an ISO 3166 code, a substring.
+        value: String,
+    },
+    /// Removes an entry from a list.
+    Remove {
+        /// key_id, ip, country or user_agent.
+        #[arg(value_parser = deny_list)]
+        list: DenyList,
+        value: String,
+    },
+    /// Prints the lists' entries, one `<list>\t<entry>` line each.
+    List {
+        /// Only this list.
+        #[arg(value_parser = deny_list)]
+        list: Option<DenyList>,
+    },
+}
+
+fn deny_list(name: &str) -> Result<DenyList, String> {
+    name.parse().map_err(|e: UnknownList| e.to_string())
+}
+
+fn quota(v: &str) -> Result<Quota, String> {
+    Quota::parse_short(v).map_err(|e| format!("{e} (expected LIMIT/PERIOD, like 1000/1m)"))
+}
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("{USAGE}")]
-    Usage,
+    /// The command line does not parse (clap's message: the flag and the form).
+    #[error("{0}")]
+    Usage(String),
     #[error("{0}")]
     Admin(#[from] AdminError),
     #[error("{0}")]
@@ -66,58 +181,38 @@ pub enum CliError {
     Refused(String),
 }
 
-/// Takes the store flags off the front of `args`.
-fn store_options(args: &mut Vec<String>) -> Result<StoreOptions, CliError> {
-    let url =
-        std::env::var("FLOODGATE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let mut options = StoreOptions::from_env(url, Duration::from_secs(5));
-    while let Some(flag) = args.first().cloned() {
-        match flag.as_str() {
-            "--redis" | "--rest-url" | "--redis-ca-file" => {
-                if args.len() < 2 {
-                    return Err(CliError::Usage);
-                }
-                let value = args.remove(1);
-                args.remove(0);
-                match flag.as_str() {
-                    "--redis-ca-file" => options.ca_file = Some(PathBuf::from(value)),
-                    _ => options.url = value,
-                }
-            }
-            _ => break,
-        }
-    }
-    Ok(options)
+/// Parses one command line (without the program name) and runs it, printing what
+/// the command prints. Starts its own runtime: call it outside any.
+pub fn run(args: Vec<String>) -> Result<(), CliError> {
+    let cli = Cli::try_parse_from(std::iter::once("floodgate-cli".to_string()).chain(args))
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    execute(cli)
 }
 
-/// Runs one command line (without the program name), printing what the command
-/// prints. Starts its own runtime: call it outside any.
-pub fn run(mut args: Vec<String>) -> Result<(), CliError> {
-    let options = store_options(&mut args)?;
+/// Runs a parsed command line. Starts its own runtime: call it outside any.
+pub fn execute(cli: Cli) -> Result<(), CliError> {
+    let options = cli.store.options(Duration::from_secs(5));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::Refused(e.to_string()))?;
     rt.block_on(async {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        if !matches!(
-            args.first(),
-            Some(&("config" | "key" | "audit" | "check" | "show"))
-        ) {
-            return Err(CliError::Usage);
-        }
         let store = NativeStore::connect(&options).await?;
-        match args.as_slice() {
-            ["config", ..] | ["key", ..] | ["audit", ..] => admin_command(&store, &args).await,
-            _ => bucket_command(&store, &args).await,
+        match cli.command {
+            Command::Config(c) => config_command(&store, c).await,
+            Command::Key(k) => key_command(&store, k).await,
+            Command::Audit { count } => audit_command(&store, count).await,
+            Command::Deny(d) => deny_command(&store, d).await,
+            Command::Check { key, quota, cost } => {
+                bucket_command(&store, &key, &quota, cost, false).await
+            }
+            Command::Show { key, quota } => bucket_command(&store, &key, &quota, 0, true).await,
         }
     })
 }
 
 fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    chrono::Utc::now().timestamp()
 }
 
 /// Who the audit log names for this command: `cli:<login>`.
@@ -128,16 +223,19 @@ fn who() -> String {
     format!("cli:{login}")
 }
 
-async fn admin_command(store: &NativeStore, args: &[&str]) -> Result<(), CliError> {
-    match args {
-        ["config", "set", file, flags @ ..] => {
-            let basis = match flags {
-                [] => Basis::Unversioned,
-                ["--force"] => Basis::Force,
-                ["--based-on", v] => Basis::Version(v.to_string()),
-                _ => return Err(CliError::Usage),
+async fn config_command(store: &NativeStore, command: ConfigCommand) -> Result<(), CliError> {
+    match command {
+        ConfigCommand::Set {
+            file,
+            based_on,
+            force,
+        } => {
+            let basis = match (based_on, force) {
+                (Some(v), _) => Basis::Version(v),
+                (None, true) => Basis::Force,
+                (None, false) => Basis::Unversioned,
             };
-            let text = if *file == "-" {
+            let text = if file == "-" {
                 let mut s = String::new();
                 std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|error| {
                     CliError::Read {
@@ -147,8 +245,8 @@ async fn admin_command(store: &NativeStore, args: &[&str]) -> Result<(), CliErro
                 })?;
                 s
             } else {
-                std::fs::read_to_string(file).map_err(|error| CliError::Read {
-                    path: file.to_string(),
+                std::fs::read_to_string(&file).map_err(|error| CliError::Read {
+                    path: file.clone(),
                     error,
                 })?
             };
@@ -161,102 +259,135 @@ async fn admin_command(store: &NativeStore, args: &[&str]) -> Result<(), CliErro
                 c.spec().routes.len()
             );
         }
-        ["config", "show"] => match admin::load_config(store).await? {
+        ConfigCommand::Show => match admin::load_config(store).await? {
             (version, Some(text)) => {
                 eprintln!("version: {version}");
                 println!("{text}");
             }
             (_, None) => return Err(CliError::Refused("no configuration is stored".into())),
         },
-        ["key", "create", rest @ ..] => {
-            let (mut plan, mut owner) = (None, String::new());
-            let mut it = rest.iter();
-            while let Some(flag) = it.next() {
-                match (*flag, it.next()) {
-                    ("--plan", Some(v)) => plan = Some(*v),
-                    ("--owner", Some(v)) => owner = v.to_string(),
-                    _ => return Err(CliError::Usage),
-                }
-            }
-            let plan = plan.ok_or_else(|| CliError::Refused("key create needs --plan".into()))?;
-            let (record, secret) = admin::create_key(store, &owner, plan, now_secs()).await?;
-            admin::audit(
-                store,
-                &AuditEntry {
-                    at: now_secs(),
-                    user: who(),
-                    action: "key.create".into(),
-                    target: record.id.clone(),
-                    before: None,
-                    after: Some(record.to_json()),
-                },
-            )
-            .await?;
+    }
+    Ok(())
+}
+
+async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), CliError> {
+    let (action, record) = match command {
+        KeyCommand::Create { plan, owner } => {
+            let (record, secret) = admin::create_key(store, &owner, &plan, now_secs()).await?;
             eprintln!(
                 "created key {} (plan {}); the secret is shown this once:",
                 record.id, record.plan
             );
             println!("{secret}");
+            ("key.create", record)
         }
-        ["key", "list"] => {
+        KeyCommand::List => {
             for r in admin::list_keys(store).await? {
-                println!("{}\t{:?}\t{}\t{}", r.id, r.status, r.plan, r.owner);
+                println!(
+                    "{}\t{:?}\t{}\t{}\t{}",
+                    r.id,
+                    r.status,
+                    r.plan,
+                    utc_seconds(r.created),
+                    r.owner
+                );
             }
+            return Ok(());
         }
-        ["key", "revoke", id] => {
-            let r = admin::revoke_key(store, id).await?;
-            admin::audit(
-                store,
-                &AuditEntry {
-                    at: now_secs(),
-                    user: who(),
-                    action: "key.revoke".into(),
-                    target: r.id.clone(),
-                    before: None,
-                    after: Some(r.to_json()),
-                },
-            )
-            .await?;
+        KeyCommand::Revoke { id } => {
+            let r = admin::revoke_key(store, &id).await?;
             println!("revoked {}", r.id);
+            ("key.revoke", r)
         }
-        ["audit", rest @ ..] => {
-            let count = match rest {
-                [] => 20,
-                [n] => n.parse().map_err(|_| CliError::Usage)?,
-                _ => return Err(CliError::Usage),
-            };
-            for e in admin::audit_log(store, count).await? {
-                println!("{}\t{}\t{}\t{}", e.at, e.user, e.action, e.target);
+    };
+    admin::audit(
+        store,
+        &AuditEntry {
+            at: now_secs(),
+            user: who(),
+            action: action.into(),
+            target: record.id.clone(),
+            before: None,
+            after: Some(record.to_json()),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// `deny add|remove` (the audited, version-checked save) and `deny list`.
+async fn deny_command(store: &NativeStore, command: DenyCommand) -> Result<(), CliError> {
+    let (list, edit, value) = match command {
+        DenyCommand::Add { list, value } => (list, DenyEdit::Add, value),
+        DenyCommand::Remove { list, value } => (list, DenyEdit::Remove, value),
+        DenyCommand::List { list } => {
+            let text = admin::get_config(store)
+                .await?
+                .ok_or_else(|| CliError::Refused("no configuration is stored".into()))?;
+            let config = floodgate_shared::config::EdgeConfig::from_json(&text)?;
+            let lists = list.map_or(DenyList::ALL.to_vec(), |l| vec![l]);
+            for list in lists {
+                for entry in config.spec().deny.list(list) {
+                    println!("{list}\t{entry}");
+                }
             }
+            return Ok(());
         }
-        _ => return Err(CliError::Usage),
+    };
+    let (c, version) = admin::edit_deny(store, list, edit, &value, &who(), now_secs()).await?;
+    println!(
+        "{list} list: {} entries (version {version})",
+        c.spec().deny.list(list).len()
+    );
+    Ok(())
+}
+
+async fn audit_command(store: &NativeStore, count: usize) -> Result<(), CliError> {
+    for e in admin::audit_log(store, count).await? {
+        println!(
+            "{}\t{}\t{}\t{}",
+            utc_seconds(e.at),
+            e.user,
+            e.action,
+            e.target
+        );
     }
     Ok(())
 }
 
-async fn bucket_command(store: &NativeStore, args: &[&str]) -> Result<(), CliError> {
-    let (command, key, quota, cost) = match args {
-        [c @ ("check" | "show"), k, q] => (*c, *k, *q, None),
-        ["check", k, q, cost] => ("check", *k, *q, Some(*cost)),
-        _ => return Err(CliError::Usage),
-    };
-    let quota = Quota::parse_short(quota)?;
-    let cost: u32 = match cost {
-        Some(c) => c
-            .parse()
-            .map_err(|_| CliError::Refused(format!("cost must be a whole number, got {c:?}")))?,
-        None if command == "show" => 0,
-        None => 1,
-    };
-    let verdict = store.check(&[Check::new(key, &quota, cost)], None).await?;
+/// Unix seconds as an RFC 3339 instant in UTC (`2026-11-30T20:15:00Z`).
+pub fn utc_seconds(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0).map_or_else(
+        || format!("{secs} (Unix seconds)"),
+        |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    )
+}
+
+/// µs since the epoch as an RFC 3339 instant in UTC, to the µs.
+pub fn utc_micros(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us).map_or_else(
+        || format!("{us} µs"),
+        |t| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+    )
+}
+
+async fn bucket_command(
+    store: &NativeStore,
+    key: &str,
+    quota: &Quota,
+    cost: u32,
+    show: bool,
+) -> Result<(), CliError> {
+    let verdict = store.check(&[Check::new(key, quota, cost)], None).await?;
     let d = verdict.decisions[0];
-    if command == "show" {
-        let view = floodgate_shared::BucketState { full_at: d.full_at }.view(&quota, verdict.now);
+    if show {
+        let view = floodgate_shared::BucketState { full_at: d.full_at }.view(quota, verdict.now);
         println!("key:         {key}");
         println!("tokens:      {:.3} of {}", view.tokens, quota.capacity());
         println!(
-            "last_refill: {} (µs since the Unix epoch, Redis TIME)",
-            view.last_refill
+            "last_refill: {} (µs since the Unix epoch, Redis TIME; {})",
+            view.last_refill,
+            utc_micros(view.last_refill)
         );
         println!(
             "full_at:     {} ({} µs from now)",
@@ -286,4 +417,38 @@ async fn bucket_command(store: &NativeStore, args: &[&str]) -> Result<(), CliErr
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_shown_in_utc_with_the_zone() {
+        assert_eq!(utc_seconds(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_seconds(1_796_000_000), "2026-11-30T00:53:20Z");
+        assert_eq!(utc_seconds(951_825_600), "2000-02-29T12:00:00Z");
+        assert_eq!(
+            utc_micros(1_796_000_000_000_001),
+            "2026-11-30T00:53:20.000001Z"
+        );
+        assert!(utc_seconds(i64::MAX).contains("Unix seconds"));
+    }
+
+    #[test]
+    fn bad_command_lines_name_the_flag_or_argument() {
+        let err = |args: &[&str]| match run(args.iter().map(|a| a.to_string()).collect()) {
+            Err(CliError::Usage(m)) => m,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert!(err(&["check", "k", "ten/1m"]).contains("LIMIT/PERIOD"));
+        assert!(err(&["audit", "many"]).contains("[COUNT]"));
+        assert!(err(&["key", "create"]).contains("--plan"));
+        let both = err(&["config", "set", "f.json", "--force", "--based-on", "v"]);
+        assert!(
+            both.contains("--force") && both.contains("--based-on"),
+            "{both}"
+        );
+        assert!(err(&["--bogus", "key", "list"]).contains("--bogus"));
+    }
 }

@@ -14,10 +14,15 @@ pub mod timer;
 #[cfg(feature = "native")]
 pub mod admin;
 #[cfg(feature = "native")]
+pub mod args;
+#[cfg(feature = "native")]
 pub mod cli;
 #[cfg(feature = "native")]
 pub mod demo_upstream;
 #[cfg(feature = "native")]
+pub mod forward_auth;
+#[cfg(feature = "native")]
+pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native_host;
 #[cfg(feature = "native")]

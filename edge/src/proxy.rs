@@ -16,6 +16,24 @@ use crate::pipeline::Gate;
 /// forwarded).
 pub const HEALTH_PATH: &str = "/__floodgate/health";
 
+/// The path the native host answers with its Prometheus metrics (never forwarded;
+/// under `/__floodgate/` like the health path, so no upstream path is shadowed).
+pub const METRICS_PATH: &str = "/__floodgate/metrics";
+
+/// The header carrying a request's id: the client's when well-formed
+/// ([`request_id_ok`]), else one the edge makes; passed upstream.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Whether a client's request id is kept: 1 to 128 characters of letters, digits
+/// and `-_.:/+=` (UUIDs, ULIDs, W3C trace ids, base64 ids); anything else is
+/// replaced, so ids in logs can be neither forged lines nor unbounded.
+pub fn request_id_ok(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=".contains(&b))
+}
+
 /// What a client may send before the edge refuses it (each refusal is a JSON
 /// answer, see [`Refusal`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,6 +321,29 @@ mod tests {
 
     fn rules() -> ProxyRules {
         ProxyRules::new("http://up:9000/")
+    }
+
+    #[test]
+    fn request_ids_are_kept_only_when_well_formed() {
+        for ok in [
+            "0f8b7c1e-2d4a-4b7e-9c3f-5a6b7c8d9e0f",
+            "01HZX3K9Q2M4N5P6R7S8T9V0W1",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "a",
+            &"x".repeat(128),
+        ] {
+            assert!(request_id_ok(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "two words",
+            "line\nbreak",
+            "quote\"",
+            "é",
+            &"x".repeat(129),
+        ] {
+            assert!(!request_id_ok(bad), "{bad:?}");
+        }
     }
 
     #[test]

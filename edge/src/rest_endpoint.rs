@@ -109,8 +109,9 @@ const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
 /// answers (`{"redis":"ok"}`, or 503).
 pub const HEALTH_PATH: &str = "/__floodgate/health";
 
-struct Endpoint {
+pub struct Endpoint {
     pool: Vec<RespStore>,
+    metrics: RestMetrics,
     next: AtomicUsize,
     token: String,
     max_body: usize,
@@ -384,6 +385,24 @@ impl Endpoint {
     fn store(&self) -> &RespStore {
         &self.pool[self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len()]
     }
+
+    /// Sends `cmds` as one pipeline, timed and counted.
+    async fn run(&self, cmds: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        let started = std::time::Instant::now();
+        let replies = self.store().pipeline(cmds).await;
+        self.metrics
+            .redis_latency
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &replies {
+            self.metrics
+                .redis_errors
+                .get_or_create(&ErrorLabels {
+                    kind: e.kind.name(),
+                })
+                .inc();
+        }
+        replies
+    }
 }
 
 /// A reply, with the SHA-1 the client expects when the script was rewritten.
@@ -396,6 +415,30 @@ fn fix_reply(reply: Value, sha: Option<String>) -> Value {
 
 /// Builds the endpoint's router, connecting its Redis pool first.
 pub async fn router(config: &EndpointConfig) -> Result<Router, StoreError> {
+    Ok(app(endpoint(config).await?))
+}
+
+/// The endpoint's REST routes over `ep`.
+pub fn app(ep: Arc<Endpoint>) -> Router {
+    Router::new()
+        .route(HEALTH_PATH, axum::routing::get(health))
+        .fallback(handle)
+        .with_state(ep)
+}
+
+/// The path of the endpoint's Prometheus metrics on its metrics listener.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// `GET /metrics` over `ep`: served on a listener of its own (`floodgate-rest
+/// --metrics-listen`) without the token, which grants every Redis command.
+pub fn metrics_app(ep: Arc<Endpoint>) -> Router {
+    Router::new()
+        .route(METRICS_PATH, axum::routing::get(metrics))
+        .with_state(ep)
+}
+
+/// Connects the endpoint's Redis pool.
+pub async fn endpoint(config: &EndpointConfig) -> Result<Arc<Endpoint>, StoreError> {
     if config.token.is_empty() {
         return Err(StoreError::new(
             StoreErrorKind::Auth,
@@ -412,8 +455,9 @@ pub async fn router(config: &EndpointConfig) -> Result<Router, StoreError> {
     for _ in 0..config.pool.max(1) {
         pool.push(RespStore::connect_with(&config.redis).await?);
     }
-    let state = Arc::new(Endpoint {
+    Ok(Arc::new(Endpoint {
         pool,
+        metrics: RestMetrics::default(),
         next: AtomicUsize::new(0),
         token: config.token.clone(),
         max_body: config.max_body,
@@ -421,11 +465,7 @@ pub async fn router(config: &EndpointConfig) -> Result<Router, StoreError> {
         body_timeout: config.body_timeout,
         policy: CommandPolicy::new(&config.allow),
         script_shas: Default::default(),
-    });
-    Ok(Router::new()
-        .route(HEALTH_PATH, axum::routing::get(health))
-        .fallback(handle)
-        .with_state(state))
+    }))
 }
 
 /// Serves until `shutdown` completes, then finishes the requests in flight.
@@ -778,6 +818,111 @@ async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let kind = match uri.path().trim_end_matches('/') {
+        "" => "command",
+        "/pipeline" => "pipeline",
+        "/multi-exec" => "multi_exec",
+        _ => "path_command",
+    };
+    let response = answer(ep.clone(), method, uri, headers, body).await;
+    let status = match response.status().as_u16() / 100 {
+        2 => "2xx",
+        4 => "4xx",
+        _ => "5xx",
+    };
+    ep.metrics
+        .requests
+        .get_or_create(&RequestLabels { kind, status })
+        .inc();
+    response
+}
+
+/// Prometheus text: the counted series, and whether Redis answers a `PING` now
+/// (within a second: a scrape during an outage answers, showing it).
+async fn metrics(State(ep): State<Arc<Endpoint>>) -> Response {
+    let up = matches!(
+        tokio::time::timeout(Duration::from_secs(1), ep.store().ping()).await,
+        Ok(Ok(()))
+    );
+    let mut now = prometheus_client::registry::Registry::with_prefix("floodgate_rest");
+    now.register(
+        "redis_up",
+        "1 when Redis answered a PING at this scrape (within 1 s)",
+        prometheus_client::metrics::gauge::ConstGauge::new(i64::from(up)),
+    );
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        crate::metrics::render(&[&ep.metrics.registry, &now]),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct RequestLabels {
+    kind: &'static str,
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ErrorLabels {
+    kind: &'static str,
+}
+
+/// floodgate-rest's series (`docs/metrics.md`).
+struct RestMetrics {
+    registry: prometheus_client::registry::Registry,
+    requests: prometheus_client::metrics::family::Family<
+        RequestLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    redis_latency: prometheus_client::metrics::histogram::Histogram,
+    redis_errors: prometheus_client::metrics::family::Family<
+        ErrorLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+}
+
+impl Default for RestMetrics {
+    fn default() -> Self {
+        use prometheus_client::registry::{Registry, Unit};
+        let mut registry = Registry::with_prefix("floodgate_rest");
+        let requests = prometheus_client::metrics::family::Family::default();
+        let redis_latency = prometheus_client::metrics::histogram::Histogram::new([
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+        ]);
+        let redis_errors = prometheus_client::metrics::family::Family::default();
+        registry.register(
+            "requests",
+            "Requests answered, by kind (command, pipeline, multi_exec, path_command) and status class",
+            std::clone::Clone::clone(&requests),
+        );
+        registry.register_with_unit(
+            "redis_latency",
+            "Latency of one Redis round trip (a command, pipeline or transaction)",
+            Unit::Seconds,
+            redis_latency.clone(),
+        );
+        registry.register(
+            "redis_errors",
+            "Redis round trips that failed, by error kind",
+            std::clone::Clone::clone(&redis_errors),
+        );
+        Self {
+            registry,
+            requests,
+            redis_latency,
+            redis_errors,
+        }
+    }
+}
+
+async fn answer(
+    ep: Arc<Endpoint>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     if !authorized(&ep, &headers, &uri) {
         return error(StatusCode::UNAUTHORIZED, "Unauthorized");
     }
@@ -872,7 +1017,7 @@ fn too_large(ep: &Endpoint, reply: &Value) -> Option<Response> {
 
 async fn single(ep: &Endpoint, args: Vec<Vec<u8>>, base64: bool) -> Response {
     let (args, sha) = ep.prepare(args);
-    match ep.store().pipeline(&[args]).await {
+    match ep.run(&[args]).await {
         Ok(mut replies) => match replies.pop().map(|r| fix_reply(r, sha)) {
             Some(Value::Error(e)) => error(StatusCode::BAD_REQUEST, e.message),
             Some(r) => match too_large(ep, &r) {
@@ -911,7 +1056,7 @@ fn outcomes(
 
 async fn pipeline(ep: &Endpoint, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Response {
     let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.prepare(c)).unzip();
-    match ep.store().pipeline(&cmds).await {
+    match ep.run(&cmds).await {
         Ok(replies) => outcomes(ep, replies, shas, base64),
         Err(e) => store_failure(e),
     }
@@ -924,7 +1069,7 @@ async fn multi_exec(ep: &Endpoint, cmds: Vec<Vec<Vec<u8>>>, base64: bool) -> Res
     batch.push(vec![b"MULTI".to_vec()]);
     batch.extend(cmds);
     batch.push(vec![b"EXEC".to_vec()]);
-    match ep.store().pipeline(&batch).await {
+    match ep.run(&batch).await {
         Ok(mut replies) => match replies.pop() {
             Some(Value::Array(results)) if results.len() == n => {
                 outcomes(ep, results, shas, base64)
@@ -945,6 +1090,7 @@ mod tests {
 
     fn endpoint(allow: &[&str]) -> Endpoint {
         Endpoint {
+            metrics: RestMetrics::default(),
             pool: vec![],
             next: AtomicUsize::new(0),
             token: "t".into(),

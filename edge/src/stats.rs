@@ -50,8 +50,16 @@ impl Hash {
     }
 }
 
+/// Where every counted field is also added as it is counted: natively, the
+/// instance's Prometheus metrics (`crate::metrics`).
+pub trait StatsSink: Send + Sync {
+    fn add(&self, field: &StatsField, n: u64);
+}
+
 #[derive(Default)]
 struct Pending {
+    /// Gets every count, before any bound drops it.
+    sink: Option<std::sync::Arc<dyn StatsSink>>,
     /// (hash, field text) → count
     counts: BTreeMap<(Hash, String), u64>,
     /// Recent decisions for the dashboard's backtest.
@@ -73,6 +81,9 @@ impl Pending {
 
     /// Counts `field` at `now`: per minute, and per 10 seconds when it is kept so.
     fn count(&mut self, now: Micros, field: StatsField, n: u64) {
+        if let Some(sink) = &self.sink {
+            sink.add(&field, n);
+        }
         if field.is_fine() {
             self.add(
                 Hash::TenSeconds(now / (10 * MICROS_PER_SEC)),
@@ -113,6 +124,13 @@ pub struct Stats {
 const MAX_PENDING: usize = 10_000;
 
 impl Stats {
+    /// Counters that also add every count to `sink`.
+    pub fn with_sink(sink: std::sync::Arc<dyn StatsSink>) -> Self {
+        let stats = Self::default();
+        lock(&stats.pending).sink = Some(sink);
+        stats
+    }
+
     /// Counts one decision the edge made at `now` for `key` on `route` (per endpoint
     /// and per key, and the store call's latency when there was one), and adds it
     /// to the sample the dashboard's backtest replays. Every decision goes through
@@ -142,6 +160,7 @@ impl Stats {
         p.count_key(now, &key.id, Counted::Outcome(outcome));
         if let Some(us) = store_latency_us {
             p.count(now, StatsField::Latency(latency_bound(us)), 1);
+            p.count(now, StatsField::LatencySumUs, us);
         }
         if p.sample.len() < MAX_SAMPLE_PENDING {
             p.sample.push(entry.to_string());

@@ -38,6 +38,64 @@ async fn a_warm_request_costs_one_store_round_trip() {
     );
 }
 
+#[tokio::test]
+async fn a_denied_request_is_a_403_without_a_store_call_and_costs_no_quota() {
+    let store = mem();
+    let config = CONFIG.replacen(
+        r#""plans":"#,
+        r#""deny":{"ips":["198.51.100.0/24"],"user_agents":["BadBot"],"countries":["KP"]},"plans":"#,
+        1,
+    );
+    let auth = seed(store, &config, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    // warm the caches (config and key: two reads, one check)
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    let (gets, checks) = (
+        store.gets.load(Ordering::SeqCst),
+        store.checks.load(Ordering::SeqCst),
+    );
+    let denied = [
+        RequestHead {
+            client_ip: Some("198.51.100.77".parse().unwrap()),
+            ..head(&auth)
+        },
+        RequestHead {
+            user_agent: Some(b"x BADBOT y"),
+            ..head(&auth)
+        },
+        RequestHead {
+            country: Some("KP"),
+            ..head(&auth)
+        },
+    ];
+    for _ in 0..5 {
+        for h in denied {
+            let g = settle(p.gate(h).await).await;
+            assert_eq!(status(&g), 403);
+            assert_eq!(header(&g, "x-ratelimit-remaining"), None);
+        }
+    }
+    assert_eq!(store.gets.load(Ordering::SeqCst), gets, "no read");
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst),
+        checks,
+        "no bucket check"
+    );
+    // the 15 denied requests left the bucket as it was: the next admitted one
+    // leaves 1 of 3
+    let g = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(header(&g, "x-ratelimit-remaining"), Some("1"));
+    // other addresses, agents and countries pass
+    let other = RequestHead {
+        client_ip: Some("198.51.101.1".parse().unwrap()),
+        user_agent: Some(b"curl/8"),
+        country: Some("DE"),
+        ..head(&auth)
+    };
+    assert_eq!(status(&settle(p.gate(other).await).await), 200);
+}
+
 async fn futures_statuses<C: Clock>(
     p: &Pipeline<&'static MemStore, C>,
     auth: &str,
@@ -589,6 +647,8 @@ async fn unknown_keys_spend_their_address_budget_then_cost_no_lookups() {
             path: "/v1/x",
             credentials: Some(auth.as_bytes()),
             client_ip: Some(ip.parse().unwrap()),
+            country: None,
+            user_agent: None,
         }
     }
     let owned: Vec<String> = (0..20u8)

@@ -23,6 +23,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::deny::{Deny, DenySpec};
 use crate::keys::{KeyError, Subject, bucket_key};
 use crate::policy::{Dimension, Policy, PolicyError, PolicySpec, validate_name};
 use crate::routes::{Route, RouteTable};
@@ -67,6 +68,10 @@ pub struct ConfigSpec {
     /// global store leases out the rest of the bound (see docs/consistency.md).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub regions: u32,
+    /// Requests refused (403) before any limit: API key ids, addresses and
+    /// ranges, countries, user-agent substrings ([`crate::deny`]).
+    #[serde(default, skip_serializing_if = "DenySpec::is_empty")]
+    pub deny: DenySpec,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -114,6 +119,7 @@ pub struct EdgeConfig {
     routes: RouteTable,
     route_policies: BTreeMap<String, Vec<usize>>,
     ip_policies: Vec<usize>,
+    deny: Deny,
 }
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> PolicyError {
@@ -273,7 +279,9 @@ impl EdgeConfig {
                 format!("a request may be checked against at most {MAX_CHECKS} policies"),
             ));
         }
+        let deny = Deny::new(&spec.deny)?;
         Ok(Self {
+            deny,
             spec,
             policies,
             plans,
@@ -286,6 +294,11 @@ impl EdgeConfig {
 
     pub fn spec(&self) -> &ConfigSpec {
         &self.spec
+    }
+
+    /// The deny lists, ready to match.
+    pub fn deny(&self) -> &Deny {
+        &self.deny
     }
 
     pub fn headers(&self) -> &HeaderSpec {
@@ -514,6 +527,41 @@ mod tests {
                 EdgeConfig::from_json(&v.to_string()).unwrap_err().field,
                 field
             );
+        }
+    }
+
+    #[test]
+    fn deny_lists_round_trip_and_bad_entries_name_their_field() {
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        v["deny"] = serde_json::json!({
+            "key_ids": ["Ab3dE5gH1j"], "ips": ["203.0.113.7", "198.51.100.0/24", "2001:db8::/32"],
+            "countries": ["KP"], "user_agents": ["BadBot"]});
+        let c = EdgeConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.spec().deny.ips.len(), 3);
+        assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+        let visitor = crate::deny::Visitor {
+            ip: Some("198.51.100.20".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(c.deny().matches(&visitor), Some(crate::deny::DenyList::Ip));
+        // no deny section: none written back
+        let plain = EdgeConfig::from_json(DEMO).unwrap();
+        assert!(!plain.to_json().contains("deny"));
+        for (deny, field) in [
+            (serde_json::json!({"ips": ["10.0.0.0/40"]}), "deny.ips[0]"),
+            (
+                serde_json::json!({"countries": ["UKR"]}),
+                "deny.countries[0]",
+            ),
+            (
+                serde_json::json!({"user_agents": [""]}),
+                "deny.user_agents[0]",
+            ),
+            (serde_json::json!({"addresses": []}), "deny.addresses"),
+        ] {
+            v["deny"] = deny;
+            let e = EdgeConfig::from_json(&v.to_string()).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
         }
     }
 

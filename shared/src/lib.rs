@@ -11,6 +11,7 @@ pub mod audit;
 pub mod bucket;
 pub mod config;
 pub mod contract;
+pub mod deny;
 pub mod keys;
 pub mod lease;
 pub mod policy;

@@ -20,6 +20,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::deny::DenyList;
 use crate::policy::FailureMode;
 
 /// How long the per-minute hashes stay (two days: the 24 h range and a margin).
@@ -229,6 +230,9 @@ pub enum StatsField {
     Mode(FailureMode),
     /// `lat:<upper bound µs>` (`lat:inf` above 1 s): store calls by latency.
     Latency(u64),
+    /// `lat:sum_us`: the store calls' latencies summed (µs; with the `Latency`
+    /// buckets, a Prometheus histogram's sum).
+    LatencySumUs,
     /// `breaker:opened`: closed → open transitions of the circuit breaker.
     BreakerOpened,
     /// `breaker:open_ms`: ms the breaker spent open or half-open.
@@ -239,6 +243,9 @@ pub enum StatsField {
     /// `policy:<name>|<leasing>`: how a bounded or `auto` policy's requests were
     /// decided, and what its leases cost (docs/consistency.md).
     Leasing(String, Leasing),
+    /// `denied:<list>`: requests refused by a deny list (`key_id`, `ip`, `country`,
+    /// `user_agent`).
+    Denied(DenyList),
 }
 
 /// What a bounded or `auto` policy's counters count.
@@ -290,11 +297,13 @@ impl fmt::Display for StatsField {
             StatsField::EndpointMode(e, m) => write!(f, "{e}|degraded:{}", m.name()),
             StatsField::Mode(m) => write!(f, "mode:{}", m.name()),
             StatsField::Latency(u64::MAX) => f.write_str("lat:inf"),
+            StatsField::LatencySumUs => f.write_str("lat:sum_us"),
             StatsField::Latency(b) => write!(f, "lat:{b}"),
             StatsField::BreakerOpened => f.write_str("breaker:opened"),
             StatsField::BreakerOpenMs => f.write_str("breaker:open_ms"),
             StatsField::SampleDropped => f.write_str("sample:dropped"),
             StatsField::Leasing(policy, l) => write!(f, "policy:{policy}|{}", l.name()),
+            StatsField::Denied(list) => write!(f, "denied:{list}"),
         }
     }
 }
@@ -326,6 +335,7 @@ impl FromStr for StatsField {
         match s.split_once(':') {
             Some(("mode", m)) => mode_from_name(m).map(StatsField::Mode),
             Some(("lat", "inf")) => Some(StatsField::Latency(u64::MAX)),
+            Some(("lat", "sum_us")) => Some(StatsField::LatencySumUs),
             Some(("lat", b)) => b
                 .parse()
                 .ok()
@@ -334,6 +344,7 @@ impl FromStr for StatsField {
             Some(("breaker", "opened")) => Some(StatsField::BreakerOpened),
             Some(("breaker", "open_ms")) => Some(StatsField::BreakerOpenMs),
             Some(("sample", "dropped")) => Some(StatsField::SampleDropped),
+            Some(("denied", list)) => list.parse().ok().map(StatsField::Denied),
             _ => None,
         }
         .map_or_else(|| bad(s), Ok)
@@ -469,6 +480,7 @@ mod tests {
             (endpoint(), mode()).prop_map(|(e, m)| StatsField::EndpointMode(e, m)),
             mode().prop_map(StatsField::Mode),
             prop::sample::select(LATENCY_BOUNDS_US.to_vec()).prop_map(StatsField::Latency),
+            Just(StatsField::LatencySumUs),
             Just(StatsField::BreakerOpened),
             Just(StatsField::BreakerOpenMs),
             Just(StatsField::SampleDropped),
@@ -481,6 +493,7 @@ mod tests {
                 prop::sample::select(Leasing::ALL.to_vec())
             )
                 .prop_map(|(p, l)| StatsField::Leasing(p, l)),
+            prop::sample::select(DenyList::ALL.to_vec()).prop_map(StatsField::Denied),
         ]
     }
 
@@ -559,6 +572,9 @@ mod tests {
             "policy:search|leased",
             "policy:search",
             "policy:a b|local",
+            "denied:",
+            "denied:keys",
+            "denied:IP",
         ] {
             assert!(bad.parse::<StatsField>().is_err(), "{bad}");
         }

@@ -3,7 +3,9 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod gateway;
 pub mod http;
+pub mod process;
 pub mod scale;
 pub mod silent;
 pub mod tls;

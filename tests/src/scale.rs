@@ -559,6 +559,8 @@ pub async fn offer(
                     path: "/bench",
                     credentials: Some(credentials.as_bytes()),
                     client_ip: Some(ip),
+                    country: None,
+                    user_agent: None,
                 })
                 .await;
             for task in decided.background {
@@ -674,6 +676,8 @@ pub async fn burst(edges: &[Vec<Arc<Edge>>], secrets: &[String], each: usize) ->
                             path: "/burst",
                             credentials: Some(credentials.as_bytes()),
                             client_ip: Some(subject_ip(0)),
+                            country: None,
+                            user_agent: None,
                         })
                         .await;
                     for task in decided.background {

@@ -273,3 +273,92 @@ async fn the_worker_decides_warm_requests_at_its_regional_store() {
         "{regional_calls} regional script calls for 40 requests"
     );
 }
+
+/// `floodgate-cli config set` takes a bounded policy through the edge's own parser:
+/// each bad bound is refused with an error naming the field and nothing is stored;
+/// a good one is stored with its consistency and bound, and reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_stores_a_bound_only_when_it_is_valid() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("floodgate-cli-bound-{}", redis.port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = redis.url();
+    let set = |name: &str, json: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, json).unwrap();
+        let args = vec![
+            "--redis".to_string(),
+            url.clone(),
+            "config".into(),
+            "set".into(),
+            path.to_str().unwrap().into(),
+            "--force".into(),
+        ];
+        tokio::task::spawn_blocking(move || {
+            floodgate_edge::cli::run(args).map_err(|e| e.to_string())
+        })
+    };
+    let bounded = config("bounded");
+    let bad = [
+        (
+            "zero",
+            bounded.replace(r#""max_overshoot":40"#, r#""max_overshoot":0"#),
+        ),
+        (
+            "negative",
+            bounded.replace(r#""max_overshoot":40"#, r#""max_overshoot":-1"#),
+        ),
+        (
+            "fraction",
+            bounded.replace(r#""max_overshoot":40"#, r#""max_overshoot":1.5"#),
+        ),
+        (
+            "over capacity",
+            bounded.replace(r#""max_overshoot":40"#, r#""max_overshoot":101"#),
+        ),
+        (
+            "exact with a bound",
+            bounded.replace(r#""bounded""#, r#""exact""#),
+        ),
+        (
+            "no bound",
+            config("bounded").replace(r#","max_overshoot":40"#, ""),
+        ),
+        (
+            "a window cannot lease",
+            bounded
+                .replace(
+                    r#""failure_mode""#,
+                    r#""algorithm":"sliding_counter","failure_mode""#,
+                )
+                .replace(r#""refill":1,"#, ""),
+        ),
+    ];
+    for (what, json) in bad {
+        let e = set("bad.json", json).await.unwrap().unwrap_err();
+        assert!(
+            e.contains("max_overshoot") || e.contains("consistency"),
+            "{what}: the error names the field: {e}"
+        );
+        let stored: bool = redis::cmd("EXISTS")
+            .arg("fg:config")
+            .query(&mut redis.connection())
+            .unwrap();
+        assert!(!stored, "{what}: nothing stored");
+    }
+    set("good.json", bounded).await.unwrap().unwrap();
+    let store = NativeStore::connect(&floodgate_edge::store::StoreOptions::new(
+        redis.url(),
+        Duration::from_secs(2),
+    ))
+    .await
+    .unwrap();
+    let (_, stored) = floodgate_edge::admin::load_config(&store).await.unwrap();
+    let stored = floodgate_shared::config::EdgeConfig::from_json(&stored.unwrap()).unwrap();
+    let policy = stored.policy("default").unwrap();
+    assert_eq!(
+        (policy.consistency(), policy.max_overshoot()),
+        (floodgate_shared::policy::Consistency::Bounded, Some(40))
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

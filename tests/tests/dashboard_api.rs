@@ -574,3 +574,443 @@ async fn a_backtest_replays_recent_requests_against_the_proposal_without_saving_
     assert_eq!(config["spec"]["headers"]["ietf"], true);
     assert_eq!(config["spec"]["headers"]["retry_jitter_secs"], 3);
 }
+
+#[tokio::test]
+async fn deny_lists_are_saved_from_the_form_and_a_bad_entry_stores_nothing() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let op = Operator::sign_in(&d.url).await;
+    let version = op.version().await;
+    let form = |ips: &'static str, countries: &'static str| {
+        vec![
+            ("key_ids", ""),
+            ("ips", ips),
+            ("countries", countries),
+            ("user_agents", "BadBot\n"),
+        ]
+    };
+    for (ips, countries, field, says) in [
+        (
+            "203.0.113.7\n10.0.0.0/40",
+            "",
+            "deny.ips",
+            "line 2: \"10.0.0.0/40\" is not an IP address or CIDR range",
+        ),
+        ("10.1.2.3/8", "", "deny.ips", "did you mean 10.0.0.0/8"),
+        ("", "DE\nUK1", "deny.countries", "line 2:"),
+    ] {
+        let mut fields = form(ips, countries);
+        fields.push(("version", &version));
+        let v = op.refused("save_deny", &fields).await;
+        assert_eq!(invalid_field(&v), Some(field), "{v}");
+        let message = v["Invalid"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(op.version().await, version, "nothing was stored");
+    let mut fields = form("203.0.113.7\n2001:db8::/32", "KP");
+    fields.push(("version", &version));
+    let v = op.json("save_deny", &fields).await;
+    assert!(v["Ok"].is_string(), "{v}");
+    let config = op.json("config", &[]).await;
+    assert_eq!(
+        config["spec"]["deny"],
+        serde_json::json!({"ips": ["203.0.113.7", "2001:db8::/32"], "countries": ["KP"], "user_agents": ["BadBot"]})
+    );
+    let audit = op.json("audit", &[]).await;
+    assert_eq!(audit[0]["action"], "set deny lists", "{audit}");
+    // a save based on the old version is a conflict, not an overwrite
+    let mut stale = form("", "");
+    stale.push(("version", &version));
+    let v = op.refused("save_deny", &stale).await;
+    assert!(v["Conflict"].is_string(), "{v}");
+    // the editor shows the lists and the counts
+    let (status, html) = op.page("/policies").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("2001:db8::/32") && html.contains("deny-counts"));
+}
+
+/// The stored configuration's text (what the edge reads), parsed.
+fn stored_config(redis: &RedisServer) -> Value {
+    let mut conn = redis.connection();
+    let text: String = redis::cmd("GET")
+        .arg(floodgate_shared::config::CONFIG_KEY)
+        .query(&mut conn)
+        .expect("a stored configuration");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+fn stored_policy(redis: &RedisServer, name: &str) -> Value {
+    stored_config(redis)["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no policy {name}"))
+}
+
+/// The policy form of the demo's `search` limit (100 per minute), with `changes`.
+fn search_form<'a>(version: &'a str, changes: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut form = vec![
+        ("version", version),
+        ("original", "search"),
+        ("name", "search"),
+        ("dimensions", "api_key,endpoint"),
+        ("capacity", "100"),
+        ("period", "1m"),
+        ("refill", ""),
+        ("cost", ""),
+        ("failure_mode", "fail_closed"),
+    ];
+    for (k, v) in changes {
+        match form.iter_mut().find(|slot| slot.0 == *k) {
+            Some(slot) => slot.1 = v,
+            None => form.push((k, v)),
+        }
+    }
+    form
+}
+
+/// The `<input>` tag of the policy form's field `name` in `html`.
+fn input_tag<'a>(html: &'a str, name: &str) -> &'a str {
+    let at = html
+        .find(&format!("name=\"{name}\""))
+        .unwrap_or_else(|| panic!("no field {name}"));
+    let start = html[..at].rfind('<').unwrap();
+    let end = at + html[at..].find('>').unwrap();
+    &html[start..=end]
+}
+
+/// Issue 12, item 1 (the dashboard form): a bounded limit is saved with its bound,
+/// reloaded into the form, edited without losing them, audited field by field; an
+/// exact one is stored as before (no `consistency`).
+#[tokio::test]
+async fn a_bounded_limit_is_saved_reloaded_edited_and_audited_with_its_bound() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let op = Operator::sign_in(&d.url).await;
+    let version = op.version().await;
+    let v = op
+        .json(
+            "save_policy",
+            &search_form(
+                &version,
+                &[("consistency", "bounded"), ("max_overshoot", "20")],
+            ),
+        )
+        .await;
+    assert!(v["Ok"].is_string(), "{v}");
+    let p = stored_policy(&redis, "search");
+    assert_eq!(
+        (&p["consistency"], &p["max_overshoot"]),
+        (&Value::from("bounded"), &Value::from(20)),
+        "{p}"
+    );
+    // the list says so, and the edit form is filled with both
+    let (_, html) = op.page("/policies?edit=search").await;
+    let row = &html[html.find("data-policy=\"search\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(row.contains("bounded, at most 20 over"), "{row}");
+    assert!(
+        input_tag(&html, "max_overshoot").contains("value=\"20\""),
+        "{}",
+        input_tag(&html, "max_overshoot")
+    );
+    assert!(
+        html.contains("<option value=\"bounded\" selected"),
+        "bounded is chosen in the form"
+    );
+    // an edit of another field, as the reloaded form sends it, keeps them
+    let version = op.version().await;
+    let v = op
+        .json(
+            "save_policy",
+            &search_form(
+                &version,
+                &[
+                    ("capacity", "200"),
+                    ("consistency", "bounded"),
+                    ("max_overshoot", "20"),
+                ],
+            ),
+        )
+        .await;
+    assert!(v["Ok"].is_string(), "{v}");
+    let p = stored_policy(&redis, "search");
+    assert_eq!(p["quota"]["capacity"], 200, "{p}");
+    assert_eq!(
+        (&p["consistency"], &p["max_overshoot"]),
+        (&"bounded".into(), &20.into())
+    );
+    // auto, then back to exact: stored without consistency, as the edge writes it
+    let version = op.version().await;
+    let form = search_form(
+        &version,
+        &[
+            ("capacity", "200"),
+            ("consistency", "auto"),
+            ("max_overshoot", "150"),
+        ],
+    );
+    assert!(op.json("save_policy", &form).await["Ok"].is_string());
+    assert_eq!(stored_policy(&redis, "search")["consistency"], "auto");
+    let version = op.version().await;
+    let form = search_form(
+        &version,
+        &[
+            ("capacity", "200"),
+            ("consistency", "exact"),
+            ("max_overshoot", ""),
+        ],
+    );
+    assert!(op.json("save_policy", &form).await["Ok"].is_string());
+    let p = stored_policy(&redis, "search");
+    let obj = p.as_object().unwrap();
+    assert!(
+        !obj.contains_key("consistency") && !obj.contains_key("max_overshoot"),
+        "{p}"
+    );
+    // every step is in the audit log, field by field
+    let (_, html) = op.page("/audit").await;
+    let html = html.replace("<!>", "");
+    for change in [
+        "consistency</code>: exact → bounded",
+        "max_overshoot</code>: (none) → 20",
+        "consistency</code>: bounded → auto",
+        "max_overshoot</code>: 20 → 150",
+        "consistency</code>: auto → exact",
+        "max_overshoot</code>: 150 → (none)",
+    ] {
+        assert!(html.contains(change), "{change} in the audit log");
+    }
+}
+
+/// Issue 12, "Bad input and safety", through the dashboard: each bad bound or
+/// combination is refused by the edge's own rules, next to its field, and nothing
+/// is stored, also as a plain form post.
+#[tokio::test]
+async fn a_bad_bound_or_consistency_is_refused_next_to_its_field_and_stores_nothing() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let op = Operator::sign_in(&d.url).await;
+    let version = op.version().await;
+    let before = stored_config(&redis);
+    let bounded = |n: &'static str| vec![("consistency", "bounded"), ("max_overshoot", n)];
+    let with = |mut c: Vec<(&'static str, &'static str)>, extra: (&'static str, &'static str)| {
+        c.push(extra);
+        c
+    };
+    type Fields = Vec<(&'static str, &'static str)>;
+    let cases: Vec<(Fields, &str, &str)> = vec![
+        (
+            bounded("0"),
+            "max_overshoot",
+            "between 1 and quota.capacity (100)",
+        ),
+        (bounded("-1"), "max_overshoot", "whole number"),
+        (bounded("1.5"), "max_overshoot", "whole number"),
+        (bounded("101"), "max_overshoot", "got 101"),
+        (bounded(""), "max_overshoot", "is required"),
+        (
+            vec![("consistency", "auto")],
+            "max_overshoot",
+            "is required",
+        ),
+        (
+            with(bounded("5"), ("algorithm", "sliding_log")),
+            "consistency",
+            "cannot lease",
+        ),
+        (
+            with(bounded("5"), ("algorithm", "fixed_window")),
+            "consistency",
+            "cannot lease",
+        ),
+        (
+            with(bounded("5"), ("shadow", "on")),
+            "consistency",
+            "shadow",
+        ),
+        (
+            with(bounded("5"), ("max_in_flight", "3")),
+            "consistency",
+            "max_in_flight",
+        ),
+        (
+            vec![("consistency", "exact"), ("max_overshoot", "5")],
+            "max_overshoot",
+            "only applies",
+        ),
+        (
+            vec![("max_overshoot", "5")],
+            "max_overshoot",
+            "only applies",
+        ),
+        (
+            vec![("consistency", "eventual"), ("max_overshoot", "5")],
+            "consistency",
+            "unknown variant",
+        ),
+    ];
+    for (changes, field, says) in cases {
+        let form = search_form(&version, &changes);
+        let (status, v) = op.answer("save_policy", &form).await;
+        assert_eq!(status, 422, "{changes:?}: {v}");
+        assert_eq!(invalid_field(&v), Some(field), "{changes:?}: {v}");
+        let message = v["Invalid"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{changes:?}: {message}");
+        // a new policy is refused the same way
+        let mut new = form.clone();
+        new[1] = ("original", "");
+        new[2] = ("name", "fresh");
+        assert_eq!(
+            invalid_field(&op.refused("save_policy", &new).await),
+            Some(field),
+            "{changes:?} on a new policy"
+        );
+    }
+    assert_eq!(op.version().await, version, "nothing was stored");
+    assert_eq!(stored_config(&redis), before);
+    // without JavaScript: the page comes back with the message next to the field
+    let res = op
+        .http
+        .post(format!("{}/api/save_policy", op.url))
+        .header("origin", &op.url)
+        .header("cookie", &op.cookie)
+        .header("accept", "text/html")
+        .header("referer", format!("{}/policies?edit=search", op.url))
+        .form(
+            &[
+                vec![("csrf", op.csrf.as_str())],
+                search_form(&version, &bounded("101")),
+            ]
+            .concat(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_redirection(), "{}", res.status());
+    let back = res.headers()["location"].to_str().unwrap().to_string();
+    let (status, html) = op.page(back.trim_start_matches(&d.url)).await;
+    assert_eq!(status, 200);
+    let at = html
+        .find("data-field=\"max_overshoot\"")
+        .unwrap_or_else(|| panic!("the error is next to the bound: {html}"));
+    assert!(html[at..].contains("got 101"));
+    assert_eq!(op.version().await, version);
+}
+
+/// Writes `policy:<name>|<leasing>` counters into the per-minute hash of `minute`,
+/// as the edge's `leased()` and `count_refill()` do.
+fn seed_leasing(redis: &RedisServer, minute: i64, policy: &str, counts: [u64; 4]) {
+    use floodgate_shared::stats::{Leasing, StatsField, minute_key};
+    let mut conn = redis.connection();
+    for (what, n) in Leasing::ALL.into_iter().zip(counts) {
+        let field = StatsField::Leasing(policy.to_string(), what);
+        let _: () = redis::cmd("HINCRBY")
+            .arg(minute_key(minute))
+            .arg(field.to_string())
+            .arg(n)
+            .query(&mut conn)
+            .unwrap();
+    }
+}
+
+fn leasing_row<'a>(t: &'a Value, policy: &str) -> &'a Value {
+    t["policies"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no figures: {t}"))
+        .iter()
+        .find(|r| r["policy"] == policy)
+        .unwrap_or_else(|| panic!("no row for {policy}: {t}"))
+}
+
+/// Issue 12, item 6: per bounded policy, the share of decisions taken locally,
+/// the global calls saved and the overshoot budget in use, from the edges'
+/// per-minute counters over the selected range, as text.
+#[tokio::test]
+async fn the_traffic_page_shows_each_bounded_limits_local_share_calls_saved_and_budget() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let op = Operator::sign_in(&d.url).await;
+    let (_, html) = op.page("/").await;
+    assert!(
+        html.contains("id=\"no-bounded\""),
+        "no bounded policies yet"
+    );
+    let version = op.version().await;
+    let form = search_form(
+        &version,
+        &[("consistency", "bounded"), ("max_overshoot", "50")],
+    );
+    assert!(op.json("save_policy", &form).await["Ok"].is_string());
+    let minute = floodgate_dashboard::time::now_secs().div_euclid(60);
+    // local, exact, refills, outstanding: this minute and the one before
+    seed_leasing(&redis, minute, "search", [90, 10, 4, 40]);
+    seed_leasing(&redis, minute - 1, "search", [10, 0, 0, 0]);
+    // an exact policy's counters (an edge of an older configuration) are not shown
+    seed_leasing(&redis, minute, "checkout", [5, 5, 5, 5]);
+    // long ago: outside the range
+    seed_leasing(&redis, minute - 120, "search", [1000, 0, 0, 0]);
+    for range in ["15m", "1h"] {
+        let t = op.json("leasing", &[("range", range)]).await;
+        assert_eq!(t["policies"].as_array().unwrap().len(), 1, "{t}");
+        let s = leasing_row(&t, "search");
+        let got: Vec<u64> = [
+            "local",
+            "exact",
+            "refills",
+            "outstanding",
+            "bound",
+            "leasable",
+        ]
+        .iter()
+        .map(|k| s[k].as_u64().unwrap())
+        .collect();
+        assert_eq!(got, [100, 10, 4, 40, 50, 50], "{range}: {s}");
+    }
+    let t = op.json("leasing", &[("range", "24h")]).await;
+    assert_eq!(leasing_row(&t, "search")["local"], 1100, "{t}");
+    let (_, html) = op.page("/").await;
+    let table = &html[html.find("id=\"consistency\"").expect("the figures")..];
+    let row = &table[table.find("data-policy=\"search\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()].replace("<!>", "");
+    for text in [
+        "bounded, at most 50 over",
+        "90.9 % (100 of 110 decisions)",
+        "96 (100 local decisions, less 4 refills)",
+        "10.0 of 50 tokens (20 %), the mean outstanding at 4 refills",
+    ] {
+        assert!(row.contains(text), "{text} in {row}");
+    }
+    assert!(!html.contains("id=\"no-bounded\""));
+    // with two regions, each holds max_overshoot / 4 on credit: leases get 26
+    let mut config = stored_config(&redis);
+    config["regions"] = 2.into();
+    let store = floodgate_edge::store::resp::RespStore::connect(
+        &redis.url(),
+        std::time::Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    floodgate_edge::admin::set_config(&store, &config.to_string())
+        .await
+        .unwrap();
+    let t = op.json("leasing", &[("range", "15m")]).await;
+    assert_eq!(t["regions"], 2, "{t}");
+    assert_eq!(leasing_row(&t, "search")["leasable"], 26, "{t}");
+    let (_, html) = op.page("/").await;
+    let html = html.replace("<!>", "");
+    assert!(html.contains("10.0 of 26 tokens (38 %)"), "{html}");
+    assert!(html.contains("With 2 regions"));
+    // refills that cost more than local decisions saved are explained
+    seed_leasing(&redis, minute, "search", [0, 0, 200, 0]);
+    let (_, html) = op.page("/").await;
+    let html = html.replace("<!>", "");
+    assert!(
+        html.contains(
+            "none: 204 refills cost 104 more global calls than the 100 local decisions saved"
+        ),
+        "{html}"
+    );
+}

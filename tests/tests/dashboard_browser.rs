@@ -604,6 +604,30 @@ async fn without_javascript_every_page_reads_and_forms_still_post() {
     b.click(&b.find("#plan-form button[type=submit]").await.unwrap())
         .await;
     b.wait_for("tr[data-plan='gold']", WAIT).await;
+    // a limit made bounded: the style sheet shows the bound only once bounded is
+    // chosen (WebDriver's text is empty for what is not displayed)
+    b.goto(&format!("{}/policies?edit=search", dash.url)).await;
+    let bound_label = b.wait_for("#policy-form label.bound", WAIT).await;
+    assert_eq!(b.text(&bound_label).await, "", "hidden while exact");
+    b.click(&b.find("#policy-form option[value=bounded]").await.unwrap())
+        .await;
+    assert!(
+        b.text(&bound_label).await.contains("Overshoot bound"),
+        "shown with bounded"
+    );
+    let bound = b
+        .find("#policy-form input[name=max_overshoot]")
+        .await
+        .unwrap();
+    b.fill(&bound, "20").await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while text_of(&b, "tr[data-policy='search'] td.consistency").await != "bounded, at most 20 over"
+    {
+        assert!(std::time::Instant::now() < deadline, "not saved");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    b.screenshot("02b-policies-bounded").await;
     // keys: the table reads; creating a key needs the page's script to show its
     // secret once, so without it the form says so and creates nothing
     b.goto(&format!("{}/keys", dash.url)).await;
@@ -747,5 +771,127 @@ async fn nobody_elses_guesses_lock_the_operator_out_and_endings_and_outages_are_
     b.screenshot("04-outage-page").await;
     accessible(&b, "the outage page").await;
     redis.restart();
+    b.quit().await;
+}
+
+/// Issue 12, item 6: the operator switches /v1/search's limit to bounded with a
+/// bound (the bound's field appears only then), saves, sees it in the list, and
+/// reads the limit's figures on the traffic page (the edges' counters seeded as
+/// the edge writes them), as text; axe stays clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_makes_a_limit_bounded_and_reads_its_figures() {
+    use floodgate_shared::stats::{Leasing, StatsField, minute_key};
+    bundle_is_built();
+    let _one = ONE_BROWSER.lock().await;
+    let redis = RedisServer::start();
+    let dash = start_dashboard(&redis).await;
+    let b = Browser::start("dashboard-bounded").await;
+    sign_in(&b, &dash.url, ADMIN_PASSWORD).await;
+    b.wait_for("#user", WAIT).await;
+    b.goto(&format!("{}/", dash.url)).await;
+    hydrated(&b).await;
+    assert!(
+        text_of(&b, "#no-bounded")
+            .await
+            .starts_with("No bounded policies")
+    );
+
+    b.goto(&format!("{}/policies?edit=search#policy-form", dash.url))
+        .await;
+    hydrated(&b).await;
+    // the style sheet hides the bound while exact is chosen
+    let bound_hidden = "return getComputedStyle(document.querySelector('#policy-form input[name=max_overshoot]').closest('label')).display === 'none';";
+    b.wait_until("exact hides the bound", bound_hidden, WAIT)
+        .await;
+    js(
+        &b,
+        "const s = document.querySelector('#policy-form select[name=consistency]'); s.value = 'bounded'; s.dispatchEvent(new Event('change', {bubbles: true})); return 1;",
+    )
+    .await;
+    b.wait_until(
+        "bounded shows the bound",
+        &format!("return !(function() {{ {bound_hidden} }})();"),
+        WAIT,
+    )
+    .await;
+    let help = text_of(&b, "#consistency-help").await;
+    assert!(
+        help.contains("never over the limit") && help.contains("at most N tokens above"),
+        "{help}"
+    );
+    let bound = b
+        .find("#policy-form input[name=max_overshoot]")
+        .await
+        .unwrap();
+    // above the capacity first: the edge's rule, next to the field
+    b.fill(&bound, "101").await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
+    let msg = text_of(&b, "#policy-form .field-error[data-field='max_overshoot']").await;
+    assert!(msg.contains("got 101"), "{msg}");
+    b.fill(&bound, "20").await;
+    accessible(&b, "/policies, bounded").await;
+    b.screenshot("01-bounded-form").await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
+    b.wait_until(
+        "the list shows the bound",
+        "const c = document.querySelector(\"tr[data-policy='search'] td.consistency\"); return !!c && c.textContent === 'bounded, at most 20 over';",
+        WAIT,
+    )
+    .await;
+    b.screenshot("02-bounded-saved").await;
+
+    // the edges' counters of this minute: 45 local, 5 exact, 3 refills holding 30
+    let minute = floodgate_dashboard::time::now_secs().div_euclid(60);
+    let mut conn = redis.connection();
+    for (what, n) in Leasing::ALL.into_iter().zip([45u64, 5, 3, 30]) {
+        let _: () = redis::cmd("HINCRBY")
+            .arg(minute_key(minute))
+            .arg(StatsField::Leasing("search".into(), what).to_string())
+            .arg(n)
+            .query(&mut conn)
+            .unwrap();
+    }
+    b.goto(&format!("{}/", dash.url)).await;
+    hydrated(&b).await;
+    let row = "#consistency tr[data-policy='search']";
+    b.wait_for(row, WAIT).await;
+    let cells = js(
+        &b,
+        &format!(
+            "const r = document.querySelector(\"{row}\"); return ['th', 'td.local', 'td.saved', 'td.budget'].map(c => r.querySelector(c).textContent);"
+        ),
+    )
+    .await;
+    assert_eq!(
+        cells,
+        json!([
+            "search",
+            "90.0 % (45 of 50 decisions)",
+            "42 (45 local decisions, less 3 refills)",
+            "10.0 of 20 tokens (50 %), the mean outstanding at 3 refills"
+        ])
+    );
+    assert!(b.find("#no-bounded").await.is_none());
+    b.screenshot("03-bounded-figures").await;
+    accessible(&b, "/, bounded figures").await;
+
+    // back to exact in one save: the bound is hidden and no longer sent
+    b.goto(&format!("{}/policies?edit=search#policy-form", dash.url))
+        .await;
+    hydrated(&b).await;
+    js(
+        &b,
+        "const s = document.querySelector('#policy-form select[name=consistency]'); s.value = 'exact'; s.dispatchEvent(new Event('change', {bubbles: true})); return 1;",
+    )
+    .await;
+    b.wait_until("exact hides the bound again", bound_hidden, WAIT)
+        .await;
+    b.click(&b.find("#save-limit").await.unwrap()).await;
+    b.wait_until(
+        "the list shows exact",
+        "const c = document.querySelector(\"tr[data-policy='search'] td.consistency\"); return !!c && c.textContent === 'exact';",
+        WAIT,
+    )
+    .await;
     b.quit().await;
 }

@@ -222,10 +222,17 @@ async fn the_backtest_at_todays_limits_agrees_with_the_traffic_page(kind: EdgeKi
         .json("create_key", &[("label", "load"), ("plan", "free")])
         .await;
     let secret = key["secret"].as_str().unwrap();
-    // /v1/search allows 100 a minute per key
+    // /v1/search allows 100 a minute per key, refilling one token each 0.6 s: a
+    // slow machine may see one more admitted while the 150 requests run
+    let started = Instant::now();
     let got = search_statuses(&edge.url, secret, 150).await;
-    assert_eq!(got.iter().filter(|s| **s == 200).count(), 100);
-    assert_eq!(got.iter().filter(|s| **s == 429).count(), 50);
+    let refilled = (started.elapsed().as_secs_f64() / 0.6).ceil() as usize;
+    let admitted = got.iter().filter(|s| **s == 200).count();
+    assert!(
+        (100..=100 + refilled).contains(&admitted),
+        "{admitted} admitted"
+    );
+    assert_eq!(got.iter().filter(|s| **s == 429).count(), 150 - admitted);
     let t = traffic_until(&op, &edge.url, "150 decisions on the traffic page", |t| {
         total(t, "route:search", "allowed") + total(t, "route:search", "throttled") == 150
     })
@@ -234,7 +241,10 @@ async fn the_backtest_at_todays_limits_agrees_with_the_traffic_page(kind: EdgeKi
         total(&t, "route:search", "allowed"),
         total(&t, "route:search", "throttled"),
     );
-    assert_eq!((allowed, throttled), (100, 50));
+    assert_eq!(
+        (allowed, throttled),
+        (admitted as u64, 150 - admitted as u64)
+    );
     // the backtest of today's limit itself (unchanged: 100 per minute)
     let version = op.version().await;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -37,22 +37,9 @@ impl Edge {
     }
 }
 
-/// A binary of this workspace, next to the test executable's directory.
-fn workspace_binary(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    let dir = if dir.ends_with("deps") {
-        dir.parent().unwrap()
-    } else {
-        dir
-    };
-    dir.join(name)
-}
-
 fn start_edge(redis: &RedisServer, upstream: &str, extra: &str) -> Edge {
     let port = free_port();
-    let bin = workspace_binary("floodgate-edge");
-    assert!(bin.exists(), "{} is built by cargo test", bin.display());
+    let bin = floodgate_tests::process::workspace_binary("floodgate-edge");
     let child = Command::new("sh")
         .arg("-c")
         .arg(format!(

@@ -37,8 +37,8 @@ const PERSISTENT: &[&str] = &["--appendonly", "yes", "--appendfsync", "everysec"
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-fn log_line(line: &str) {
-    LOG.lock().unwrap().push(line.to_string());
+fn log_line(event: &floodgate_edge::pipeline::LogEvent<'_>) {
+    LOG.lock().unwrap().push(event.message());
 }
 
 fn config(mode: &str) -> String {
@@ -146,6 +146,8 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
                         path: "/v1/x",
                         credentials: Some(auth.as_bytes()),
                         client_ip: None,
+                        country: None,
+                        user_agent: None,
                     };
                     let deadline_us = p.deadline_stats().0.deadline_us as u32;
                     let started = Instant::now();

@@ -9,14 +9,17 @@
 //! configuration wait up to `--startup-wait-ms` instead.
 //! `--breaker-threshold` consecutive failures open the circuit breaker for
 //! `--breaker-cool-down-ms`, then one `PING` decides whether it closes. Breaker
-//! transitions are logged to stderr. Ctrl-C or SIGTERM stops it after requests in
-//! flight.
+//! transitions and configuration reloads are logged to stderr (`--log-format`
+//! text or json; request-scoped events carry the request's id). Ctrl-C or SIGTERM
+//! stops it after requests in flight.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use floodgate_edge::args::{LogArgs, http_url};
 use floodgate_edge::deadline::DeadlineSettings;
+use floodgate_edge::forward_auth::ForwardAuth;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
@@ -34,9 +37,21 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// The upstream's base URL (http:// or https://).
-    #[arg(long, env = "FLOODGATE_UPSTREAM", value_parser = http_url)]
-    upstream: String,
+    /// The upstream's base URL (http:// or https://); required unless --forward-auth.
+    #[arg(long, env = "FLOODGATE_UPSTREAM", value_parser = http_url, required_unless_present = "forward_auth", conflicts_with = "forward_auth")]
+    upstream: Option<String>,
+    /// Forward-auth mode, for a gateway's auth subrequests (Caddy forward_auth,
+    /// Traefik ForwardAuth, Envoy ext_authz, nginx auth_request): no upstream; each
+    /// request is decided from X-Forwarded-Method/-Uri (or Envoy's path prefix) and
+    /// answered 200 with the quota and identity headers, or with the full
+    /// 401/403/429/503 answer. The forwarded headers are trusted: keep this port
+    /// reachable by the gateway only.
+    #[arg(long, env = "FLOODGATE_FORWARD_AUTH")]
+    forward_auth: bool,
+    /// In forward-auth mode, auth requests under this path follow Envoy ext_authz's
+    /// path_prefix convention (the original path after it, the original method).
+    #[arg(long, env = "FLOODGATE_ENVOY_PREFIX", default_value = floodgate_edge::forward_auth::ENVOY_PREFIX, value_parser = path_prefix)]
+    envoy_prefix: String,
     /// Where to listen.
     #[arg(long, env = "FLOODGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
@@ -71,6 +86,11 @@ struct Args {
         default_value = "x-floodgate-key-id"
     )]
     identity_header: String,
+    /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
+    /// deny lists, such as CF-IPCountry behind Cloudflare (default: none, and
+    /// country entries never match).
+    #[arg(long, env = "FLOODGATE_COUNTRY_HEADER")]
+    country_header: Option<String>,
     /// How long configuration and key records are cached.
     #[arg(long, env = "FLOODGATE_CACHE_TTL_MS", default_value_t = 5_000)]
     cache_ttl_ms: u32,
@@ -159,13 +179,21 @@ struct Args {
     /// Proxy without limiting and without a store (a baseline for benchmarks).
     #[arg(long, env = "FLOODGATE_NO_LIMIT")]
     no_limit: bool,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
-fn http_url(v: &str) -> Result<String, String> {
-    if v.starts_with("http://") || v.starts_with("https://") {
-        Ok(v.trim_end_matches('/').to_string())
+fn path_prefix(v: &str) -> Result<String, String> {
+    if v.len() > 1
+        && v.starts_with('/')
+        && !v.ends_with('/')
+        && v.bytes().all(|b| b.is_ascii_graphic())
+    {
+        Ok(v.to_string())
     } else {
-        Err(format!("expected an http(s):// URL, got {v:?}"))
+        Err(format!(
+            "expected a path such as /ext-authz (no trailing /), got {v:?}"
+        ))
     }
 }
 
@@ -179,17 +207,23 @@ fn redacted(url: &str) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    args.log.init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("floodgate-edge: {e}");
+            tracing::error!("{e}");
             ExitCode::from(2)
         }
     }
 }
 
 fn host_config(a: &Args) -> Result<HostConfig, String> {
-    let mut host = HostConfig::new(&a.upstream);
+    let mut host = match &a.upstream {
+        Some(upstream) => HostConfig::new(upstream),
+        None => HostConfig::forward_auth(ForwardAuth {
+            envoy_prefix: a.envoy_prefix.clone(),
+        }),
+    };
     let header = |flag: &str, v: &str| {
         axum::http::HeaderName::from_bytes(v.as_bytes())
             .map(|h| h.as_str().to_string())
@@ -198,6 +232,11 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     host.rules.key_header = header("--key-header", &a.key_header)?;
     host.rules.identity_header = header("--identity-header", &a.identity_header)?;
     host.rules.forward_key = a.forward_key;
+    host.country_header = a
+        .country_header
+        .as_deref()
+        .map(|v| header("--country-header", v))
+        .transpose()?;
     let ms = |v: u32| Duration::from_millis(u64::from(v));
     host.rules.timeouts.upstream = ms(a.upstream_timeout_ms);
     host.rules.timeouts.header = ms(a.header_timeout_ms);
@@ -318,12 +357,21 @@ fn run(a: Args) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .map_err(|e| format!("--listen {}: {e}", a.listen))?;
-        eprintln!(
-            "floodgate-edge: listening on http://{} → {} (limiter {}, store {}, at most {} connections)",
-            listener.local_addr().map_err(|e| e.to_string())?,
-            host.rules.upstream,
+        let at = listener.local_addr().map_err(|e| e.to_string())?;
+        let store = if a.no_limit {
+            "none".to_string()
+        } else {
+            redacted(a.rest_url.as_deref().unwrap_or(&a.redis))
+        };
+        let upstream = a.upstream.as_deref().unwrap_or("forward-auth answers");
+        tracing::info!(
+            listen = %at,
+            upstream = %upstream,
+            limiter = host.limiter,
+            store = %store,
+            max_connections = host.server.max_connections,
+            "floodgate-edge: listening on http://{at} → {upstream} (limiter {}, store {store}, at most {} connections)",
             if host.limiter { "on" } else { "OFF" },
-            redacted(a.rest_url.as_deref().unwrap_or(&a.redis)),
             host.server.max_connections,
         );
         let host = Host::new(pipeline, host)?;

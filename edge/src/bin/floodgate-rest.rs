@@ -7,31 +7,84 @@
 //!                [--allow-command "FLUSHDB"]... [--header-timeout-ms 10000]
 //!                [--body-timeout-ms 30000] [--max-connections 512]
 //! ```
-//! The token comes from `FLOODGATE_REST_TOKEN` (never from the command line, where
+//! `--help` lists every flag; each can also be set by the environment variable
+//! named there. The token comes from `FLOODGATE_REST_TOKEN` (never from the command line, where
 //! other users could read it). `--redis` takes `rediss://user:password@host:port`
 //! (TLS, ACL user) and `redis+sentinel://`; the CA file also comes from
 //! `FLOODGATE_REDIS_CA_FILE`. `--allow-command` lets one administrative command
 //! or subcommand through the command policy (repeatable, or comma-separated).
 //! Ctrl-C or SIGTERM stops it after requests in flight.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use floodgate_edge::rest_endpoint::{EndpointConfig, serve};
+use clap::Parser;
+use floodgate_edge::args::{LogArgs, socket_addr};
+use floodgate_edge::rest_endpoint::{EndpointConfig, app, endpoint, metrics_app, serve_router};
 use floodgate_edge::store::{StoreError, StoreOptions};
+
+/// A local Upstash-compatible REST endpoint in front of Redis. Its bearer token
+/// comes from FLOODGATE_REST_TOKEN (never from the command line, where other users
+/// could read it).
+#[derive(Debug, Parser)]
+#[command(name = "floodgate-rest", version)]
+struct Args {
+    /// Where to listen.
+    #[arg(long, env = "FLOODGATE_REST_LISTEN", default_value = "127.0.0.1:8079", value_parser = socket_addr)]
+    listen: SocketAddr,
+    /// Redis: redis://[user:password@]host:port[/db], rediss://user:password@host:port
+    /// (TLS, ACL user), redis+sentinel://host:port[,..]/master.
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
+    redis: String,
+    /// PEM CA certificates that sign the Redis servers' TLS certificates.
+    #[arg(long, env = "FLOODGATE_REDIS_CA_FILE")]
+    redis_ca_file: Option<PathBuf>,
+    /// The longest one Redis call may take (milliseconds, at least 1).
+    #[arg(long, env = "FLOODGATE_REST_DEADLINE_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
+    /// Largest accepted request body (bytes, at least 1).
+    #[arg(long, env = "FLOODGATE_REST_MAX_BODY", default_value_t = 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_body: u64,
+    /// Largest reply served (bytes, at least 1); a larger one fails its request with 400.
+    #[arg(long, env = "FLOODGATE_REST_MAX_REPLY", default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_reply: u64,
+    /// Redis connections (each pipelines many requests; at least 1).
+    #[arg(long, env = "FLOODGATE_REST_POOL", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    pool: u64,
+    /// An administrative command or subcommand ("FLUSHDB", "SCRIPT FLUSH") to let
+    /// through the command policy (repeatable, or comma-separated).
+    #[arg(long, env = "FLOODGATE_REST_ALLOW_COMMAND", value_delimiter = ',')]
+    allow_command: Vec<String>,
+    /// A client must send a request's headers within this long (milliseconds).
+    #[arg(long, env = "FLOODGATE_REST_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_ms: u64,
+    /// A client must send a request's body within this long (milliseconds).
+    #[arg(long, env = "FLOODGATE_REST_BODY_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_ms: u64,
+    /// Where to serve Prometheus metrics (GET /metrics, no token: the REST token
+    /// grants every Redis command, a scraper should not hold it). Off by default.
+    #[arg(long, env = "FLOODGATE_REST_METRICS_LISTEN", value_parser = socket_addr)]
+    metrics_listen: Option<SocketAddr>,
+    /// Open client connections at most; more wait in the listen backlog.
+    #[arg(long, env = "FLOODGATE_REST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    #[command(flatten)]
+    log: LogArgs,
+}
 
 #[derive(Debug, thiserror::Error)]
 enum RestError {
     #[error("set FLOODGATE_REST_TOKEN")]
     NoToken,
-    #[error("{flag} {why}")]
-    Flag { flag: String, why: &'static str },
-    #[error("unknown argument {0:?}")]
-    Unknown(String),
-    #[error("bind {listen}: {error}")]
+    #[error("cannot listen on {listen}: {error}")]
     Bind {
-        listen: String,
+        listen: SocketAddr,
         error: std::io::Error,
     },
     #[error("{0}")]
@@ -41,84 +94,63 @@ enum RestError {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let args = Args::parse();
+    args.log.init();
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("floodgate-rest: {e}");
+            tracing::error!("{e}");
             ExitCode::from(2)
         }
     }
 }
 
-fn run() -> Result<(), RestError> {
+fn run(args: Args) -> Result<(), RestError> {
     let token = std::env::var("FLOODGATE_REST_TOKEN").map_err(|_| RestError::NoToken)?;
-    let mut config = EndpointConfig::new("redis://127.0.0.1:6379/", token);
-    config.redis = StoreOptions::from_env("redis://127.0.0.1:6379/", config.redis.deadline);
-    let mut listen = "127.0.0.1:8079".to_string();
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next().ok_or_else(|| RestError::Flag {
-                flag: flag.clone(),
-                why: "needs a value",
-            })
-        };
-        let number = |v: String, why: &'static str| {
-            v.parse::<u64>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or(RestError::Flag {
-                    flag: flag.clone(),
-                    why,
-                })
-        };
-        match flag.as_str() {
-            "--listen" => listen = value()?,
-            "--redis" => config.redis.url = value()?,
-            "--redis-ca-file" => config.redis.ca_file = Some(PathBuf::from(value()?)),
-            "--deadline-ms" => {
-                config.redis.deadline =
-                    Duration::from_millis(number(value()?, "takes milliseconds, at least 1")?)
-            }
-            "--max-body" => config.max_body = number(value()?, "takes bytes")? as usize,
-            "--max-reply" => config.max_reply = number(value()?, "takes bytes")? as usize,
-            "--pool" => config.pool = number(value()?, "takes a number, at least 1")? as usize,
-            "--allow-command" => config.allow.extend(
-                value()?
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|c| !c.is_empty())
-                    .map(str::to_string),
-            ),
-            "--header-timeout-ms" => {
-                config.header_timeout =
-                    Duration::from_millis(number(value()?, "takes milliseconds")?)
-            }
-            "--body-timeout-ms" => {
-                config.body_timeout = Duration::from_millis(number(value()?, "takes milliseconds")?)
-            }
-            "--max-connections" => {
-                config.max_connections = number(value()?, "takes a number, at least 1")? as usize
-            }
-            other => return Err(RestError::Unknown(other.to_string())),
-        }
+    let mut config = EndpointConfig::new(args.redis.as_str(), token);
+    config.redis =
+        StoreOptions::from_env(args.redis.as_str(), Duration::from_millis(args.deadline_ms));
+    if args.redis_ca_file.is_some() {
+        config.redis.ca_file = args.redis_ca_file.clone();
     }
+    config.max_body = args.max_body as usize;
+    config.max_reply = args.max_reply as usize;
+    config.pool = args.pool as usize;
+    config.allow = args
+        .allow_command
+        .iter()
+        .map(|c| c.trim())
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect();
+    config.header_timeout = Duration::from_millis(args.header_timeout_ms);
+    config.body_timeout = Duration::from_millis(args.body_timeout_ms);
+    config.max_connections = args.max_connections as usize;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(RestError::Runtime)?;
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&listen)
+        let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|error| RestError::Bind {
-                listen: listen.clone(),
+                listen: args.listen,
                 error,
             })?;
-        eprintln!(
-            "floodgate-rest: listening on http://{} (Redis {})",
-            listener.local_addr().map_err(RestError::Runtime)?,
-            floodgate_edge::store::resp::redact(&config.redis.url)
-        );
-        Ok(serve(listener, &config, floodgate_edge::shutdown_signal()).await?)
+        let at = listener.local_addr().map_err(RestError::Runtime)?;
+        let ep = endpoint(&config).await?;
+        let ep2 = ep.clone();
+        if let Some(m) = args.metrics_listen {
+            let metrics = tokio::net::TcpListener::bind(m)
+                .await
+                .map_err(|error| RestError::Bind { listen: m, error })?;
+            tracing::info!(metrics = %m, "floodgate-rest: metrics on http://{m}/metrics");
+            tokio::spawn(async move {
+                let _ = axum::serve(metrics, metrics_app(ep2)).await;
+            });
+        }
+        let redis = floodgate_edge::store::resp::redact(&config.redis.url);
+        tracing::info!(listen = %at, redis = %redis, "floodgate-rest: listening on http://{at} (Redis {redis})");
+        Ok(serve_router(listener, app(ep), &config, floodgate_edge::shutdown_signal()).await?)
     })
 }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use floodgate_shared::Micros;
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue};
+use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, USER_AGENT};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -26,8 +26,13 @@ use hyper_util::rt::TokioExecutor;
 
 use self::body::{BodyFault, Held, ProxyBody, RequestBody};
 use self::server::{Connection, ServerLimits};
+use crate::forward_auth::ForwardAuth;
+use crate::metrics::{EdgeMetrics, InstanceState, UpstreamAnswer};
 use crate::pipeline::{Gate, Pipeline, RequestHead, Slot, Task};
-use crate::proxy::{HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body};
+use crate::proxy::{
+    HEALTH_PATH, HeadSize, METRICS_PATH, ProxyRules, REQUEST_ID_HEADER, Refusal, connection_named,
+    has_body, request_id_ok,
+};
 /// The store a native host talks to (in [`crate::store`], where every native
 /// binary chooses its store by URL).
 pub use crate::store::NativeStore;
@@ -39,6 +44,12 @@ pub struct HostConfig {
     pub server: ServerLimits,
     /// `false`: proxy without limiting (the benchmark's baseline; no store).
     pub limiter: bool,
+    /// Forward-auth mode: no upstream; each request describes another one, which
+    /// the edge decides (see [`crate::forward_auth`]).
+    pub forward_auth: Option<ForwardAuth>,
+    /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
+    /// deny lists, such as `cf-ipcountry` behind Cloudflare (lower case).
+    pub country_header: Option<String>,
 }
 
 impl HostConfig {
@@ -47,6 +58,16 @@ impl HostConfig {
             rules: ProxyRules::new(upstream),
             server: ServerLimits::default(),
             limiter: true,
+            forward_auth: None,
+            country_header: None,
+        }
+    }
+
+    /// Forward-auth mode: answers gateways' auth requests, proxies nothing.
+    pub fn forward_auth(mode: ForwardAuth) -> Self {
+        Self {
+            forward_auth: Some(mode),
+            ..Self::new("")
         }
     }
 }
@@ -61,9 +82,12 @@ pub struct Host {
     config: HostConfig,
     identity: HeaderName,
     key_header: HeaderName,
+    country_header: Option<HeaderName>,
     client: Upstream,
     /// For requests without a body (most GETs): no body wrapper to poll.
     empty: EmptyUpstream,
+    /// Served at [`METRICS_PATH`].
+    metrics: EdgeMetrics,
 }
 
 fn connector() -> hyper_rustls::HttpsConnector<HttpConnector> {
@@ -92,10 +116,13 @@ impl Host {
                 .pool_max_idle_per_host(1024)
                 .to_owned()
         };
+        let metrics = EdgeMetrics::default();
         let host = Arc::new(Self {
             identity: header(&config.rules.identity_header)?,
             key_header: header(&config.rules.key_header)?,
-            pipeline,
+            country_header: config.country_header.as_deref().map(header).transpose()?,
+            pipeline: pipeline.with_stats_sink(metrics.stats.clone()),
+            metrics,
             client: build().build(connector()),
             empty: build().build(connector()),
             config,
@@ -117,6 +144,17 @@ impl Host {
 
     pub fn pipeline(&self) -> &Pipeline<NativeStore, SystemClock> {
         &self.pipeline
+    }
+
+    /// The Prometheus text served at [`METRICS_PATH`]: answered from memory, so a
+    /// scrape during a store outage answers too (with the breaker open in it).
+    pub fn metrics_text(&self) -> String {
+        self.metrics.scrape(&InstanceState {
+            health: self.pipeline.health(),
+            breakers: self.pipeline.breakers(),
+            key_cache: self.pipeline.key_cache(),
+            limiter: self.config.limiter,
+        })
     }
 }
 
@@ -233,6 +271,13 @@ async fn decide(
             body: host.pipeline.health().to_json(),
         });
     }
+    if parts.uri.path() == METRICS_PATH {
+        return Err(Gate::Respond {
+            status: 200,
+            headers: vec![("Content-Type", crate::metrics::CONTENT_TYPE.into())],
+            body: host.metrics_text(),
+        });
+    }
     host.config
         .rules
         .check_head(&head_size(parts))
@@ -240,13 +285,39 @@ async fn decide(
     if !host.config.limiter {
         return Ok((None, vec![], vec![]));
     }
-    let head = RequestHead {
-        path: parts.uri.path(),
-        credentials: parts
-            .headers
-            .get(&host.key_header)
-            .map(HeaderValue::as_bytes),
-        client_ip: Some(peer.ip()),
+    let credentials = parts
+        .headers
+        .get(&host.key_header)
+        .map(HeaderValue::as_bytes);
+    let country = host
+        .country_header
+        .as_ref()
+        .and_then(|h| parts.headers.get(h))
+        .and_then(|v| v.to_str().ok());
+    let user_agent = parts.headers.get(USER_AGENT).map(HeaderValue::as_bytes);
+    let head = match &host.config.forward_auth {
+        None => RequestHead {
+            path: parts.uri.path(),
+            credentials,
+            client_ip: Some(peer.ip()),
+            country,
+            user_agent,
+        },
+        Some(mode) => {
+            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let original = mode
+                .original(parts.method.as_str(), target, |name| {
+                    parts.headers.get(name).map(HeaderValue::as_bytes)
+                })
+                .map_err(|e| e.answer())?;
+            RequestHead {
+                path: original.path,
+                credentials,
+                client_ip: original.client_ip,
+                country,
+                user_agent,
+            }
+        }
     };
     let decided = host.pipeline.gate(head).await;
     spawn_all(decided.background);
@@ -290,12 +361,13 @@ fn linger(body: Incoming, pause: Duration) {
 }
 
 /// The upstream request's headers: the client's, filtered by the rules, with the
-/// identity and `X-Forwarded-For` the edge sets.
+/// identity, the request id and `X-Forwarded-For` the edge sets.
 fn upstream_headers(
     host: &Host,
     from: &HeaderMap,
     key_id: Option<&str>,
     peer: SocketAddr,
+    request_id: &HeaderValue,
 ) -> HeaderMap {
     let rules = &host.config.rules;
     let named = connection_named(
@@ -312,6 +384,7 @@ fn upstream_headers(
     if let Some(id) = key_id.and_then(|id| HeaderValue::from_str(id).ok()) {
         out.insert(host.identity.clone(), id);
     }
+    out.insert(REQUEST_ID_HEADER, request_id.clone());
     let existing = from.get("x-forwarded-for").and_then(|v| v.to_str().ok());
     if let Some(v) = rules
         .forwarded_for(existing, Some(peer.ip()))
@@ -322,11 +395,57 @@ fn upstream_headers(
     out
 }
 
+/// The request's id: the client's `X-Request-Id` when well-formed, else a new
+/// random one (128 bits, hex).
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .filter(|v| v.to_str().is_ok_and(request_id_ok))
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&format!("{:032x}", rand::random::<u128>()))
+                .expect("hex is a header value")
+        })
+}
+
+/// One request, in its span (`request_id`): every event logged while deciding and
+/// proxying it carries the id; at `debug`, one event when its answer's head is out.
 async fn handle(
     host: Arc<Host>,
     peer: SocketAddr,
     conn: Connection,
     req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    use tracing::Instrument;
+    let id = request_id(req.headers());
+    let span = tracing::info_span!(
+        target: "floodgate::request",
+        "request",
+        request_id = id.to_str().unwrap_or_default()
+    );
+    let method = req.method().clone();
+    let started = std::time::Instant::now();
+    let resp = proxied(host, peer, conn, req, id)
+        .instrument(span.clone())
+        .await;
+    span.in_scope(|| {
+        tracing::debug!(
+            target: "floodgate::request",
+            method = %method,
+            status = resp.status().as_u16(),
+            latency_us = started.elapsed().as_micros() as u64,
+            "answered"
+        )
+    });
+    resp
+}
+
+async fn proxied(
+    host: Arc<Host>,
+    peer: SocketAddr,
+    conn: Connection,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
 ) -> Response<ProxyBody> {
     let held = Held {
         in_flight: Some(conn.in_flight()),
@@ -340,7 +459,7 @@ async fn handle(
             // the client sees the answer rather than a reset
             linger(body, host.config.rules.timeouts.body);
             let mut r = answer(gate, held);
-            if parts.uri.path() == HEALTH_PATH {
+            if matches!(parts.uri.path(), HEALTH_PATH | METRICS_PATH) {
                 r.headers_mut()
                     .insert("cache-control", HeaderValue::from_static("no-store"));
             }
@@ -354,14 +473,30 @@ async fn handle(
         }),
         ..held
     };
+    if host.config.forward_auth.is_some() {
+        // the gateway proxies: admitted, with the identity to copy upstream (the
+        // slots, if any, are given back once this answer is written)
+        linger(body, host.config.rules.timeouts.body);
+        let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
+        add_headers(r.headers_mut(), &quota_headers);
+        // always sent, empty for a caller forwarded without an identity (fail-open
+        // while keys cannot be verified): a gateway copying it then replaces any
+        // client-sent value (Caddy 2.6 keeps the client's when it is absent)
+        let id = key_id
+            .and_then(|id| HeaderValue::from_str(&id).ok())
+            .unwrap_or_else(|| HeaderValue::from_static(""));
+        r.headers_mut().insert(host.identity.clone(), id);
+        return r;
+    }
     let rules = &host.config.rules;
     let target = rules.target(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = target.parse::<hyper::Uri>() else {
         return refusal(Refusal::UpstreamUnavailable, held);
     };
-    let headers = upstream_headers(&host, &parts.headers, key_id.as_deref(), peer);
+    let headers = upstream_headers(&host, &parts.headers, key_id.as_deref(), peer, &request_id);
     let method = parts.method.clone();
     let fault = Arc::new(BodyFault::default());
+    let sent_at = std::time::Instant::now();
     let sent = if hyper::body::Body::is_end_stream(&body) {
         let mut up = Request::new(http_body_util::Empty::new());
         *up.method_mut() = parts.method;
@@ -381,14 +516,31 @@ async fn handle(
         *up.headers_mut() = headers;
         tokio::time::timeout(rules.timeouts.upstream, host.client.request(up)).await
     };
+    let took = sent_at.elapsed().as_secs_f64();
     let upstream = match sent {
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            host.metrics
+                .upstream(UpstreamAnswer::Status(r.status().as_u16()), took);
+            r
+        }
         // the client's body failed it, not the upstream
         Ok(Err(_)) | Err(_) if fault.get().is_some() => {
             return refusal(fault.get().expect("set"), held);
         }
-        Ok(Err(_)) => return refusal(Refusal::UpstreamUnavailable, held),
-        Err(_) => return refusal(Refusal::UpstreamTimeout, held),
+        Ok(Err(e)) => {
+            host.metrics.upstream(UpstreamAnswer::Error, took);
+            tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}");
+            return refusal(Refusal::UpstreamUnavailable, held);
+        }
+        Err(_) => {
+            host.metrics.upstream(UpstreamAnswer::Timeout, took);
+            tracing::warn!(
+                target: "floodgate::request",
+                timeout_ms = rules.timeouts.upstream.as_millis() as u64,
+                "upstream timeout"
+            );
+            return refusal(Refusal::UpstreamTimeout, held);
+        }
     };
     let (mut parts, body) = upstream.into_parts();
     let length = parts.headers.get(CONTENT_LENGTH).cloned();

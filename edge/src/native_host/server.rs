@@ -359,7 +359,7 @@ where
                 // out of descriptors (or another transient error): make room, back off
                 lock(&registry).make_room();
                 if !matches!(e.raw_os_error(), Some(23 | 24)) {
-                    eprintln!("floodgate: accept failed: {e}");
+                    tracing::warn!(target: "floodgate::server", error = %e, "accept failed: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;

@@ -6,7 +6,7 @@
 //! around it; what both do with the HTTP exchange itself is [`crate::proxy`].
 //!
 //! A request goes through phases, each returning early with its answer:
-//! credentials → caller (key record and configuration, cached) → policies →
+//! credentials → caller (key record and configuration, cached) → deny lists → policies →
 //! deny cache → the bucket check → in-flight slots → forward.
 //!
 //! Every store call (key and configuration reads included) goes through the
@@ -24,6 +24,7 @@
 mod answer;
 pub mod bounded;
 mod deny;
+pub mod events;
 pub mod lane;
 pub mod offset;
 mod records;
@@ -39,6 +40,7 @@ use floodgate_shared::apikeys::{
 };
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::contract::{Answer, PolicyState, RateLimitHeaders, ietf_fields, jittered};
+use floodgate_shared::deny::Visitor;
 use floodgate_shared::lease::{
     LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
 };
@@ -50,6 +52,7 @@ use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
 pub use self::answer::{DEGRADED_HEADER, Gate, Slot};
 use self::bounded::{GiveBack, LeaseSettings, Leases, Refill};
 use self::deny::{Denied, DenyCache};
+pub use self::events::{LogEvent, StoreRole};
 use self::lane::{DeadlineStats, Lane};
 use self::offset::OffsetBound;
 use self::records::{Lookup, Records, UnknownKeyBudget};
@@ -73,6 +76,11 @@ pub struct RequestHead<'a> {
     /// The value of the credentials header, if any.
     pub credentials: Option<&'a [u8]>,
     pub client_ip: Option<IpAddr>,
+    /// The client's country (ISO 3166-1 alpha-2), when the host knows it: the
+    /// Worker's `request.cf.country`, the native host's `--country-header`.
+    pub country: Option<&'a str>,
+    /// The `User-Agent` header's value.
+    pub user_agent: Option<&'a [u8]>,
 }
 
 /// A boxed future: `Send` natively (so a host can spawn it), not in wasm32.
@@ -136,14 +144,9 @@ pub struct PipelineConfig {
     pub unknown_keys_per_min: u32,
     /// Lease lifetime and the `auto` switch's rates (bounded consistency).
     pub leases: LeaseSettings,
-    /// Where breaker transitions are logged (one line each): stderr natively, the
-    /// console in the Worker.
-    pub log: fn(&str),
-}
-
-/// Logs to stderr (natively; a no-op sink in wasm32, where hosts pass their own).
-pub fn log_to_stderr(line: &str) {
-    eprintln!("{line}");
+    /// Where breaker transitions and configuration reloads are logged: `tracing`
+    /// natively ([`events::trace`]), JSON lines on the console in the Worker.
+    pub log: fn(&LogEvent<'_>),
 }
 
 /// Default breaker threshold: consecutive retryable failures that open it.
@@ -172,9 +175,16 @@ impl Default for PipelineConfig {
             unknown_keys_per_ip_per_min: 20,
             unknown_keys_per_min: 600,
             leases: LeaseSettings::default(),
-            log: log_to_stderr,
+            log: events::trace,
         }
     }
+}
+
+/// FNV-1a over `bytes` (never 0 in practice; tells one stored text from another).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// How long a store call may run in the background after missing an answer
@@ -201,6 +211,13 @@ struct Totals {
     lease_misses: AtomicU64,
     /// µs of breaker time already written to `breaker|open_ms`.
     open_us_counted: std::sync::Mutex<Micros>,
+    key_cache_hits: AtomicU64,
+    key_cache_misses: AtomicU64,
+    /// The FNV-1a digest of the configuration in use (0: none yet), so a reload
+    /// of the same text is not logged as a new configuration.
+    config_digest: AtomicU64,
+    /// Why the stored configuration was last not used (logged once per reason).
+    config_problem: std::sync::Mutex<String>,
 }
 
 /// One instance's view of its store, served as JSON by the hosts
@@ -489,6 +506,41 @@ where
         Lane::new(breaker, deadline)
     }
 
+    /// Counts every stats field into `sink` as well (the instance's Prometheus
+    /// metrics natively), as it is counted.
+    pub fn with_stats_sink(mut self, sink: Arc<dyn crate::stats::StatsSink>) -> Self {
+        self.stats = Stats::with_sink(sink);
+        self
+    }
+
+    /// The phase and counters of each store's breaker: the global store's, and
+    /// the regional store's when there is one.
+    pub fn breakers(&self) -> Vec<(StoreRole, Phase, BreakerStats)> {
+        let now = self.clock.now();
+        let mut out = vec![(
+            StoreRole::Global,
+            self.global.breaker.phase(),
+            self.global.breaker.stats(now),
+        )];
+        if let Some(r) = &self.regional {
+            out.push((
+                StoreRole::Regional,
+                r.lane.breaker.phase(),
+                r.lane.breaker.stats(now),
+            ));
+        }
+        out
+    }
+
+    /// Key records found fresh in the cache, and key lookups that went to the
+    /// store, since start.
+    pub fn key_cache(&self) -> (u64, u64) {
+        (
+            self.totals.key_cache_hits.load(Ordering::Relaxed),
+            self.totals.key_cache_misses.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn store(&self) -> &S {
         &self.store
     }
@@ -534,9 +586,12 @@ where
     }
 
     /// Logs a breaker transition, if there was one, and counts new outages.
-    fn logged(&self, moved: Option<Transition>) {
+    fn logged(&self, store: StoreRole, moved: Option<Transition>) {
         if let Some(t) = moved {
-            (self.settings.log)(&t.to_string());
+            (self.settings.log)(&LogEvent::Breaker {
+                store,
+                transition: &t,
+            });
             if (t.from, t.to) == (Phase::Closed, Phase::Open) {
                 self.stats.bump(t.at, StatsField::BreakerOpened, 1);
             }
@@ -578,8 +633,13 @@ where
     ) -> Called<T> {
         let limit = Duration::from_micros(deadline.max(1) as u64);
         let breaker = &lane.breaker;
+        let role = if Arc::ptr_eq(lane, &self.global) {
+            StoreRole::Global
+        } else {
+            StoreRole::Regional
+        };
         let (permit, moved) = breaker.permit(self.clock.now());
-        self.logged(moved);
+        self.logged(role, moved);
         match permit {
             Permit::Skip => return Called::Failed(skipped(), None),
             Permit::Probe => {
@@ -593,10 +653,10 @@ where
                 let now = self.clock.now();
                 if let Some(e) = failed {
                     // any failed health check reopens, whatever the error
-                    self.logged(breaker.probe_failed(now, &e));
+                    self.logged(role, breaker.probe_failed(now, &e));
                     return Called::Failed(e, None);
                 }
-                self.logged(breaker.probe_succeeded(now));
+                self.logged(role, breaker.probe_succeeded(now));
             }
             Permit::Call => {}
         }
@@ -607,7 +667,7 @@ where
             Raced::Done(Ok(v)) => {
                 let now = self.clock.now();
                 lane.answered(watch.elapsed().as_micros() as Micros, now);
-                self.logged(breaker.success(now));
+                self.logged(role, breaker.success(now));
                 Called::Done(v)
             }
             Raced::Done(Err(e)) if e.kind == StoreErrorKind::Stale => {
@@ -618,7 +678,7 @@ where
             }
             Raced::Done(Err(e)) => {
                 if e.is_retryable() {
-                    self.logged(breaker.failure(self.clock.now(), &e));
+                    self.logged(role, breaker.failure(self.clock.now(), &e));
                 }
                 Called::Failed(e, None)
             }
@@ -627,7 +687,7 @@ where
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
                 if !lane.expired(mark) {
                     // silent since the send: the store may be down
-                    self.logged(breaker.failure(self.clock.now(), &e));
+                    self.logged(role, breaker.failure(self.clock.now(), &e));
                 }
                 let lane = lane.clone();
                 let observed = boxed(async move {
@@ -756,6 +816,7 @@ where
     async fn phases(&self, req: &RequestHead<'_>, later: &mut Vec<Task>) -> Result<Gate, Gate> {
         let secret = self.credentials(req)?;
         let (record, config) = self.caller(secret, req, later).await?;
+        self.deny_listed(&config, &record, req)?;
         let ctx = self.policies(&config, record, req)?;
         if ctx.policies.is_empty() {
             // a plan without policies: admitted, and counted like any decision
@@ -852,6 +913,12 @@ where
         let key = self.records.key(&hash, now);
         let config = self.records.config(now);
         let need_key = !matches!(key, Lookup::Fresh(_));
+        let counter = if need_key {
+            &self.totals.key_cache_misses
+        } else {
+            &self.totals.key_cache_hits
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         if need_key
             && key == Lookup::Missing
             && let Err(wait) = self.unknown_keys.room(req.client_ip, now)
@@ -928,17 +995,41 @@ where
         let now = self.clock.now();
         let mut values = values.into_iter();
         let config = if need_config {
-            match self.parse_config(values.next().flatten()) {
+            let raw = values.next().flatten();
+            let digest = raw.as_deref().map(fnv1a);
+            match self.parse_config(raw) {
                 Ok(c) => {
+                    lock(&self.totals.config_problem).clear();
+                    let seen = self
+                        .totals
+                        .config_digest
+                        .swap(digest.unwrap_or_default(), Ordering::Relaxed);
+                    if seen != digest.unwrap_or_default() {
+                        let spec = c.spec();
+                        (self.settings.log)(&LogEvent::ConfigLoaded {
+                            policies: spec.policies.len(),
+                            plans: spec.plans.len(),
+                            routes: spec.routes.len(),
+                            at: now,
+                        });
+                    }
                     let c = Arc::new(c);
                     self.records.set_config(c.clone(), now);
                     c
                 }
                 // a broken or missing configuration: keep the last good one
-                Err(why) => match config.any() {
-                    Some(c) => c,
-                    None => return Err(self.degraded_refusal(None, None, &why)),
-                },
+                Err(why) => {
+                    let mut last = lock(&self.totals.config_problem);
+                    if *last != why {
+                        (self.settings.log)(&LogEvent::ConfigRejected { why: &why, at: now });
+                        last.clone_from(&why);
+                    }
+                    drop(last);
+                    match config.any() {
+                        Some(c) => c,
+                        None => return Err(self.degraded_refusal(None, None, &why)),
+                    }
+                }
             }
         } else {
             config.any().expect("fresh")
@@ -1023,6 +1114,32 @@ where
     fn degraded_refusal(&self, ctx: Option<&Ctx<'_>>, route: Option<&str>, why: &str) -> Gate {
         self.degraded(ctx.map(|c| &c.record), FailureMode::FailClosed, route);
         Gate::unavailable(why).with_header(DEGRADED_HEADER, "fail-closed")
+    }
+
+    /// Between phases 2 and 3: the deny lists (cached with the configuration: no
+    /// store call). A
+    /// listed caller gets a 403 naming nothing, before any bucket is checked; it is
+    /// counted per list.
+    fn deny_listed(
+        &self,
+        config: &EdgeConfig,
+        record: &KeyRecord,
+        req: &RequestHead<'_>,
+    ) -> Result<(), Gate> {
+        let visitor = Visitor {
+            key_id: Some(&record.id),
+            ip: req.client_ip,
+            country: req.country,
+            user_agent: req.user_agent,
+        };
+        match config.deny().matches(&visitor) {
+            None => Ok(()),
+            Some(list) => {
+                self.stats
+                    .bump(self.clock.now(), StatsField::Denied(list), 1);
+                Err(Gate::json(403, "Forbidden", None))
+            }
+        }
     }
 
     /// Phase 3: the buckets this request must pass.

@@ -59,6 +59,20 @@ pub enum StoreErrorKind {
     Protocol,
 }
 
+impl StoreErrorKind {
+    /// A short name for logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Connect => "connect",
+            StoreErrorKind::Auth => "auth",
+            StoreErrorKind::Redis(_) => "redis",
+            StoreErrorKind::Protocol => "protocol",
+            StoreErrorKind::Stale => "stale",
+        }
+    }
+}
+
 /// The code of a Redis error reply (its first word), parsed once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RedisErrorKind {

@@ -322,6 +322,8 @@ pub fn head(auth: &str) -> RequestHead<'_> {
         path: "/v1/x",
         credentials: Some(auth.as_bytes()),
         client_ip: None,
+        country: None,
+        user_agent: None,
     }
 }
 

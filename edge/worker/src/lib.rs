@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::pipeline::bounded::LeaseSettings;
+use floodgate_edge::pipeline::events::{self, LogEvent};
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
 use floodgate_edge::proxy::{
     HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body,
@@ -84,10 +85,10 @@ fn regional_store(
     let Some(url) = urls.get(region) else {
         return Ok(None);
     };
-    let tokens: std::collections::HashMap<String, String> =
-        serde_json::from_str(&var(env, "REGIONAL_REST_TOKENS").unwrap_or_default()).map_err(|e| {
-            format!("REGIONAL_REST_TOKENS must be a JSON object of region to token: {e}")
-        })?;
+    let tokens: std::collections::HashMap<String, String> = serde_json::from_str(
+        &var(env, "REGIONAL_REST_TOKENS").unwrap_or_default(),
+    )
+    .map_err(|e| format!("REGIONAL_REST_TOKENS must be a JSON object of region to token: {e}"))?;
     let token = tokens
         .get(region)
         .ok_or_else(|| format!("REGIONAL_REST_TOKENS has no token for region {region:?}"))?;
@@ -165,8 +166,11 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
     Ok(e)
 }
 
-fn console_log(line: &str) {
-    worker::console_log!("{line}");
+/// The pipeline's events as JSON lines on the console (what `wrangler tail` and
+/// Workers Logs show), shaped like the native host's `--log-format json`.
+fn console_log(event: &LogEvent<'_>) {
+    let now = worker::js_sys::Date::new_0().to_iso_string();
+    worker::console_log!("{}", events::json_line(event, &String::from(now)));
 }
 
 /// One of the pipeline's or the rules' answers.
@@ -229,10 +233,14 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
         .headers()
         .get("cf-connecting-ip")?
         .and_then(|v| v.parse().ok());
+    let country = req.cf().and_then(|cf| cf.country());
+    let user_agent = req.headers().get("user-agent")?;
     let head = RequestHead {
         path: url.path(),
         credentials: credentials.as_deref().map(str::as_bytes),
         client_ip,
+        country: country.as_deref(),
+        user_agent: user_agent.as_deref().map(str::as_bytes),
     };
     let decided = edge.pipeline.gate(head).await;
     for task in decided.background {

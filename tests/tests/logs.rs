@@ -1,0 +1,162 @@
+//! Structured logs as a log pipeline reads them: `floodgate-edge --log-format json`
+//! writes one JSON object per line (timestamp, level, target, fields with the
+//! message; request-scoped events carry the request's id in `span`), the id is
+//! the client's `X-Request-Id` when well-formed or a new one, and it reaches the
+//! upstream; configuration loads and breaker transitions are events too.
+
+use std::time::Duration;
+
+use floodgate_tests::process::listening;
+use floodgate_tests::upstream::{Echo, RawUpstream};
+use floodgate_tests::{DEMO_CONFIG, RedisServer, seed};
+
+async fn get(url: &str, secret: &str, request_id: Option<&str>) -> (u16, Option<Echo>) {
+    let mut r = reqwest::Client::new()
+        .get(url)
+        .bearer_auth(secret)
+        .timeout(Duration::from_secs(10));
+    if let Some(id) = request_id {
+        r = r.header("x-request-id", id);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    let echo = (status == 200).then_some(Echo(r.json().await.unwrap()));
+    (status, echo)
+}
+
+fn one_id(echo: &Echo) -> String {
+    let ids = echo.header("x-request-id");
+    assert_eq!(ids.len(), 1, "{:?}", echo.0);
+    ids[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_request_ids_config_loads_and_breaker_transitions() {
+    let mut redis = RedisServer::start();
+    let secret = seed(&redis, DEMO_CONFIG).await.secret;
+    let upstream = RawUpstream::start().await;
+    let (edge, listen) = listening(
+        "floodgate-edge",
+        &[
+            "--upstream",
+            &upstream.url,
+            "--redis",
+            &redis.url(),
+            "--deadline-ms",
+            "500",
+            "--breaker-threshold",
+            "2",
+        ],
+        &[
+            ("FLOODGATE_LOG_FORMAT", "json"),
+            ("FLOODGATE_LOG_LEVEL", "debug"),
+        ],
+    );
+    let url = format!("http://{listen}/v1/echo");
+
+    // the client's id is kept and passed upstream; a malformed one is replaced
+    let (_, echo) = get(&url, &secret, Some("req-7f3a.42")).await;
+    assert_eq!(one_id(&echo.unwrap()), "req-7f3a.42");
+    let (_, echo) = get(&url, &secret, None).await;
+    let made = one_id(&echo.unwrap());
+    assert!(
+        made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{made}"
+    );
+    let (_, echo) = get(&url, &secret, Some("two words")).await;
+    let replaced = one_id(&echo.unwrap());
+    assert!(replaced != "two words" && replaced != made, "{replaced}");
+
+    // Redis goes away: the breaker opens during a request
+    redis.signal("KILL");
+    assert!(redis.wait_exit(Duration::from_secs(10)));
+    for _ in 0..4 {
+        let (status, _) = get(&url, &secret, Some("during-outage")).await;
+        assert_eq!(status, 503);
+    }
+
+    let log = edge.stop();
+    let mut events = vec![];
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{log}"));
+        let ts = v["timestamp"].as_str().unwrap_or_default();
+        assert!(
+            ts.len() >= 20 && ts.as_bytes()[10] == b'T' && ts.ends_with('Z'),
+            "an RFC 3339 UTC timestamp: {line}"
+        );
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+                .contains(&v["level"].as_str().unwrap_or("")),
+            "{line}"
+        );
+        assert!(v["target"].is_string(), "{line}");
+        assert!(v["fields"]["message"].is_string(), "{line}");
+        events.push(v);
+    }
+    let find = |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| {
+        events
+            .iter()
+            .find(|e| pred(e))
+            .unwrap_or_else(|| panic!("no {what} in\n{log}"))
+            .clone()
+    };
+    let started = find("the start", &|e| {
+        e["fields"]["listen"].as_str() == Some(listen.as_str())
+    });
+    assert_eq!(started["level"], "INFO");
+
+    let answered = |id: &str| {
+        let id = id.to_string();
+        find("an answered request", &move |e| {
+            e["target"] == "floodgate::request"
+                && e["fields"]["message"] == "answered"
+                && e["span"]["request_id"].as_str() == Some(id.as_str())
+        })
+    };
+    let first = answered("req-7f3a.42");
+    assert_eq!(first["level"], "DEBUG");
+    assert_eq!(first["fields"]["status"], 200);
+    assert_eq!(first["fields"]["method"], "GET");
+    assert!(first["fields"]["latency_us"].as_u64().is_some());
+    answered(&made);
+    answered(&replaced);
+
+    let loaded = find("the configuration load", &|e| {
+        e["target"] == "floodgate::config"
+    });
+    assert_eq!(loaded["level"], "INFO");
+    assert_eq!(loaded["fields"]["policies"], 3);
+    assert_eq!(loaded["fields"]["routes"], 2);
+
+    let opened = find("the breaker opening", &|e| {
+        e["target"] == "floodgate::breaker" && e["fields"]["to"] == "open"
+    });
+    assert_eq!(opened["level"], "WARN");
+    assert_eq!(opened["fields"]["from"], "closed");
+    assert_eq!(opened["fields"]["store"], "global");
+    assert!(opened["fields"]["reason"].is_string());
+    assert_eq!(
+        opened["span"]["request_id"], "during-outage",
+        "the request that opened it"
+    );
+}
+
+#[test]
+fn text_logs_are_the_default() {
+    let out = floodgate_tests::process::run(
+        "floodgate-edge",
+        &[
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--key-header",
+            "two words",
+        ],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("ERROR"), "{err}");
+    assert!(err.contains("--key-header"), "{err}");
+    assert!(serde_json::from_str::<serde_json::Value>(err.lines().next().unwrap_or("")).is_err());
+}
