@@ -534,13 +534,14 @@ impl InstanceState {
             std::iter::once(("global", &h.global))
                 .chain(h.regional.as_ref().map(|d| ("regional", d)))
                 .collect();
-        r.register(
-            "store_deadline_microseconds",
+        r.register_with_unit(
+            "store_deadline",
             "The answer deadline a store call sent now gets (adaptive within its floor and ceiling, or pinned), by store",
-            Snapshot::gauges(
+            Unit::Seconds,
+            GaugesF64(
                 lanes
                     .iter()
-                    .map(|(store, d)| (StoreLabels { store }, d.deadline_us))
+                    .map(|(store, d)| (StoreLabels { store }, d.deadline_us as f64 / 1e6))
                     .collect(),
             ),
         );
@@ -574,6 +575,27 @@ impl InstanceState {
             "0 when the instance proxies without limiting (--no-limit)",
             ConstGauge::new(i64::from(self.limiter)),
         );
+    }
+}
+
+/// Gauges with fractional values by label set, fixed at scrape time.
+#[derive(Debug)]
+struct GaugesF64<L>(Vec<(L, f64)>);
+
+impl<L> TypedMetric for GaugesF64<L> {
+    const TYPE: MetricType = MetricType::Gauge;
+}
+
+impl<L: EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static> EncodeMetric for GaugesF64<L> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, v) in &self.0 {
+            encoder.encode_family(labels)?.encode_gauge(v)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
     }
 }
 

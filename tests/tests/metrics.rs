@@ -261,6 +261,9 @@ async fn the_edge_counts_decisions_by_route_and_shows_an_outage() {
     let buckets = after.buckets("floodgate_store_latency_seconds");
     assert_eq!(buckets.last().map(|b| b.1), Some(count), "{buckets:?}");
     assert!(after.get("floodgate_store_latency_seconds_sum", &[]) > 0.0);
+    // the global store's answer deadline (this edge pins 500 ms)
+    let deadline = after.get("floodgate_store_deadline_seconds", &[("store", "global")]);
+    assert_eq!(deadline, 0.5);
     assert_eq!(
         after.get("floodgate_key_cache_lookups_total", &[("result", "miss")]),
         1.0,
