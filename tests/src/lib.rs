@@ -823,3 +823,11 @@ pub async fn start_worker(
         _process: WorkerProcess(Some(child)),
     }
 }
+
+/// Runs `floodgate-cli` with `args` through its library entry point, outside the
+/// test's runtime (it starts its own): what the command returned, as text.
+pub async fn cli(args: Vec<String>) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || floodgate_edge::cli::run(args).map_err(|e| e.to_string()))
+        .await
+        .expect("floodgate-cli ran to its end")
+}

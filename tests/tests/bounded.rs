@@ -294,9 +294,7 @@ async fn the_cli_stores_a_bound_only_when_it_is_valid() {
             path.to_str().unwrap().into(),
             "--force".into(),
         ];
-        tokio::task::spawn_blocking(move || {
-            floodgate_edge::cli::run(args).map_err(|e| e.to_string())
-        })
+        floodgate_tests::cli(args)
     };
     let bounded = config("bounded");
     let bad = [
@@ -335,7 +333,7 @@ async fn the_cli_stores_a_bound_only_when_it_is_valid() {
         ),
     ];
     for (what, json) in bad {
-        let e = set("bad.json", json).await.unwrap().unwrap_err();
+        let e = set("bad.json", json).await.unwrap_err();
         assert!(
             e.contains("max_overshoot") || e.contains("consistency"),
             "{what}: the error names the field: {e}"
@@ -346,7 +344,7 @@ async fn the_cli_stores_a_bound_only_when_it_is_valid() {
             .unwrap();
         assert!(!stored, "{what}: nothing stored");
     }
-    set("good.json", bounded).await.unwrap().unwrap();
+    set("good.json", bounded).await.unwrap();
     let store = NativeStore::connect(&floodgate_edge::store::StoreOptions::new(
         redis.url(),
         Duration::from_secs(2),

@@ -168,28 +168,17 @@ async fn the_cli_edits_deny_lists_through_the_audited_save() {
     let cli = |words: &[&str]| {
         let mut args = vec!["--redis".to_string(), url.clone()];
         args.extend(words.iter().map(|w| w.to_string()));
-        tokio::task::spawn_blocking(move || {
-            floodgate_edge::cli::run(args).map_err(|e| e.to_string())
-        })
+        floodgate_tests::cli(args)
     };
     let ips = |store: RespStore| async move {
         let text = admin::get_config(&store).await.unwrap().unwrap();
         let c = floodgate_shared::config::EdgeConfig::from_json(&text).unwrap();
         c.spec().deny.ips.clone()
     };
-    cli(&["deny", "add", "ip", "203.0.113.0/24"])
-        .await
-        .unwrap()
-        .unwrap();
-    cli(&["deny", "add", "ip", "2001:db8::/32"])
-        .await
-        .unwrap()
-        .unwrap();
+    cli(&["deny", "add", "ip", "203.0.113.0/24"]).await.unwrap();
+    cli(&["deny", "add", "ip", "2001:db8::/32"]).await.unwrap();
     // adding what is there changes nothing
-    cli(&["deny", "add", "ip", "2001:db8::/32"])
-        .await
-        .unwrap()
-        .unwrap();
+    cli(&["deny", "add", "ip", "2001:db8::/32"]).await.unwrap();
     assert_eq!(
         ips(store.clone()).await,
         ["203.0.113.0/24", "2001:db8::/32"]
@@ -214,16 +203,15 @@ async fn the_cli_edits_deny_lists_through_the_audited_save() {
         ),
         (vec!["deny", "add", "user_agent", " "], "must not be empty"),
     ] {
-        let e = cli(&words).await.unwrap().unwrap_err();
+        let e = cli(&words).await.unwrap_err();
         assert!(e.contains(says), "{words:?}: {e}");
     }
     assert_eq!(admin::load_config(&store).await.unwrap().0, version);
     cli(&["deny", "remove", "ip", "203.0.113.0/24"])
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(ips(store.clone()).await, ["2001:db8::/32"]);
-    cli(&["deny", "list"]).await.unwrap().unwrap();
+    cli(&["deny", "list"]).await.unwrap();
     // the repeated add saved nothing, so audited nothing
     let audit = admin::audit_log(&store, 4).await.unwrap();
     let actions: Vec<(&str, &str)> = audit

@@ -15,7 +15,7 @@ use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 use floodgate_tests::dash::{Operator, start_dashboard_over};
 use floodgate_tests::tls::TlsRedis;
-use floodgate_tests::{DEMO_CONFIG, Endpoint, serve, start_native_edge};
+use floodgate_tests::{DEMO_CONFIG, Endpoint, cli, serve, start_native_edge};
 
 const USER: &str = "fg-app";
 const PASSWORD: &str = "Tls-Only-s3cret";
@@ -24,13 +24,6 @@ fn options(redis: &TlsRedis) -> StoreOptions {
     let mut o = StoreOptions::new(redis.url(), Duration::from_secs(2));
     o.ca_file = Some(redis.ca_file());
     o
-}
-
-/// Runs `floodgate-cli` (its library entry point, outside the test's runtime).
-async fn cli(args: Vec<String>) -> Result<(), String> {
-    tokio::task::spawn_blocking(move || floodgate_edge::cli::run(args).map_err(|e| e.to_string()))
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

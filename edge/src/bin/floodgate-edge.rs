@@ -24,6 +24,7 @@ use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::bounded::LeaseSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
 use floodgate_edge::store::StoreOptions;
+use floodgate_edge::store::resp::redact;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_shared::time::SystemClock;
 
@@ -197,14 +198,6 @@ fn path_prefix(v: &str) -> Result<String, String> {
     }
 }
 
-/// A store URL without its password, for logs.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_string(),
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     args.log.init();
@@ -278,7 +271,7 @@ async fn regional_store(a: &Args) -> Result<Option<(NativeStore, DeadlineSetting
     NativeStore::connect(&options)
         .await
         .map(|s| Some((s, deadline)))
-        .map_err(|e| format!("{flag} {}: {e}", redacted(url)))
+        .map_err(|e| format!("{flag} {}: {e}", redact(url)))
 }
 
 /// A store's answer deadline from the flags: fixed by `--deadline-ms`, else
@@ -361,7 +354,7 @@ fn run(a: Args) -> Result<(), String> {
         let store = if a.no_limit {
             "none".to_string()
         } else {
-            redacted(a.rest_url.as_deref().unwrap_or(&a.redis))
+            redact(a.rest_url.as_deref().unwrap_or(&a.redis))
         };
         let upstream = a.upstream.as_deref().unwrap_or("forward-auth answers");
         tracing::info!(
