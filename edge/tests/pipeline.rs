@@ -108,8 +108,14 @@ async fn futures_statuses<C: Clock>(
     out
 }
 
+/// The caches expire after their TTL, but an instance that holds a copy never
+/// makes a request wait for the global store: the expired configuration and key
+/// record are served while ONE background read refreshes both; a revocation is
+/// seen once that read is back, a broken configuration never replaces the last
+/// good one. (Before: every request after the TTL read both on its own path, all
+/// of them until the first read came back: a global round trip every TTL.)
 #[tokio::test]
-async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
+async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
     let store = mem();
     let auth = seed(store, CONFIG, "free");
     let clock = FakeClock::at(T0);
@@ -121,23 +127,14 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
             ..PipelineConfig::default()
         },
     );
-    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
-    advance(&clock, store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    let cold = store.gets.load(Ordering::SeqCst);
     assert_eq!(
-        store.gets.load(Ordering::SeqCst),
-        4,
-        "refetched after the TTL"
+        cold, 2,
+        "a cold instance reads the configuration and the key"
     );
-    // a broken configuration written meanwhile: the last good one keeps serving
-    store
-        .records
-        .lock()
-        .unwrap()
-        .insert(CONFIG_KEY.into(), b"{broken".to_vec());
+    // the key is revoked once the copies have expired
     advance(&clock, store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
-    // the key is revoked: refused once the cache entry expires
     let key = store
         .records
         .lock()
@@ -152,10 +149,84 @@ async fn the_cache_expires_and_the_last_good_config_survives_an_outage() {
         .records
         .lock()
         .unwrap()
+        .insert(key.clone(), rec.to_json().into_bytes());
+    let first = p.gate(head(&auth)).await;
+    assert_eq!(status(&first.gate), 200, "served from the expired copies");
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        cold,
+        "nothing read on the request's path"
+    );
+    let second = p.gate(head(&auth)).await;
+    assert_eq!(status(&settle(second).await), 200);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        cold,
+        "one refresh at a time: the second request started none"
+    );
+    settle(first).await;
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        cold + 2,
+        "the first request's background read refreshed both"
+    );
+    assert_eq!(
+        status(&p.gate(head(&auth)).await.gate),
+        401,
+        "the revocation is seen"
+    );
+    // a broken configuration written meanwhile: the last good one keeps serving
+    rec.status = KeyStatus::Active;
+    store
+        .records
+        .lock()
+        .unwrap()
         .insert(key, rec.to_json().into_bytes());
-    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200, "still cached");
+    store
+        .records
+        .lock()
+        .unwrap()
+        .insert(CONFIG_KEY.into(), b"{broken".to_vec());
     advance(&clock, store, 30 * MICROS_PER_SEC);
-    assert_eq!(status(&p.gate(head(&auth)).await.gate), 401);
+    settle(p.gate(head(&auth)).await).await;
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    assert_eq!(p.breaker_phase(), floodgate_edge::breaker::Phase::Closed);
+}
+
+/// A refresh that fails (the store went down after the TTL) leaves the copies
+/// serving and is tried again by a later request, not only after another TTL.
+#[tokio::test]
+async fn a_failed_background_refresh_is_tried_again() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "lenient");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        store,
+        &clock,
+        PipelineConfig {
+            cache_ttl: MICROS_PER_SEC,
+            breaker_threshold: 100, // keep the breaker closed: the store is asked
+            ..PipelineConfig::default()
+        },
+    );
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    advance(&clock, store, 2 * MICROS_PER_SEC);
+    store.down.store(true, Ordering::SeqCst);
+    settle(p.gate(head(&auth)).await).await;
+    let gets = store.gets.load(Ordering::SeqCst);
+    store.down.store(false, Ordering::SeqCst);
+    settle(p.gate(head(&auth)).await).await;
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        gets + 2,
+        "the next request refreshed again"
+    );
+    settle(p.gate(head(&auth)).await).await;
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        gets + 2,
+        "and it is fresh"
+    );
 }
 
 #[tokio::test]
@@ -381,7 +452,7 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     store.down.store(true, Ordering::SeqCst);
     advance(&clock, store, 10 * MICROS_PER_SEC);
     let gets = store.gets.load(Ordering::SeqCst);
-    let g = p.gate(head(&auth)).await.gate;
+    let g = settle(p.gate(head(&auth)).await).await;
     assert!(
         store.gets.load(Ordering::SeqCst) > gets,
         "the expired record was looked up again"

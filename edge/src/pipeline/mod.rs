@@ -353,7 +353,7 @@ pub struct Pipeline<S, C> {
     store: S,
     clock: C,
     settings: PipelineConfig,
-    records: Records,
+    records: Arc<Records>,
     unknown_keys: UnknownKeyBudget,
     stats: Stats,
     denied: DenyCache,
@@ -445,6 +445,51 @@ fn drain<T: 'static>(late: BoxFuture<'static, Result<T, StoreError>>) -> Task {
     })
 }
 
+/// Parses a configuration just read and caches it, logging a change (or why it
+/// was rejected, once per reason): the configuration, or why there is none.
+fn load_config(
+    records: &Records,
+    totals: &Totals,
+    log: fn(&LogEvent<'_>),
+    raw: Option<Vec<u8>>,
+    now: Micros,
+) -> Result<Arc<EdgeConfig>, String> {
+    let digest = raw.as_deref().map(fnv1a).unwrap_or_default();
+    let parsed = raw
+        .ok_or_else(|| "no configuration is stored (floodgate-cli config set)".to_string())
+        .and_then(|raw| {
+            let text = std::str::from_utf8(&raw)
+                .map_err(|_| "the stored configuration is not UTF-8".to_string())?;
+            EdgeConfig::from_json(text)
+                .map_err(|e| format!("the stored configuration is invalid: {e}"))
+        });
+    match parsed {
+        Ok(c) => {
+            lock(&totals.config_problem).clear();
+            if totals.config_digest.swap(digest, Ordering::Relaxed) != digest {
+                let spec = c.spec();
+                log(&LogEvent::ConfigLoaded {
+                    policies: spec.policies.len(),
+                    plans: spec.plans.len(),
+                    routes: spec.routes.len(),
+                    at: now,
+                });
+            }
+            let c = Arc::new(c);
+            records.set_config(c.clone(), now);
+            Ok(c)
+        }
+        Err(why) => {
+            let mut last = lock(&totals.config_problem);
+            if *last != why {
+                log(&LogEvent::ConfigRejected { why: &why, at: now });
+                last.clone_from(&why);
+            }
+            Err(why)
+        }
+    }
+}
+
 fn skipped() -> StoreError {
     StoreError::new(
         StoreErrorKind::Connect,
@@ -463,11 +508,11 @@ where
         Self {
             store,
             clock,
-            records: Records::new(
+            records: Arc::new(Records::new(
                 settings.cache_ttl,
                 settings.negative_cache_ttl,
                 settings.max_cached_keys,
-            ),
+            )),
             unknown_keys: UnknownKeyBudget::new(
                 settings.unknown_keys_per_ip_per_min,
                 settings.unknown_keys_per_min,
@@ -899,9 +944,13 @@ where
     }
 
     /// Phase 2: the caller's key record and the configuration, from the caches or
-    /// in ONE store round trip for whatever is missing. Unknown keys are charged to
-    /// their address's budget; a store that cannot answer leaves the stale cache,
-    /// or the failure mode of every policy the request could match.
+    /// in ONE store round trip for whatever is missing. What expired is served
+    /// stale and refreshed in the background (one refresh at a time each), so a
+    /// warm instance never waits for the global store here; only a configuration
+    /// never read, or a key never seen (or known not to exist), is read on the
+    /// request's path. Unknown keys are charged to their address's budget; a store
+    /// that cannot answer leaves the stale cache, or the failure mode of every
+    /// policy the request could match.
     async fn caller(
         &self,
         secret: &str,
@@ -934,11 +983,17 @@ where
             .with_header("Retry-After", ceil_secs(wait).max(1).to_string()));
         }
         let need_config = !matches!(config, Lookup::Fresh(_));
-        let (key, config) = if need_key || need_config {
+        // a stale record of an existing key and a stale configuration are served
+        let on_path = matches!(config, Lookup::Missing)
+            || matches!(key, Lookup::Missing | Lookup::Stale(None));
+        let (key, config) = if on_path {
             self.refresh(&hash, need_key, need_config, key, config, req, later)
                 .await?
         } else {
-            (key.fresh().flatten(), config.fresh().expect("fresh"))
+            if need_key || need_config {
+                self.revalidate(&hash, need_key, need_config, now, later);
+            }
+            (key.any().flatten(), config.any().expect("fresh or stale"))
         };
         match key {
             Some(r) if r.status == KeyStatus::Active => Ok((r, config)),
@@ -996,40 +1051,13 @@ where
         let mut values = values.into_iter();
         let config = if need_config {
             let raw = values.next().flatten();
-            let digest = raw.as_deref().map(fnv1a);
-            match self.parse_config(raw) {
-                Ok(c) => {
-                    lock(&self.totals.config_problem).clear();
-                    let seen = self
-                        .totals
-                        .config_digest
-                        .swap(digest.unwrap_or_default(), Ordering::Relaxed);
-                    if seen != digest.unwrap_or_default() {
-                        let spec = c.spec();
-                        (self.settings.log)(&LogEvent::ConfigLoaded {
-                            policies: spec.policies.len(),
-                            plans: spec.plans.len(),
-                            routes: spec.routes.len(),
-                            at: now,
-                        });
-                    }
-                    let c = Arc::new(c);
-                    self.records.set_config(c.clone(), now);
-                    c
-                }
+            match load_config(&self.records, &self.totals, self.settings.log, raw, now) {
+                Ok(c) => c,
                 // a broken or missing configuration: keep the last good one
-                Err(why) => {
-                    let mut last = lock(&self.totals.config_problem);
-                    if *last != why {
-                        (self.settings.log)(&LogEvent::ConfigRejected { why: &why, at: now });
-                        last.clone_from(&why);
-                    }
-                    drop(last);
-                    match config.any() {
-                        Some(c) => c,
-                        None => return Err(self.degraded_refusal(None, None, &why)),
-                    }
-                }
+                Err(why) => match config.any() {
+                    Some(c) => c,
+                    None => return Err(self.degraded_refusal(None, None, &why)),
+                },
             }
         } else {
             config.any().expect("fresh")
@@ -1053,11 +1081,63 @@ where
         Ok((key, config))
     }
 
-    fn parse_config(&self, raw: Option<Vec<u8>>) -> Result<EdgeConfig, String> {
-        let raw = raw.ok_or("no configuration is stored (floodgate-cli config set)")?;
-        let text =
-            std::str::from_utf8(&raw).map_err(|_| "the stored configuration is not UTF-8")?;
-        EdgeConfig::from_json(text).map_err(|e| format!("the stored configuration is invalid: {e}"))
+    /// Refreshes an expired configuration and key record (`hash`) in the
+    /// background, one refresh at a time each, while requests are answered from
+    /// the stale copies. Not while the global breaker is open (the copies serve on;
+    /// the first request after it closes refreshes). A refresh that fails leaves
+    /// the copies and lets the next request try again.
+    fn revalidate(&self, hash: &str, key: bool, config: bool, now: Micros, later: &mut Vec<Task>) {
+        if self.global.breaker.phase() != Phase::Closed {
+            return;
+        }
+        let config = config && self.records.claim_config(now);
+        let key = key && self.records.claim_key(hash, now);
+        if !key && !config {
+            return;
+        }
+        let mut names = vec![];
+        if config {
+            names.push(CONFIG_KEY.to_string());
+        }
+        if key {
+            names.push(record_key(hash));
+        }
+        let (store, records, totals) = (
+            self.store.clone(),
+            self.records.clone(),
+            self.totals.clone(),
+        );
+        let (log, hash) = (self.settings.log, hash.to_string());
+        later.push(boxed(async move {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let Ok(values) = store.get_many(&refs).await else {
+                if config {
+                    records.release_config();
+                }
+                if key {
+                    records.release_key(&hash);
+                }
+                return;
+            };
+            let mut values = values.into_iter();
+            if config {
+                // a broken configuration is logged and the stale one serves on
+                let raw = values.next().flatten();
+                if load_config(&records, &totals, log, raw, now).is_err() {
+                    records.release_config();
+                }
+            }
+            if key {
+                let record = values
+                    .next()
+                    .flatten()
+                    .and_then(|raw| KeyRecord::from_json(&raw));
+                if record.is_none() {
+                    totals.unknown_key_lookups.fetch_add(1, Ordering::Relaxed);
+                }
+                records.set_key(hash, record, now);
+            }
+        }));
     }
 
     /// A caller whose key cannot be verified because the store is unreachable:

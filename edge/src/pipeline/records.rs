@@ -1,6 +1,7 @@
 //! What the pipeline keeps in memory between requests: the configuration and API
-//! key records read from the store (fresh for a TTL, kept stale for outages, known
-//! unknown keys for longer), and the budget of lookups that found no key.
+//! key records read from the store (fresh for a TTL, then served stale while one
+//! background refresh runs, and through outages; known unknown keys for longer),
+//! and the budget of lookups that found no key.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -14,30 +15,47 @@ use floodgate_shared::time::Micros;
 
 use crate::sync::lock;
 
-/// A cached value: fresh until `until`, then stale (still usable while the store
-/// is unreachable).
+/// A cached value: fresh until `until`, then stale (served while it is refreshed,
+/// and while the store is unreachable).
 struct Cached<T> {
     value: T,
     until: Micros,
+    /// When a refresh of the stale value was claimed (one at a time).
+    claimed: Option<Micros>,
+}
+
+impl<T> Cached<T> {
+    fn new(value: T, until: Micros) -> Self {
+        Self {
+            value,
+            until,
+            claimed: None,
+        }
+    }
+
+    /// Claims the refresh of a stale value: `true` for the first caller, and again
+    /// once a claim is older than `lost_after` (its refresh never came back).
+    fn claim(&mut self, now: Micros, lost_after: Micros) -> bool {
+        let free = self.claimed.is_none_or(|at| now - at >= lost_after);
+        if self.until <= now && free {
+            self.claimed = Some(now);
+            return true;
+        }
+        false
+    }
 }
 
 /// A cache lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup<T> {
     Fresh(T),
-    /// Past its TTL: refresh it, but serve it if the store cannot answer.
+    /// Past its TTL: refresh it; serve it meanwhile, and while the store cannot
+    /// answer.
     Stale(T),
     Missing,
 }
 
 impl<T> Lookup<T> {
-    pub fn fresh(self) -> Option<T> {
-        match self {
-            Lookup::Fresh(v) => Some(v),
-            _ => None,
-        }
-    }
-
     /// Fresh or stale.
     pub fn any(self) -> Option<T> {
         match self {
@@ -82,10 +100,36 @@ impl Records {
     }
 
     pub fn set_config(&self, config: Arc<EdgeConfig>, now: Micros) {
-        *lock(&self.config) = Some(Cached {
-            value: config,
-            until: now + self.ttl,
-        });
+        *lock(&self.config) = Some(Cached::new(config, now + self.ttl));
+    }
+
+    /// Claims the refresh of the stale configuration: `true` when this caller is
+    /// to refresh it (one refresh at a time; a claim a TTL old counts as lost).
+    pub fn claim_config(&self, now: Micros) -> bool {
+        lock(&self.config)
+            .as_mut()
+            .is_some_and(|c| c.claim(now, self.ttl))
+    }
+
+    /// The configuration's refresh failed: the next stale lookup tries again.
+    pub fn release_config(&self) {
+        if let Some(c) = lock(&self.config).as_mut() {
+            c.claimed = None;
+        }
+    }
+
+    /// Claims the refresh of a stale key record, like [`Records::claim_config`].
+    pub fn claim_key(&self, hash: &str, now: Micros) -> bool {
+        lock(&self.keys)
+            .get_mut(hash)
+            .is_some_and(|c| c.claim(now, self.ttl))
+    }
+
+    /// A key record's refresh failed: the next stale lookup tries again.
+    pub fn release_key(&self, hash: &str) {
+        if let Some(c) = lock(&self.keys).get_mut(hash) {
+            c.claimed = None;
+        }
     }
 
     /// The record of the key whose secret hashes to `hash` (`Some(None)`: known to
@@ -107,13 +151,7 @@ impl Records {
                 keys.clear();
             }
         }
-        keys.insert(
-            hash,
-            Cached {
-                value: record,
-                until: now + ttl,
-            },
-        );
+        keys.insert(hash, Cached::new(record, now + ttl));
     }
 }
 
@@ -222,6 +260,34 @@ mod tests {
         r.set_config(config.clone(), T0);
         assert!(matches!(r.config(T0 + SEC), Lookup::Fresh(_)));
         assert!(matches!(r.config(T0 + 6 * SEC), Lookup::Stale(_)));
+    }
+
+    #[test]
+    fn one_refresh_of_a_stale_record_at_a_time_until_it_is_lost_or_released() {
+        let r = Records::new(5 * SEC, 60 * SEC, 10);
+        assert!(!r.claim_key("h", T0), "nothing cached: nothing to refresh");
+        r.set_key("h".into(), None, T0);
+        assert!(!r.claim_key("h", T0 + SEC), "fresh");
+        assert!(r.claim_key("h", T0 + 61 * SEC));
+        assert!(!r.claim_key("h", T0 + 62 * SEC), "one at a time");
+        r.release_key("h");
+        assert!(r.claim_key("h", T0 + 62 * SEC), "released after a failure");
+        assert!(r.claim_key("h", T0 + 67 * SEC), "a claim a TTL old is lost");
+        r.set_key("h".into(), None, T0 + 68 * SEC);
+        assert!(!r.claim_key("h", T0 + 69 * SEC), "refreshed");
+        assert!(!r.claim_config(T0));
+        let config = Arc::new(
+            EdgeConfig::from_json(
+                r#"{"policies":[{"name":"p","dimensions":["api_key"],"quota":{"capacity":1,"period":"1s"},"failure_mode":"fail_open"}],"plans":{"free":["p"]}}"#,
+            )
+            .unwrap(),
+        );
+        r.set_config(config, T0);
+        assert!(!r.claim_config(T0 + SEC));
+        assert!(r.claim_config(T0 + 6 * SEC));
+        assert!(!r.claim_config(T0 + 7 * SEC));
+        r.release_config();
+        assert!(r.claim_config(T0 + 7 * SEC));
     }
 
     #[test]
