@@ -54,8 +54,10 @@ async fn regions_trade_latency_for_leakage_only_up_to_the_bound() {
     for mode in Mode::ALL {
         let edges = world.edges(mode, 1, DEADLINE).await;
         let secrets = world.key(mode, &WARM.plan(mode)).await;
-        // warm-up: records cached, auto keys hot, first leases and pools filled
-        offer(&world, &edges, &secrets, &Subjects::One, 300, 0.5, 1).await;
+        // warm-up: records cached, auto keys hot (at 100/s an instance's meter
+        // reaches the 50/s mark half a second in: 0.5 s was a coin toss), first
+        // leases and pools filled
+        offer(&world, &edges, &secrets, &Subjects::One, 300, 1.0, 1).await;
         settle(one_way).await;
         let warm = offer(&world, &edges, &secrets, &Subjects::One, 300, 1.0, 2).await;
         let paid = warm.share_at_least(one_way * 2);
