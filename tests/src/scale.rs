@@ -411,11 +411,24 @@ impl World {
         per_region: usize,
         deadline: Duration,
     ) -> Vec<Vec<Arc<Edge>>> {
+        self.edges_with(mode, per_region, deadline, PipelineConfig::default())
+            .await
+    }
+
+    /// [`World::edges`] with other pipeline settings (the deadline is `deadline`,
+    /// fixed).
+    pub async fn edges_with(
+        &self,
+        mode: Mode,
+        per_region: usize,
+        deadline: Duration,
+        settings: PipelineConfig,
+    ) -> Vec<Vec<Arc<Edge>>> {
         let settings = PipelineConfig {
             deadline: floodgate_edge::deadline::DeadlineSettings::fixed(
                 deadline.as_micros() as Micros
             ),
-            ..PipelineConfig::default()
+            ..settings
         };
         let connect = |url: String| async move {
             NativeStore::Resp(

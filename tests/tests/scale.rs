@@ -4,10 +4,12 @@
 //! Small, bounded runs; only invariants are asserted: the figures come from
 //! `scripts/bench region lease hotkey`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use floodgate_edge::pipeline::PipelineConfig;
 use floodgate_tests::scale::{
-    Limit, Mode, Subjects, World, burst, config, offer, settle, worst_excess,
+    Limit, Mode, Subjects, World, Zipf, burst, config, offer, settle, worst_excess,
 };
 
 /// Warm keys: 100,000 per hour, bounded by 2,000 (under quota in every test).
@@ -41,6 +43,55 @@ const OVER: Limit = Limit {
 };
 
 const DEADLINE: Duration = Duration::from_secs(2);
+
+/// Per API key and client address: 20,000/min, bounded by 1,000 (the region
+/// benchmark's Zipf limit; every address stays under it).
+const PER_IP: Limit = Limit {
+    name: "per_ip",
+    capacity: 20_000,
+    refill: 20_000,
+    period: "1m",
+    per_ip: true,
+    max_overshoot: 1_000,
+};
+
+/// A Zipf(1.1) mix over 2,000 client addresses, three regions with pools, the
+/// global Redis 20 ms away, caches expiring every 0.3 s: once warm, no request
+/// pays the global round trip, not even when the configuration and the key
+/// record expire (they are refreshed in the background), and a cold address is
+/// admitted on its region's credit. Before the background refresh, every expiry
+/// held each instance's requests for one round trip (~13 % of them here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zipf_mix_with_regional_pools_pays_no_global_round_trip_once_warm() {
+    let world = World::start(3, &config(&[PER_IP], 3)).await;
+    let one_way = Duration::from_millis(20);
+    world.set_one_way(one_way);
+    let mode = Mode::RegionalPools;
+    let settings = PipelineConfig {
+        cache_ttl: 300_000,
+        ..PipelineConfig::default()
+    };
+    let edges = world.edges_with(mode, 1, DEADLINE, settings).await;
+    let secrets = world.key(mode, &PER_IP.plan(mode)).await;
+    let zipf = Subjects::Zipf(Arc::new(Zipf::new(2_000, 1.1)));
+    offer(&world, &edges, &secrets, &zipf, 300, 0.5, 1).await;
+    settle(one_way).await;
+    let run = offer(&world, &edges, &secrets, &zipf, 300, 1.5, 2).await;
+    let paid = run.share_at_least(one_way * 2);
+    eprintln!(
+        "Zipf, regional pools: p50 {:.2} ms, p99 {:.2} ms, {:.1} % paid the round trip, {:.3} global calls/request",
+        run.quantile_ms(0.5),
+        run.quantile_ms(0.99),
+        paid * 100.0,
+        run.global_per_request(),
+    );
+    assert_eq!((run.admitted, run.degraded), (run.requests, 0));
+    assert!(paid < 0.01, "{paid} paid the global round trip");
+    assert!(
+        run.regional_calls >= run.requests,
+        "one regional call per request"
+    );
+}
 
 /// Three regions, the global Redis 20 ms from each: exact pays the round trip on
 /// every decision and admits exactly the quota; independent regional limits
