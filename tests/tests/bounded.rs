@@ -197,7 +197,9 @@ async fn exact_policies_stay_exact_beside_the_regions() {
 }
 
 /// The Worker in workerd, its region's REST endpoint near, the global one 20 ms
-/// away: warm requests are decided by the regional pool alone.
+/// away: warm requests are decided by the regional pool alone, also when the
+/// cached configuration and key record expire (every 0.2 s here: refreshed after
+/// the response, in `wait_until`; before, each expiry made one request wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_decides_warm_requests_at_its_regional_store() {
     let global = RedisServer::start();
@@ -213,6 +215,7 @@ async fn the_worker_decides_warm_requests_at_its_regional_store() {
     // the Worker's region comes from REGION (workerd here has no cf.continent)
     let env = [
         ("REGION", "EU".to_string()),
+        ("CACHE_TTL_MS", "200".to_string()),
         (
             "REGIONAL_REST_URLS",
             format!(r#"{{"EU":"{}"}}"#, regional_rest.url),
