@@ -786,8 +786,12 @@ pub fn summarize(
                 StatsField::BreakerOpened => opened += count,
                 StatsField::BreakerOpenMs => open_ms += count,
                 StatsField::Denied(list) => *denied.entry(list).or_default() += count,
-                // per-policy consistency figures: per minute, by `leasing`
-                StatsField::SampleDropped | StatsField::LatencySumUs | StatsField::Leasing(..) => {}
+                // per-policy consistency figures: per minute, by `leasing`; decisions
+                // per policy: the fleet's /metrics
+                StatsField::SampleDropped
+                | StatsField::LatencySumUs
+                | StatsField::Leasing(..)
+                | StatsField::PolicyDecision(..) => {}
             }
         }
     }

@@ -47,6 +47,13 @@ struct DecisionLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyDecisionLabels {
+    policy: String,
+    route: String,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     route: String,
     mode: String,
@@ -144,6 +151,7 @@ impl EncodeMetric for LatencyBuckets {
 #[derive(Debug, Default)]
 pub struct StatsMetrics {
     decisions: Family<DecisionLabels, Counter>,
+    policy_decisions: Family<PolicyDecisionLabels, Counter>,
     degraded: Family<ModeLabels, Counter>,
     degraded_by_mode: Family<FleetModeLabels, Counter>,
     denied: Family<DenyLabels, Counter>,
@@ -167,6 +175,11 @@ impl StatsMetrics {
             "decisions",
             "Requests decided, by route and outcome (allowed, throttled, degraded: decided without the store; shadow_throttled: admitted, a shadow policy would have throttled)",
             m.decisions.clone(),
+        );
+        registry.register(
+            "policy_decisions",
+            "Requests decided, by policy, route and outcome as the policy saw it (allowed; throttled: this policy denied; shadow_throttled; degraded_<mode>: decided without the store under that failure mode)",
+            m.policy_decisions.clone(),
         );
         registry.register(
             "degraded_decisions",
@@ -276,6 +289,15 @@ impl StatsSink for StatsMetrics {
                 self.denied
                     .get_or_create(&DenyLabels {
                         list: list.name().to_string(),
+                    })
+                    .inc_by(n);
+            }
+            StatsField::PolicyDecision(policy, e, outcome) => {
+                self.policy_decisions
+                    .get_or_create(&PolicyDecisionLabels {
+                        policy: self.policies.label(policy),
+                        route: self.route(e),
+                        outcome: outcome.name().to_string(),
                     })
                     .inc_by(n);
             }
@@ -651,7 +673,7 @@ impl<L: EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static> EncodeMetric f
 mod tests {
     use super::*;
     use floodgate_shared::policy::FailureMode;
-    use floodgate_shared::stats::Outcome;
+    use floodgate_shared::stats::{Outcome, PolicyOutcome};
 
     #[test]
     fn stats_fields_become_labelled_series() {
@@ -671,6 +693,22 @@ mod tests {
         m.add(&StatsField::Latency(u64::MAX), 1);
         m.add(&StatsField::LatencySumUs, 2_000_700);
         m.add(&StatsField::Leasing("burst".into(), Leasing::Local), 4);
+        m.add(
+            &StatsField::PolicyDecision(
+                "search".into(),
+                Endpoint::Route("api".into()),
+                PolicyOutcome::Throttled,
+            ),
+            5,
+        );
+        m.add(
+            &StatsField::PolicyDecision(
+                "search".into(),
+                Endpoint::Unmatched,
+                PolicyOutcome::Degraded(FailureMode::LocalFallback),
+            ),
+            6,
+        );
         let text = render(&[&r]);
         for line in [
             r#"floodgate_decisions_total{route="api",outcome="allowed"} 3"#,
@@ -683,6 +721,8 @@ mod tests {
             "floodgate_store_latency_seconds_count 3",
             "floodgate_store_latency_seconds_sum 2.0007",
             r#"floodgate_lease_decisions_total{policy="burst",path="local"} 4"#,
+            r#"floodgate_policy_decisions_total{policy="search",route="api",outcome="throttled"} 5"#,
+            r#"floodgate_policy_decisions_total{policy="search",route="(unmatched)",outcome="degraded_local_fallback"} 6"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

@@ -583,6 +583,63 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(sum("mode:fail_closed"), 0);
 }
 
+/// Every decision is counted under each of its policies, so an operator sees
+/// which policy throttled on which route: all policies of an admitted request
+/// count `allowed` (a shadow one that would have denied, `shadow_throttled`); a
+/// throttled request counts only under the policies that denied it (also when
+/// the deny cache answers); a request decided without the store counts under
+/// each enforced policy with the failure mode applied.
+#[tokio::test]
+async fn each_policy_counts_what_it_decided() {
+    let config = r#"{"policies":[
+      {"name":"small","dimensions":["api_key"],"quota":{"capacity":2,"period":"1m"},"failure_mode":"fail_open"},
+      {"name":"big","dimensions":["api_key"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_open"},
+      {"name":"watch","dimensions":["api_key"],"quota":{"capacity":1,"period":"1m"},"failure_mode":"fail_open","shadow":true}],
+      "plans":{"two":["small","big","watch"]}}"#;
+    let store = mem();
+    let auth = seed(store, config, "two");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(futures_statuses(&p, &auth, 4).await, [200, 200, 429, 429]);
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst),
+        3,
+        "the deny cache answered the 4th"
+    );
+    advance(&clock, store, 60 * MICROS_PER_SEC);
+    store.down.store(true, Ordering::SeqCst);
+    let g = p.gate(head(&auth)).await.gate;
+    assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-open"));
+    store.down.store(false, Ordering::SeqCst);
+    p.flush_stats(0).await.unwrap();
+    let writes = store.writes.lock().unwrap().clone();
+    let sum = |field: &str| -> u64 {
+        writes
+            .iter()
+            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
+            .map(|c| c[3].parse::<u64>().unwrap())
+            .sum()
+    };
+    let counted = |policy: &str| -> Vec<(&str, u64)> {
+        [
+            "allowed",
+            "throttled",
+            "shadow_throttled",
+            "degraded_fail_open",
+        ]
+        .into_iter()
+        .map(|o| (o, sum(&format!("policy:{policy}|unmatched|{o}"))))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    };
+    assert_eq!(
+        counted("small"),
+        [("allowed", 2), ("throttled", 2), ("degraded_fail_open", 1)]
+    );
+    assert_eq!(counted("big"), [("allowed", 2), ("degraded_fail_open", 1)]);
+    assert_eq!(counted("watch"), [("allowed", 1), ("shadow_throttled", 1)]);
+}
+
 /// The backtest replays the sample: every decision must be in it with what the
 /// edge answered, the deny cache's 429s and the degraded answers included.
 #[tokio::test]

@@ -246,6 +246,47 @@ pub enum StatsField {
     /// `denied:<list>`: requests refused by a deny list (`key_id`, `ip`, `country`,
     /// `user_agent`).
     Denied(DenyList),
+    /// `policy:<name>|<endpoint>|<outcome>`: a request's decision as one of its
+    /// policies saw it (see [`PolicyOutcome`]): which policy throttled, on which
+    /// route.
+    PolicyDecision(String, Endpoint, PolicyOutcome),
+}
+
+/// A request's decision counted under one of its policies: every policy of an
+/// admitted request counts `allowed` (a shadow policy that would have denied,
+/// `shadow_throttled`); a throttled request counts under each policy that denied
+/// it (its other policies spent nothing and count nothing); a request decided
+/// without the store counts under each of its policies with the failure mode
+/// applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PolicyOutcome {
+    Allowed,
+    Throttled,
+    ShadowThrottled,
+    Degraded(FailureMode),
+}
+
+impl PolicyOutcome {
+    pub const ALL: [PolicyOutcome; 6] = [
+        PolicyOutcome::Allowed,
+        PolicyOutcome::Throttled,
+        PolicyOutcome::ShadowThrottled,
+        PolicyOutcome::Degraded(FailureMode::FailOpen),
+        PolicyOutcome::Degraded(FailureMode::FailClosed),
+        PolicyOutcome::Degraded(FailureMode::LocalFallback),
+    ];
+
+    /// `allowed`, `throttled`, `shadow_throttled`, `degraded_<mode>`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyOutcome::Allowed => "allowed",
+            PolicyOutcome::Throttled => "throttled",
+            PolicyOutcome::ShadowThrottled => "shadow_throttled",
+            PolicyOutcome::Degraded(FailureMode::FailOpen) => "degraded_fail_open",
+            PolicyOutcome::Degraded(FailureMode::FailClosed) => "degraded_fail_closed",
+            PolicyOutcome::Degraded(FailureMode::LocalFallback) => "degraded_local_fallback",
+        }
+    }
 }
 
 /// What a bounded or `auto` policy's counters count.
@@ -304,6 +345,9 @@ impl fmt::Display for StatsField {
             StatsField::SampleDropped => f.write_str("sample:dropped"),
             StatsField::Leasing(policy, l) => write!(f, "policy:{policy}|{}", l.name()),
             StatsField::Denied(list) => write!(f, "denied:{list}"),
+            StatsField::PolicyDecision(policy, e, o) => {
+                write!(f, "policy:{policy}|{e}|{}", o.name())
+            }
         }
     }
 }
@@ -315,12 +359,24 @@ impl FromStr for StatsField {
             .strip_prefix("policy:")
             .and_then(|rest| rest.split_once('|'))
         {
+            if crate::policy::validate_name("policy", policy).is_err() {
+                return bad(s);
+            }
+            if let Some((endpoint, outcome)) = what.split_once('|') {
+                let outcome = PolicyOutcome::ALL.into_iter().find(|o| o.name() == outcome);
+                return match outcome {
+                    Some(o) => Ok(StatsField::PolicyDecision(
+                        policy.to_string(),
+                        endpoint.parse()?,
+                        o,
+                    )),
+                    None => bad(s),
+                };
+            }
             let leasing = Leasing::ALL.into_iter().find(|l| l.name() == what);
             return match leasing {
-                Some(l) if crate::policy::validate_name("policy", policy).is_ok() => {
-                    Ok(StatsField::Leasing(policy.to_string(), l))
-                }
-                _ => bad(s),
+                Some(l) => Ok(StatsField::Leasing(policy.to_string(), l)),
+                None => bad(s),
             };
         }
         if let Some((endpoint, what)) = s.split_once('|') {
@@ -494,6 +550,16 @@ mod tests {
             )
                 .prop_map(|(p, l)| StatsField::Leasing(p, l)),
             prop::sample::select(DenyList::ALL.to_vec()).prop_map(StatsField::Denied),
+            (
+                prop_oneof![
+                    "[a-z0-9_-]{1,32}",
+                    Just("route".to_string()),
+                    Just("unmatched".to_string())
+                ],
+                endpoint(),
+                prop::sample::select(PolicyOutcome::ALL.to_vec())
+            )
+                .prop_map(|(p, e, o)| StatsField::PolicyDecision(p, e, o)),
         ]
     }
 
@@ -572,6 +638,12 @@ mod tests {
             "policy:search|leased",
             "policy:search",
             "policy:a b|local",
+            "policy:search|route:search|maybe",
+            "policy:search|route:Search|allowed",
+            "policy:search|somewhere|allowed",
+            "policy:search|unmatched|degraded",
+            "policy:search|unmatched|allowed|x",
+            "policy:Search|unmatched|allowed",
             "denied:",
             "denied:keys",
             "denied:IP",

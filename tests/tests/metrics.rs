@@ -224,6 +224,27 @@ async fn traffic(s: &Stack, path: &str, n: usize) -> Vec<u16> {
 }
 
 const DECISIONS: &str = "floodgate_decisions_total";
+const BY_POLICY: &str = "floodgate_policy_decisions_total";
+
+/// Which policy decided what on /v1/tight (the plan's `default` and the route's
+/// `tight` both apply there) and elsewhere, as `metric` counts it.
+fn assert_policy_decisions(m: &Scrape, metric: &str) {
+    let by = |policy, route, outcome| {
+        m.value(
+            metric,
+            &[("policy", policy), ("route", route), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(by("tight", "tight", "allowed"), Some(3.0));
+    assert_eq!(by("tight", "tight", "throttled"), Some(2.0), "tight denied");
+    assert_eq!(by("default", "tight", "allowed"), Some(3.0));
+    assert_eq!(
+        by("default", "tight", "throttled"),
+        None,
+        "default denied nothing"
+    );
+    assert_eq!(by("default", "(unmatched)", "allowed"), Some(2.0));
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_counts_decisions_by_route_and_shows_an_outage() {
@@ -254,6 +275,7 @@ async fn the_edge_counts_decisions_by_route_and_shows_an_outage() {
         after.get(DECISIONS, &[("route", "tight"), ("outcome", "throttled")]),
         2.0
     );
+    assert_policy_decisions(&after, BY_POLICY);
     // every check that reached Redis is in the latency histogram (429s after the
     // first may come from the deny cache, without a call)
     let count = after.get("floodgate_store_latency_seconds_count", &[]);
@@ -316,6 +338,17 @@ async fn the_edge_counts_decisions_by_route_and_shows_an_outage() {
         5.0
     );
     assert!(outage.get("floodgate_degraded_fail_closed_total", &[]) >= 5.0);
+    assert_eq!(
+        outage.get(
+            BY_POLICY,
+            &[
+                ("policy", "default"),
+                ("route", "(unmatched)"),
+                ("outcome", "degraded_fail_closed")
+            ]
+        ),
+        5.0
+    );
     drop(s.edge);
 }
 
@@ -331,16 +364,20 @@ async fn the_dashboard_exports_the_fleet_totals_the_edges_write() {
     let fleet = "floodgate_fleet_decisions_total";
 
     traffic(&s, "/v1/tight", 5).await;
+    traffic(&s, "/v1/other", 2).await;
     let m = scrape_until(&metrics, "the edge's first flush", |m| {
-        m.value(fleet, &tight_allowed) == Some(3.0) && m.value(fleet, &throttled) == Some(2.0)
+        m.value(fleet, &tight_allowed) == Some(3.0)
+            && m.value(fleet, &throttled) == Some(2.0)
+            && m.value(fleet, &[("route", "(unmatched)"), ("outcome", "allowed")]) == Some(2.0)
     })
     .await;
+    assert_policy_decisions(&m, "floodgate_fleet_policy_decisions_total");
     let calls = m.get("floodgate_fleet_store_latency_seconds_count", &[]);
     assert!(calls >= 4.0, "{calls}");
 
     // more traffic: the counters grow by it, nothing is counted twice
     traffic(&s, "/v1/tight", 2).await;
-    traffic(&s, "/v1/other", 4).await;
+    traffic(&s, "/v1/other", 2).await;
     let m = scrape_until(&metrics, "the second flush", |m| {
         m.value(fleet, &[("route", "(unmatched)"), ("outcome", "allowed")]) == Some(4.0)
             && m.value(fleet, &throttled) == Some(4.0)

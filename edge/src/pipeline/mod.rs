@@ -63,6 +63,7 @@ use crate::stats::{Leasing, Outcome, Stats, StatsField};
 use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
 use crate::sync::lock;
 use crate::timer::{Raced, Stopwatch, race};
+use floodgate_shared::stats::{Endpoint, PolicyOutcome};
 
 /// A pool chunk dies this long before its global lease, for clocks that read in
 /// whole milliseconds (the Worker) and the hop to the regional store.
@@ -895,6 +896,9 @@ where
             Ok(Err(())) => {
                 later.push(self.refund_task(owned, verdict));
                 self.count(&ctx, Outcome::Throttled, latency);
+                self.count_policies(&ctx, |_, p| {
+                    (!p.shadow() && p.max_in_flight().is_some()).then_some(PolicyOutcome::Throttled)
+                });
                 return Err(Gate::json(
                     floodgate_shared::contract::DENIED_STATUS,
                     "Too many requests in flight",
@@ -916,6 +920,7 @@ where
                 }
                 // fail_open and local_fallback: admit without a slot
                 self.count(&ctx, Outcome::Allowed, latency);
+                self.count_admitted(&ctx, Some(&verdict));
                 return Ok(
                     Gate::forward(&ctx.record.id, ctx.route_name(), headers, vec![])
                         .with_header(DEGRADED_HEADER, "fail-open"),
@@ -923,6 +928,7 @@ where
             }
         };
         self.count(&ctx, Outcome::Allowed, latency);
+        self.count_admitted(&ctx, Some(&verdict));
         Ok(Gate::forward(
             &ctx.record.id,
             ctx.route_name(),
@@ -1175,10 +1181,16 @@ where
 
     /// Counts a degraded answer under `mode` (per route too; per key and in the
     /// sample when the caller is known).
-    fn degraded(&self, record: Option<&KeyRecord>, mode: FailureMode, route: Option<&str>) {
+    fn degraded(&self, ctx: Option<&Ctx<'_>>, mode: FailureMode, route: Option<&str>) {
         let now = self.clock.now();
-        match record {
-            Some(r) => self.stats.record(now, route, r, Outcome::Degraded, None),
+        match ctx {
+            Some(c) => {
+                self.stats
+                    .record(now, route, &c.record, Outcome::Degraded, None);
+                self.count_policies(c, |_, p| {
+                    (!p.shadow()).then_some(PolicyOutcome::Degraded(mode))
+                });
+            }
             None => self.stats.record_unkeyed(now, route, Outcome::Degraded),
         }
         self.stats.record_degraded_mode(now, route, mode);
@@ -1192,7 +1204,7 @@ where
 
     /// 503, marked fail-closed and counted: the limiter could not decide.
     fn degraded_refusal(&self, ctx: Option<&Ctx<'_>>, route: Option<&str>, why: &str) -> Gate {
-        self.degraded(ctx.map(|c| &c.record), FailureMode::FailClosed, route);
+        self.degraded(ctx, FailureMode::FailClosed, route);
         Gate::unavailable(why).with_header(DEGRADED_HEADER, "fail-closed")
     }
 
@@ -1264,6 +1276,39 @@ where
             outcome,
             latency,
         );
+    }
+
+    /// Counts the request under each of its policies `outcome_of` (given the
+    /// policy's index in `ctx.policies`) names an outcome for
+    /// ([`PolicyOutcome`]: who allowed, who throttled, on which route).
+    fn count_policies(
+        &self,
+        ctx: &Ctx<'_>,
+        outcome_of: impl Fn(usize, &Policy) -> Option<PolicyOutcome>,
+    ) {
+        let now = self.clock.now();
+        let endpoint = Endpoint::of(ctx.route_name());
+        for (i, (_, p)) in ctx.policies.iter().enumerate() {
+            if let Some(o) = outcome_of(i, p) {
+                let field = StatsField::PolicyDecision(p.name().to_string(), endpoint.clone(), o);
+                self.stats.bump(now, field, 1);
+            }
+        }
+    }
+
+    /// Counts an admitted request under its policies: `allowed`, or
+    /// `shadow_throttled` for a shadow policy the verdict denied.
+    fn count_admitted(&self, ctx: &Ctx<'_>, verdict: Option<&Verdict>) {
+        self.count_policies(ctx, |i, p| {
+            let denied = verdict
+                .and_then(|v| v.decisions.get(i))
+                .is_some_and(|d| !d.allowed());
+            Some(if p.shadow() && denied {
+                PolicyOutcome::ShadowThrottled
+            } else {
+                PolicyOutcome::Allowed
+            })
+        });
     }
 
     /// Phase 4: a request whose policies are all leased (`bounded`, or `auto` and hot
@@ -1371,6 +1416,7 @@ where
         };
         let headers = self.admitted(ctx, &verdict).ok()?;
         self.count(ctx, Outcome::Allowed, None);
+        self.count_admitted(ctx, None);
         Some(Gate::forward(
             &ctx.record.id,
             ctx.route_name(),
@@ -1529,6 +1575,13 @@ where
             return Ok(());
         };
         self.count(ctx, Outcome::Throttled, None);
+        let denying: Vec<&str> = hits
+            .iter()
+            .filter_map(|(i, _)| ctx.enforced().nth(*i).map(|(_, p)| p.name()))
+            .collect();
+        self.count_policies(ctx, |_, p| {
+            (!p.shadow() && denying.contains(&p.name())).then_some(PolicyOutcome::Throttled)
+        });
         let wait = ceil_secs(worst.until - now).max(1);
         let headers = RateLimitHeaders {
             limit: worst.limit,
@@ -1616,6 +1669,10 @@ where
                 if !verdict.admitted {
                     // (admitted requests are counted once their slots are settled)
                     self.count(ctx, Outcome::Throttled, latency);
+                    self.count_policies(ctx, |i, p| {
+                        let denied = verdict.decisions.get(i).is_some_and(|d| !d.allowed());
+                        (!p.shadow() && denied).then_some(PolicyOutcome::Throttled)
+                    });
                 }
                 Ok((verdict, latency))
             }
@@ -1687,13 +1744,13 @@ where
                 (g, true)
             }
             FailureMode::FailOpen => {
-                self.degraded(Some(&ctx.record), mode, ctx.route_name());
+                self.degraded(Some(ctx), mode, ctx.route_name());
                 let g = Gate::forward(&ctx.record.id, route, vec![], vec![])
                     .with_header(DEGRADED_HEADER, "fail-open");
                 (g, false)
             }
             FailureMode::LocalFallback => {
-                self.degraded(Some(&ctx.record), mode, ctx.route_name());
+                self.degraded(Some(ctx), mode, ctx.route_name());
                 let local: Vec<(&str, &Quota, u32)> = ctx
                     .enforced()
                     .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))

@@ -212,6 +212,34 @@ impl Store for &MemStore {
         let now = *self.now.lock().unwrap();
         let mut buckets = self.buckets.lock().unwrap();
         let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
+        if checks.iter().any(|c| c.shadow) {
+            // lua/limiter.lua: shadow buckets never deny, and are consumed with
+            // the request when they have room
+            let all = checks
+                .iter()
+                .zip(&prev)
+                .filter(|(c, _)| !c.shadow)
+                .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
+            let mut decisions = vec![];
+            for (c, p) in checks.iter().zip(&prev) {
+                let d = decide(*p, c.quota, now, c.cost);
+                if all && let Some(w) = d.write {
+                    buckets.insert(c.key.to_string(), w);
+                }
+                let consumed = all && d.decision.allowed();
+                decisions.push(if consumed || !d.decision.allowed() {
+                    d.decision
+                } else {
+                    decide(*p, c.quota, now, 0).decision
+                });
+            }
+            return Ok(Verdict {
+                admitted: all,
+                now,
+                decisions,
+                shadow: checks.iter().map(|c| c.shadow).collect(),
+            });
+        }
         let all = checks
             .iter()
             .zip(&prev)
