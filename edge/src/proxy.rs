@@ -34,6 +34,15 @@ pub fn request_id_ok(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=".contains(&b))
 }
 
+/// The request's id ([`REQUEST_ID_HEADER`]), on both hosts: the client's when
+/// well-formed, else a new one from `fresh` (128 random bits, as 32 hex digits).
+pub fn request_id(client: Option<&str>, fresh: impl FnOnce() -> u128) -> String {
+    match client {
+        Some(id) if request_id_ok(id) => id.to_string(),
+        _ => format!("{:032x}", fresh()),
+    }
+}
+
 /// What a client may send before the edge refuses it (each refusal is a JSON
 /// answer, see [`Refusal`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

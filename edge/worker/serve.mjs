@@ -38,6 +38,7 @@ const OPTIONAL = [
   "REGION",
   "REGIONAL_REST_URLS",
   "REGIONAL_REST_TOKENS",
+  "LOG_LEVEL",
 ];
 const optional = Object.fromEntries(
   OPTIONAL.filter((name) => process.env[name]).map((name) => [name, process.env[name]]),

@@ -751,6 +751,8 @@ pub async fn start_edge_with(
 /// stops when dropped.
 pub struct WorkerInstance {
     pub url: String,
+    /// Where the Worker's console lines (its JSON logs) are copied as they come.
+    pub console: PathBuf,
     _process: WorkerProcess,
 }
 
@@ -809,6 +811,7 @@ pub async fn start_worker(
     // the Worker's console (breaker transitions) goes to stdout: keep reading it,
     // or node dies of EPIPE at the first line
     let console = log.with_extension("console.log");
+    let console_path = console.clone();
     tokio::spawn(async move {
         let mut out = String::new();
         while let Ok(Some(line)) = lines.next_line().await {
@@ -820,6 +823,7 @@ pub async fn start_worker(
     // dropping the guard closes serve.mjs's stdin: it disposes workerd, then exits
     WorkerInstance {
         url: format!("http://127.0.0.1:{port}"),
+        console: console_path,
         _process: WorkerProcess(Some(child)),
     }
 }

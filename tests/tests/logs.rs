@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use floodgate_tests::process::listening;
 use floodgate_tests::upstream::{Echo, RawUpstream};
-use floodgate_tests::{DEMO_CONFIG, RedisServer, seed};
+use floodgate_tests::{DEMO_CONFIG, EdgeOptions, Endpoint, RedisServer, seed, start_worker};
 
 async fn get(url: &str, secret: &str, request_id: Option<&str>) -> (u16, Option<Echo>) {
     let mut r = reqwest::Client::new()
@@ -28,6 +28,136 @@ fn one_id(echo: &Echo) -> String {
     let ids = echo.header("x-request-id");
     assert_eq!(ids.len(), 1, "{:?}", echo.0);
     ids[0].clone()
+}
+
+/// Checks the ids of three requests (the client's, none, a malformed one) as the
+/// upstream saw them: the made ones.
+async fn ids_reach_the_upstream(url: &str, secret: &str) -> (String, String) {
+    let (_, echo) = get(url, secret, Some("req-7f3a.42")).await;
+    assert_eq!(one_id(&echo.unwrap()), "req-7f3a.42");
+    let (_, echo) = get(url, secret, None).await;
+    let made = one_id(&echo.unwrap());
+    assert!(
+        made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{made}"
+    );
+    let (_, echo) = get(url, secret, Some("two words")).await;
+    let replaced = one_id(&echo.unwrap());
+    assert!(replaced != "two words" && replaced != made, "{replaced}");
+    (made, replaced)
+}
+
+/// Every line is one JSON object with an RFC 3339 UTC timestamp, a level, a
+/// target and `fields.message`: the parsed lines.
+fn json_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{log}"));
+            let ts = v["timestamp"].as_str().unwrap_or_default();
+            assert!(
+                ts.len() >= 20 && ts.as_bytes()[10] == b'T' && ts.ends_with('Z'),
+                "an RFC 3339 UTC timestamp: {line}"
+            );
+            assert!(
+                ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+                    .contains(&v["level"].as_str().unwrap_or("")),
+                "{line}"
+            );
+            assert!(v["target"].is_string(), "{line}");
+            assert!(v["fields"]["message"].is_string(), "{line}");
+            v
+        })
+        .collect()
+}
+
+/// The Worker's console (what `wrangler tail` and Workers Logs show) has the
+/// native host's JSON lines: the id of the request each event happened in, the
+/// configuration load, the breaker opening during a request, and at
+/// `LOG_LEVEL=debug` one line per answered request; the id reaches the upstream
+/// by the same rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_logs_the_same_json_lines_with_request_ids() {
+    let mut redis = RedisServer::start();
+    let secret = seed(&redis, DEMO_CONFIG).await.secret;
+    let rest = Endpoint::start(&redis, "token").await;
+    let upstream = RawUpstream::start().await;
+    let worker = start_worker(
+        &rest.url,
+        "token",
+        &upstream.url,
+        &EdgeOptions {
+            deadline_ms: Some(500),
+            worker_env: [("LOG_LEVEL", "debug"), ("BREAKER_THRESHOLD", "2")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .to_vec(),
+            ..EdgeOptions::default()
+        },
+    )
+    .await;
+    let url = format!("{}/v1/echo", worker.url);
+    let (made, replaced) = ids_reach_the_upstream(&url, &secret).await;
+    redis.signal("KILL");
+    assert!(redis.wait_exit(Duration::from_secs(10)));
+    for _ in 0..4 {
+        let (status, _) = get(&url, &secret, Some("during-outage")).await;
+        assert_eq!(status, 503);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (log, events) = loop {
+        let log = std::fs::read_to_string(&worker.console).unwrap_or_default();
+        let events = json_lines(&log);
+        let answered = |id: &str| {
+            events.iter().any(|e| {
+                e["target"] == "floodgate::request"
+                    && e["fields"]["message"] == "answered"
+                    && e["span"]["request_id"].as_str() == Some(id)
+            })
+        };
+        if ["req-7f3a.42", &made, &replaced, "during-outage"]
+            .iter()
+            .all(|id| answered(id))
+            || std::time::Instant::now() > deadline
+        {
+            break (log, events);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let find = |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| {
+        events
+            .iter()
+            .find(|e| pred(e))
+            .unwrap_or_else(|| panic!("no {what} in\n{log}"))
+            .clone()
+    };
+    let first = find("the first answer", &|e| {
+        e["fields"]["message"] == "answered" && e["span"]["request_id"] == "req-7f3a.42"
+    });
+    assert_eq!(first["level"], "DEBUG");
+    assert_eq!(first["fields"]["status"], 200);
+    assert_eq!(first["fields"]["method"], "GET");
+    assert!(first["fields"]["latency_us"].as_u64().is_some());
+    find("the made id's answer", &|e| {
+        e["fields"]["message"] == "answered" && e["span"]["request_id"] == made.as_str()
+    });
+    let loaded = find("the configuration load", &|e| {
+        e["target"] == "floodgate::config"
+    });
+    assert_eq!(loaded["level"], "INFO");
+    assert_eq!(loaded["fields"]["policies"], 3);
+    assert_eq!(
+        loaded["span"]["request_id"], "req-7f3a.42",
+        "read for the first request"
+    );
+    let opened = find("the breaker opening", &|e| {
+        e["target"] == "floodgate::breaker" && e["fields"]["to"] == "open"
+    });
+    assert_eq!(opened["level"], "WARN");
+    assert_eq!(opened["fields"]["store"], "global");
+    assert_eq!(
+        opened["span"]["request_id"], "during-outage",
+        "the request that opened it"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,17 +185,7 @@ async fn json_logs_carry_request_ids_config_loads_and_breaker_transitions() {
     let url = format!("http://{listen}/v1/echo");
 
     // the client's id is kept and passed upstream; a malformed one is replaced
-    let (_, echo) = get(&url, &secret, Some("req-7f3a.42")).await;
-    assert_eq!(one_id(&echo.unwrap()), "req-7f3a.42");
-    let (_, echo) = get(&url, &secret, None).await;
-    let made = one_id(&echo.unwrap());
-    assert!(
-        made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()),
-        "{made}"
-    );
-    let (_, echo) = get(&url, &secret, Some("two words")).await;
-    let replaced = one_id(&echo.unwrap());
-    assert!(replaced != "two words" && replaced != made, "{replaced}");
+    let (made, replaced) = ids_reach_the_upstream(&url, &secret).await;
 
     // Redis goes away: the breaker opens during a request
     redis.signal("KILL");
@@ -76,24 +196,7 @@ async fn json_logs_carry_request_ids_config_loads_and_breaker_transitions() {
     }
 
     let log = edge.stop();
-    let mut events = vec![];
-    for line in log.lines() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{log}"));
-        let ts = v["timestamp"].as_str().unwrap_or_default();
-        assert!(
-            ts.len() >= 20 && ts.as_bytes()[10] == b'T' && ts.ends_with('Z'),
-            "an RFC 3339 UTC timestamp: {line}"
-        );
-        assert!(
-            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
-                .contains(&v["level"].as_str().unwrap_or("")),
-            "{line}"
-        );
-        assert!(v["target"].is_string(), "{line}");
-        assert!(v["fields"]["message"].is_string(), "{line}");
-        events.push(v);
-    }
+    let events = json_lines(&log);
     let find = |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| {
         events
             .iter()

@@ -31,7 +31,7 @@ use crate::metrics::{EdgeMetrics, InstanceState, UpstreamAnswer};
 use crate::pipeline::{Gate, Pipeline, RequestHead, Slot, Task};
 use crate::proxy::{
     HEALTH_PATH, HeadSize, METRICS_PATH, ProxyRules, REQUEST_ID_HEADER, Refusal, connection_named,
-    has_body, request_id_ok,
+    has_body,
 };
 /// The store a native host talks to (in [`crate::store`], where every native
 /// binary chooses its store by URL).
@@ -395,17 +395,11 @@ fn upstream_headers(
     out
 }
 
-/// The request's id: the client's `X-Request-Id` when well-formed, else a new
-/// random one (128 bits, hex).
+/// The request's id ([`crate::proxy::request_id`]).
 fn request_id(headers: &HeaderMap) -> HeaderValue {
-    headers
-        .get(REQUEST_ID_HEADER)
-        .filter(|v| v.to_str().is_ok_and(request_id_ok))
-        .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::from_str(&format!("{:032x}", rand::random::<u128>()))
-                .expect("hex is a header value")
-        })
+    let client = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
+    HeaderValue::from_str(&crate::proxy::request_id(client, rand::random))
+        .expect("a well-formed id is a header value")
 }
 
 /// One request, in its span (`request_id`): every event logged while deciding and
@@ -429,13 +423,11 @@ async fn handle(
         .instrument(span.clone())
         .await;
     span.in_scope(|| {
-        tracing::debug!(
-            target: "floodgate::request",
-            method = %method,
-            status = resp.status().as_u16(),
-            latency_us = started.elapsed().as_micros() as u64,
-            "answered"
-        )
+        crate::pipeline::events::trace(&crate::pipeline::events::LogEvent::Answered {
+            method: method.as_str(),
+            status: resp.status().as_u16(),
+            latency_us: started.elapsed().as_micros() as u64,
+        })
     });
     resp
 }

@@ -1,7 +1,9 @@
-//! What the pipeline reports to its host's log: breaker transitions and
-//! configuration reloads. The host chooses the sink ([`super::PipelineConfig::log`]):
-//! `tracing` natively ([`trace`]), JSON lines on the console in the Worker (the
-//! same `target`, `message` and fields, from [`LogEvent::fields`]).
+//! What the pipeline and its hosts report to the log: breaker transitions,
+//! configuration reloads, and (at debug) each answered request. The host chooses
+//! the sink ([`super::PipelineConfig::log`]): `tracing` natively ([`trace`]), in the
+//! request's span (`request_id`); JSON lines on the console in the Worker
+//! ([`json_line`]: the same shape as the native JSON lines, `span.request_id`
+//! included).
 
 use floodgate_shared::time::Micros;
 
@@ -43,6 +45,12 @@ pub enum LogEvent<'a> {
     /// The stored configuration is missing or invalid; the last good one (if any)
     /// stays in use.
     ConfigRejected { why: &'a str, at: Micros },
+    /// A request's answer head is out (debug).
+    Answered {
+        method: &'a str,
+        status: u16,
+        latency_us: u64,
+    },
 }
 
 /// A field's value, as JSON would carry it.
@@ -55,6 +63,7 @@ pub enum FieldValue<'a> {
 /// How serious an event is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
+    Debug,
     Info,
     Warn,
 }
@@ -62,6 +71,7 @@ pub enum Level {
 impl Level {
     pub fn name(self) -> &'static str {
         match self {
+            Level::Debug => "DEBUG",
             Level::Info => "INFO",
             Level::Warn => "WARN",
         }
@@ -72,6 +82,8 @@ impl Level {
 pub const BREAKER_TARGET: &str = "floodgate::breaker";
 /// Configuration reloads' target.
 pub const CONFIG_TARGET: &str = "floodgate::config";
+/// Answered requests' target.
+pub const REQUEST_TARGET: &str = "floodgate::request";
 
 impl LogEvent<'_> {
     pub fn level(&self) -> Level {
@@ -82,6 +94,7 @@ impl LogEvent<'_> {
             },
             LogEvent::ConfigLoaded { .. } => Level::Info,
             LogEvent::ConfigRejected { .. } => Level::Warn,
+            LogEvent::Answered { .. } => Level::Debug,
         }
     }
 
@@ -89,6 +102,7 @@ impl LogEvent<'_> {
         match self {
             LogEvent::Breaker { .. } => BREAKER_TARGET,
             LogEvent::ConfigLoaded { .. } | LogEvent::ConfigRejected { .. } => CONFIG_TARGET,
+            LogEvent::Answered { .. } => REQUEST_TARGET,
         }
     }
 
@@ -109,6 +123,7 @@ impl LogEvent<'_> {
             LogEvent::ConfigRejected { why, .. } => {
                 format!("configuration not used: {why}")
             }
+            LogEvent::Answered { .. } => "answered".to_string(),
         }
     }
 
@@ -137,6 +152,18 @@ impl LogEvent<'_> {
             LogEvent::ConfigRejected { why, at } => {
                 vec![("why", Text(why)), ("at_us", Number(*at))]
             }
+            LogEvent::Answered {
+                method,
+                status,
+                latency_us,
+            } => vec![
+                ("method", Text(method)),
+                ("status", Number(i64::from(*status))),
+                (
+                    "latency_us",
+                    Number(i64::try_from(*latency_us).unwrap_or(i64::MAX)),
+                ),
+            ],
         }
     }
 }
@@ -172,6 +199,13 @@ pub fn trace(event: &LogEvent<'_>) {
         LogEvent::ConfigRejected { why, at } => {
             tracing::warn!(target: "floodgate::config", why, at_us = at, "{message}")
         }
+        LogEvent::Answered {
+            method,
+            status,
+            latency_us,
+        } => {
+            tracing::debug!(target: "floodgate::request", method, status, latency_us, "{message}")
+        }
     }
 }
 
@@ -179,25 +213,34 @@ pub fn trace(event: &LogEvent<'_>) {
 #[cfg(not(feature = "native"))]
 pub fn trace(_event: &LogEvent<'_>) {}
 
-/// One JSON object per event (the Worker's console line): `timestamp` (given by
-/// the host), `level`, `target`, `message` and `fields`, like the native JSON logs.
-/// Written by hand (strings escaped by serde_json): no JSON tree in the Worker.
-pub fn json_line(event: &LogEvent<'_>, timestamp: &str) -> String {
+/// One JSON object per event (the Worker's console line), shaped like the native
+/// `--log-format json` lines: `timestamp` (given by the host), `level`, `target`,
+/// `fields` (`message` and the event's own) and, for an event of a request
+/// (`request_id`), `span` (`name`, `request_id`). Written by hand (strings escaped
+/// by serde_json): no JSON tree in the Worker.
+pub fn json_line(event: &LogEvent<'_>, timestamp: &str, request_id: Option<&str>) -> String {
     let text = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
-    let fields: Vec<String> = event
-        .fields()
-        .into_iter()
+    let message = event.message();
+    let fields: Vec<String> = std::iter::once(("message", FieldValue::Text(&message)))
+        .chain(event.fields())
         .map(|(k, v)| match v {
             FieldValue::Text(t) => format!("{}:{}", text(k), text(t)),
             FieldValue::Number(n) => format!("{}:{n}", text(k)),
         })
         .collect();
+    let span = request_id
+        .map(|id| {
+            format!(
+                ",\"span\":{{\"name\":\"request\",\"request_id\":{}}}",
+                text(id)
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "{{\"timestamp\":{},\"level\":{},\"target\":{},\"message\":{},\"fields\":{{{}}}}}",
+        "{{\"timestamp\":{},\"level\":{},\"target\":{},\"fields\":{{{}}}{span}}}",
         text(timestamp),
         text(event.level().name()),
         text(event.target()),
-        text(&event.message()),
         fields.join(",")
     )
 }
@@ -221,6 +264,7 @@ mod tests {
                 transition: &t,
             },
             "2026-11-30T20:00:00.000Z",
+            Some("req-1"),
         );
         assert!(!line.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -231,7 +275,13 @@ mod tests {
         assert_eq!(v["fields"]["to"], "open");
         assert_eq!(v["fields"]["at_us"], 1_500_000);
         assert_eq!(v["fields"]["store"], "global");
-        assert!(v["message"].as_str().unwrap().contains("5 consecutive"));
+        assert!(
+            v["fields"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("5 consecutive")
+        );
+        assert_eq!(v["span"]["request_id"], "req-1");
         let quoted = Transition {
             reason: "a \"quoted\"\nline".into(),
             ..t
@@ -242,9 +292,27 @@ mod tests {
                 transition: &quoted,
             },
             "t",
+            None,
         );
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["fields"]["reason"], "a \"quoted\"\nline");
         assert!(!line.contains('\n'));
+        assert!(v.get("span").is_none(), "no request: no span");
+        let line = json_line(
+            &LogEvent::Answered {
+                method: "GET",
+                status: 429,
+                latency_us: 1_234,
+            },
+            "t",
+            Some("a\"b"),
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "DEBUG");
+        assert_eq!(v["target"], "floodgate::request");
+        assert_eq!(v["fields"]["message"], "answered");
+        assert_eq!(v["fields"]["status"], 429);
+        assert_eq!(v["fields"]["latency_us"], 1_234);
+        assert_eq!(v["span"]["request_id"], "a\"b");
     }
 }

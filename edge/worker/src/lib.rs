@@ -13,8 +13,12 @@
 //! (60000), `BREAKER_THRESHOLD` (5), `BREAKER_COOL_DOWN_MS` (1000), `KEY_HEADER`
 //! (authorization), `FORWARD_KEY` (false), `IDENTITY_HEADER` (x-floodgate-key-id),
 //! `UNKNOWN_KEYS_PER_IP_PER_MIN` (20), `UNKNOWN_KEYS_PER_MIN` (600),
-//! `MAX_BODY_BYTES` (10485760), `LEASE_LIFETIME_MS` (2000). Breaker transitions go
-//! to the console log.
+//! `MAX_BODY_BYTES` (10485760), `LEASE_LIFETIME_MS` (2000), `LOG_LEVEL` (info;
+//! `debug` adds one line per answered request). Breaker transitions and
+//! configuration loads go to the console log as JSON lines, each with the id of the
+//! request it happened in (`span.request_id`: the client's `X-Request-Id` when
+//! well-formed, else a new one; passed upstream as `X-Request-Id`, like the native
+//! host).
 //!
 //! Regional pools (bounded consistency): `REGIONAL_REST_URLS`, a JSON object from a
 //! region name to the REST URL of that region's Upstash database, and the secret
@@ -23,16 +27,20 @@
 //! when set (or when Cloudflare gives none); a region without a URL uses instance
 //! leases only.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::pipeline::bounded::LeaseSettings;
-use floodgate_edge::pipeline::events::{self, LogEvent};
+use floodgate_edge::pipeline::events::{self, Level, LogEvent};
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
 use floodgate_edge::proxy::{
-    HEALTH_PATH, HeadSize, ProxyRules, Refusal, connection_named, has_body,
+    HEALTH_PATH, HeadSize, ProxyRules, REQUEST_ID_HEADER, Refusal, connection_named, has_body,
+    request_id,
 };
 use floodgate_edge::store::rest::RestStore;
 use floodgate_edge::timer::{Raced, race};
@@ -61,6 +69,45 @@ struct Edge {
 
 thread_local! {
     static EDGE: RefCell<Option<Rc<Edge>>> = const { RefCell::new(None) };
+    /// The id of the request whose future is being polled (see [`InRequest`]).
+    static REQUEST_ID: RefCell<Option<Rc<str>>> = const { RefCell::new(None) };
+    /// `LOG_LEVEL=debug`: answered requests are logged too.
+    static DEBUG: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A request's future (or one of its `wait_until` tasks) with the request's id
+/// current while it is polled: an isolate interleaves requests at every await, so
+/// the id is set on each poll and restored after it, like a task-local. What the
+/// pipeline logs meanwhile carries the id.
+struct InRequest<F: Future> {
+    id: Rc<str>,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> InRequest<F> {
+    fn new(id: Rc<str>, inner: F) -> Self {
+        Self {
+            id,
+            inner: Box::pin(inner),
+        }
+    }
+}
+
+impl<F: Future> Future for InRequest<F> {
+    type Output = F::Output;
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let outer = REQUEST_ID.with(|r| r.replace(Some(this.id.clone())));
+        let out = this.inner.as_mut().poll(cx);
+        REQUEST_ID.with(|r| *r.borrow_mut() = outer);
+        out
+    }
+}
+
+/// 128 bits for a new request id (`Math.random`: ids need to be unique, not secret).
+fn fresh_id() -> u128 {
+    let word = || (worker::js_sys::Math::random() * 4_294_967_296.0) as u128;
+    (word() << 96) | (word() << 64) | (word() << 32) | word()
 }
 
 fn var(env: &Env, name: &str) -> Option<String> {
@@ -154,6 +201,11 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
         log: console_log,
         ..PipelineConfig::default()
     };
+    match var(env, "LOG_LEVEL").as_deref().map(str::trim) {
+        None | Some("info") => {}
+        Some("debug") => DEBUG.with(|d| d.set(true)),
+        Some(other) => return Err(format!("LOG_LEVEL must be info or debug, got {other:?}")),
+    }
     let mut pipeline = Pipeline::new(store, WorkerClock, settings);
     let region = var(env, "REGION").or(region);
     if let Some(r) = &region
@@ -168,9 +220,17 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
 
 /// The pipeline's events as JSON lines on the console (what `wrangler tail` and
 /// Workers Logs show), shaped like the native host's `--log-format json`.
+/// Debug events only with `LOG_LEVEL=debug`.
 fn console_log(event: &LogEvent<'_>) {
+    if event.level() == Level::Debug && !DEBUG.with(Cell::get) {
+        return;
+    }
     let now = worker::js_sys::Date::new_0().to_iso_string();
-    worker::console_log!("{}", events::json_line(event, &String::from(now)));
+    let id = REQUEST_ID.with(|r| r.borrow().clone());
+    worker::console_log!(
+        "{}",
+        events::json_line(event, &String::from(now), id.as_deref())
+    );
 }
 
 /// One of the pipeline's or the rules' answers.
@@ -210,8 +270,29 @@ fn head_size(req: &Request, url: &worker::Url) -> HeadSize {
     }
 }
 
+/// Each request in its id's scope ([`InRequest`]); at debug, one line once its
+/// answer's head is ready.
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
+    let client = req.headers().get(REQUEST_ID_HEADER)?;
+    let id: Rc<str> = request_id(client.as_deref(), fresh_id).into();
+    let method = req.method();
+    let started = worker::Date::now().as_millis();
+    let scoped = InRequest::new(id.clone(), serve(req, env, ctx, id.clone()));
+    let resp = scoped.await;
+    let status = resp.as_ref().map_or(500, Response::status_code);
+    InRequest::new(id, async move {
+        console_log(&LogEvent::Answered {
+            method: method.as_ref(),
+            status,
+            latency_us: (worker::Date::now().as_millis() - started) * 1_000,
+        })
+    })
+    .await;
+    resp
+}
+
+async fn serve(req: Request, env: Env, ctx: Context, id: Rc<str>) -> Result<Response> {
     let continent = req.cf().and_then(|cf| cf.continent());
     let edge = match edge(&env, continent) {
         Ok(e) => e,
@@ -244,7 +325,7 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     };
     let decided = edge.pipeline.gate(head).await;
     for task in decided.background {
-        ctx.wait_until(task);
+        ctx.wait_until(InRequest::new(id.clone(), task));
     }
     // per-endpoint counters: written in one batch at most once a second, after the
     // response (waitUntil), never delaying it
@@ -273,6 +354,7 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     if let Some(id) = &key_id {
         out.set(&rules.identity_header, id)?;
     }
+    out.set(REQUEST_ID_HEADER, &id)?;
     if let Some(xff) =
         rules.forwarded_for(req.headers().get("x-forwarded-for")?.as_deref(), client_ip)
     {
