@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{T0, advance, head, header, mem, retry_after, seed, settle, status};
+use common::{T0, advance, head, header, mem, minute_sum, retry_after, seed, settle, status};
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, POOL_TAKE};
 use floodgate_shared::time::{FakeClock, Micros};
@@ -486,14 +486,7 @@ async fn a_bounded_policy_counts_its_local_share_refills_and_outstanding_tokens(
         assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     }
     p.flush_stats(0).await.unwrap();
-    let writes = store.writes.lock().unwrap().clone();
-    let sum = |field: &str| -> u64 {
-        writes
-            .iter()
-            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
-            .map(|c| c[3].parse::<u64>().unwrap())
-            .sum()
-    };
+    let sum = |field: &str| minute_sum(store, field);
     let (local, exact) = (sum("policy:b|local"), sum("policy:b|exact"));
     let (refills, outstanding) = (sum("policy:b|refills"), sum("policy:b|outstanding"));
     assert_eq!(local + exact, 100, "every request counted once");

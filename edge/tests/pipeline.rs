@@ -5,7 +5,9 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{MemStore, T0, advance, head, header, mem, retry_after, seed, settle, status};
+use common::{
+    MemStore, T0, advance, head, header, mem, minute_sum, retry_after, seed, settle, status,
+};
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, new_secret};
 use floodgate_shared::config::CONFIG_KEY;
@@ -108,6 +110,22 @@ async fn futures_statuses<C: Clock>(
     out
 }
 
+/// `settings` with the caches fresh for a second.
+fn one_second_cache(settings: PipelineConfig) -> PipelineConfig {
+    PipelineConfig {
+        cache_ttl: MICROS_PER_SEC,
+        ..settings
+    }
+}
+
+/// Defaults, but the breaker stays closed: the store is asked whatever it answers.
+fn asked_store() -> PipelineConfig {
+    PipelineConfig {
+        breaker_threshold: 100,
+        ..PipelineConfig::default()
+    }
+}
+
 /// The caches expire after their TTL, but an instance that holds a copy never
 /// makes a request wait for the global store: the expired configuration and key
 /// record are served while ONE background read refreshes both; a revocation is
@@ -119,14 +137,7 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
     let store = mem();
     let auth = seed(store, CONFIG, "free");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(
-        store,
-        &clock,
-        PipelineConfig {
-            cache_ttl: MICROS_PER_SEC,
-            ..PipelineConfig::default()
-        },
-    );
+    let p = Pipeline::new(store, &clock, one_second_cache(PipelineConfig::default()));
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     let cold = store.gets.load(Ordering::SeqCst);
     assert_eq!(
@@ -200,15 +211,7 @@ async fn a_failed_background_refresh_is_tried_again() {
     let store = mem();
     let auth = seed(store, CONFIG, "lenient");
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(
-        store,
-        &clock,
-        PipelineConfig {
-            cache_ttl: MICROS_PER_SEC,
-            breaker_threshold: 100, // keep the breaker closed: the store is asked
-            ..PipelineConfig::default()
-        },
-    );
+    let p = Pipeline::new(store, &clock, one_second_cache(asked_store()));
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     advance(&clock, store, 2 * MICROS_PER_SEC);
     store.down.store(true, Ordering::SeqCst);
@@ -439,15 +442,7 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     let store = mem();
     let auth = seed(store, CONFIG, "lenient"); // fail_open
     let clock = FakeClock::at(T0);
-    let p = Pipeline::new(
-        store,
-        &clock,
-        PipelineConfig {
-            cache_ttl: MICROS_PER_SEC,
-            breaker_threshold: 100, // keep the breaker closed: the store is asked
-            ..PipelineConfig::default()
-        },
-    );
+    let p = Pipeline::new(store, &clock, one_second_cache(asked_store()));
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
     advance(&clock, store, 10 * MICROS_PER_SEC);
@@ -565,15 +560,8 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     store.down.store(false, Ordering::SeqCst);
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     p.flush_stats(0).await.unwrap();
-    let writes = store.writes.lock().unwrap().clone();
     // per minute (the endpoint's outcome is also counted per 10 seconds)
-    let sum = |field: &str| -> u64 {
-        writes
-            .iter()
-            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
-            .map(|c| c[3].parse::<u64>().unwrap())
-            .sum()
-    };
+    let sum = |field: &str| minute_sum(store, field);
     assert_eq!(sum("mode:fail_open"), 8);
     assert_eq!(sum("unmatched|degraded:fail_open"), 8);
     assert_eq!(sum("unmatched|degraded"), 8, "the modes sum to the outcome");
@@ -612,14 +600,7 @@ async fn each_policy_counts_what_it_decided() {
     assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-open"));
     store.down.store(false, Ordering::SeqCst);
     p.flush_stats(0).await.unwrap();
-    let writes = store.writes.lock().unwrap().clone();
-    let sum = |field: &str| -> u64 {
-        writes
-            .iter()
-            .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
-            .map(|c| c[3].parse::<u64>().unwrap())
-            .sum()
-    };
+    let sum = |field: &str| minute_sum(store, field);
     let counted = |policy: &str| -> Vec<(&str, u64)> {
         [
             "allowed",

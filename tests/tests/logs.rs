@@ -47,28 +47,102 @@ async fn ids_reach_the_upstream(url: &str, secret: &str) -> (String, String) {
     (made, replaced)
 }
 
-/// Every line is one JSON object with an RFC 3339 UTC timestamp, a level, a
-/// target and `fields.message`: the parsed lines.
-fn json_lines(log: &str) -> Vec<serde_json::Value> {
-    log.lines()
-        .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{log}"));
-            let ts = v["timestamp"].as_str().unwrap_or_default();
-            assert!(
-                ts.len() >= 20 && ts.as_bytes()[10] == b'T' && ts.ends_with('Z'),
-                "an RFC 3339 UTC timestamp: {line}"
-            );
-            assert!(
-                ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
-                    .contains(&v["level"].as_str().unwrap_or("")),
-                "{line}"
-            );
-            assert!(v["target"].is_string(), "{line}");
-            assert!(v["fields"]["message"].is_string(), "{line}");
-            v
+/// A host's log: every line one JSON object with an RFC 3339 UTC timestamp, a
+/// level, a target and `fields.message`.
+struct Lines {
+    log: String,
+    events: Vec<serde_json::Value>,
+}
+
+impl Lines {
+    fn parse(log: String) -> Self {
+        let events = log
+            .lines()
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}\n{log}"));
+                let ts = v["timestamp"].as_str().unwrap_or_default();
+                assert!(
+                    ts.len() >= 20 && ts.as_bytes()[10] == b'T' && ts.ends_with('Z'),
+                    "an RFC 3339 UTC timestamp: {line}"
+                );
+                assert!(
+                    ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+                        .contains(&v["level"].as_str().unwrap_or("")),
+                    "{line}"
+                );
+                assert!(v["target"].is_string(), "{line}");
+                assert!(v["fields"]["message"].is_string(), "{line}");
+                v
+            })
+            .collect();
+        Self { log, events }
+    }
+
+    fn find(&self, what: &str, pred: &dyn Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        self.events
+            .iter()
+            .find(|e| pred(e))
+            .unwrap_or_else(|| panic!("no {what} in\n{}", self.log))
+            .clone()
+    }
+
+    fn answered(&self, id: &str) -> Option<&serde_json::Value> {
+        self.events.iter().find(|e| {
+            e["target"] == "floodgate::request"
+                && e["fields"]["message"] == "answered"
+                && e["span"]["request_id"].as_str() == Some(id)
         })
-        .collect()
+    }
+
+    /// What both hosts log for [`ids_reach_the_upstream`]'s requests and then four
+    /// answered 503 during an outage (`during-outage`): one `answered` event per
+    /// request at debug, the configuration load, and the breaker opening in the
+    /// request that opened it. The configuration load, for more checks.
+    fn check(&self, made: &str, replaced: &str) -> serde_json::Value {
+        let first = self
+            .answered("req-7f3a.42")
+            .unwrap_or_else(|| panic!("no answer to req-7f3a.42 in\n{}", self.log));
+        assert_eq!(first["level"], "DEBUG");
+        assert_eq!(first["fields"]["status"], 200);
+        assert_eq!(first["fields"]["method"], "GET");
+        assert!(first["fields"]["latency_us"].as_u64().is_some());
+        for id in [made, replaced] {
+            assert!(self.answered(id).is_some(), "no answer to {id}");
+        }
+        let down = self
+            .answered("during-outage")
+            .expect("answers in the outage");
+        assert_eq!(down["fields"]["status"], 503);
+        let loaded = self.find("the configuration load", &|e| {
+            e["target"] == "floodgate::config"
+        });
+        assert_eq!(loaded["level"], "INFO");
+        assert_eq!(loaded["fields"]["policies"], 3);
+        assert_eq!(loaded["fields"]["routes"], 2);
+        let opened = self.find("the breaker opening", &|e| {
+            e["target"] == "floodgate::breaker" && e["fields"]["to"] == "open"
+        });
+        assert_eq!(opened["level"], "WARN");
+        assert_eq!(opened["fields"]["from"], "closed");
+        assert_eq!(opened["fields"]["store"], "global");
+        assert!(opened["fields"]["reason"].is_string());
+        assert_eq!(
+            opened["span"]["request_id"], "during-outage",
+            "the request that opened it"
+        );
+        loaded
+    }
+}
+
+/// Four requests while the store is down (the breaker, at 2 failures, opens).
+async fn outage(redis: &mut RedisServer, url: &str, secret: &str) {
+    redis.signal("KILL");
+    assert!(redis.wait_exit(Duration::from_secs(10)));
+    for _ in 0..4 {
+        let (status, _) = get(url, secret, Some("during-outage")).await;
+        assert_eq!(status, 503);
+    }
 }
 
 /// The Worker's console (what `wrangler tail` and Workers Logs show) has the
@@ -97,66 +171,20 @@ async fn the_worker_logs_the_same_json_lines_with_request_ids() {
     .await;
     let url = format!("{}/v1/echo", worker.url);
     let (made, replaced) = ids_reach_the_upstream(&url, &secret).await;
-    redis.signal("KILL");
-    assert!(redis.wait_exit(Duration::from_secs(10)));
-    for _ in 0..4 {
-        let (status, _) = get(&url, &secret, Some("during-outage")).await;
-        assert_eq!(status, 503);
-    }
+    outage(&mut redis, &url, &secret).await;
+    // the console is copied as it comes: wait for the last answers
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let (log, events) = loop {
-        let log = std::fs::read_to_string(&worker.console).unwrap_or_default();
-        let events = json_lines(&log);
-        let answered = |id: &str| {
-            events.iter().any(|e| {
-                e["target"] == "floodgate::request"
-                    && e["fields"]["message"] == "answered"
-                    && e["span"]["request_id"].as_str() == Some(id)
-            })
-        };
-        if ["req-7f3a.42", &made, &replaced, "during-outage"]
-            .iter()
-            .all(|id| answered(id))
-            || std::time::Instant::now() > deadline
-        {
-            break (log, events);
+    let lines = loop {
+        let lines = Lines::parse(std::fs::read_to_string(&worker.console).unwrap_or_default());
+        if lines.answered("during-outage").is_some() || std::time::Instant::now() > deadline {
+            break lines;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let find = |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| {
-        events
-            .iter()
-            .find(|e| pred(e))
-            .unwrap_or_else(|| panic!("no {what} in\n{log}"))
-            .clone()
-    };
-    let first = find("the first answer", &|e| {
-        e["fields"]["message"] == "answered" && e["span"]["request_id"] == "req-7f3a.42"
-    });
-    assert_eq!(first["level"], "DEBUG");
-    assert_eq!(first["fields"]["status"], 200);
-    assert_eq!(first["fields"]["method"], "GET");
-    assert!(first["fields"]["latency_us"].as_u64().is_some());
-    find("the made id's answer", &|e| {
-        e["fields"]["message"] == "answered" && e["span"]["request_id"] == made.as_str()
-    });
-    let loaded = find("the configuration load", &|e| {
-        e["target"] == "floodgate::config"
-    });
-    assert_eq!(loaded["level"], "INFO");
-    assert_eq!(loaded["fields"]["policies"], 3);
+    let loaded = lines.check(&made, &replaced);
     assert_eq!(
         loaded["span"]["request_id"], "req-7f3a.42",
-        "read for the first request"
-    );
-    let opened = find("the breaker opening", &|e| {
-        e["target"] == "floodgate::breaker" && e["fields"]["to"] == "open"
-    });
-    assert_eq!(opened["level"], "WARN");
-    assert_eq!(opened["fields"]["store"], "global");
-    assert_eq!(
-        opened["span"]["request_id"], "during-outage",
-        "the request that opened it"
+        "read for the isolate's first request"
     );
 }
 
@@ -183,66 +211,16 @@ async fn json_logs_carry_request_ids_config_loads_and_breaker_transitions() {
         ],
     );
     let url = format!("http://{listen}/v1/echo");
-
     // the client's id is kept and passed upstream; a malformed one is replaced
     let (made, replaced) = ids_reach_the_upstream(&url, &secret).await;
-
     // Redis goes away: the breaker opens during a request
-    redis.signal("KILL");
-    assert!(redis.wait_exit(Duration::from_secs(10)));
-    for _ in 0..4 {
-        let (status, _) = get(&url, &secret, Some("during-outage")).await;
-        assert_eq!(status, 503);
-    }
-
-    let log = edge.stop();
-    let events = json_lines(&log);
-    let find = |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| {
-        events
-            .iter()
-            .find(|e| pred(e))
-            .unwrap_or_else(|| panic!("no {what} in\n{log}"))
-            .clone()
-    };
-    let started = find("the start", &|e| {
+    outage(&mut redis, &url, &secret).await;
+    let lines = Lines::parse(edge.stop());
+    let started = lines.find("the start", &|e| {
         e["fields"]["listen"].as_str() == Some(listen.as_str())
     });
     assert_eq!(started["level"], "INFO");
-
-    let answered = |id: &str| {
-        let id = id.to_string();
-        find("an answered request", &move |e| {
-            e["target"] == "floodgate::request"
-                && e["fields"]["message"] == "answered"
-                && e["span"]["request_id"].as_str() == Some(id.as_str())
-        })
-    };
-    let first = answered("req-7f3a.42");
-    assert_eq!(first["level"], "DEBUG");
-    assert_eq!(first["fields"]["status"], 200);
-    assert_eq!(first["fields"]["method"], "GET");
-    assert!(first["fields"]["latency_us"].as_u64().is_some());
-    answered(&made);
-    answered(&replaced);
-
-    let loaded = find("the configuration load", &|e| {
-        e["target"] == "floodgate::config"
-    });
-    assert_eq!(loaded["level"], "INFO");
-    assert_eq!(loaded["fields"]["policies"], 3);
-    assert_eq!(loaded["fields"]["routes"], 2);
-
-    let opened = find("the breaker opening", &|e| {
-        e["target"] == "floodgate::breaker" && e["fields"]["to"] == "open"
-    });
-    assert_eq!(opened["level"], "WARN");
-    assert_eq!(opened["fields"]["from"], "closed");
-    assert_eq!(opened["fields"]["store"], "global");
-    assert!(opened["fields"]["reason"].is_string());
-    assert_eq!(
-        opened["span"]["request_id"], "during-outage",
-        "the request that opened it"
-    );
+    lines.check(&made, &replaced);
 }
 
 #[test]

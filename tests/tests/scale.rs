@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use floodgate_edge::pipeline::PipelineConfig;
 use floodgate_tests::scale::{
-    Limit, Mode, Subjects, World, Zipf, burst, config, offer, settle, worst_excess,
+    Limit, Mode, PER_IP, Subjects, World, Zipf, burst, config, offer, settle, worst_excess,
 };
 
 /// Warm keys: 100,000 per hour, bounded by 2,000 (under quota in every test).
@@ -43,17 +43,6 @@ const OVER: Limit = Limit {
 };
 
 const DEADLINE: Duration = Duration::from_secs(2);
-
-/// Per API key and client address: 20,000/min, bounded by 1,000 (the region
-/// benchmark's Zipf limit; every address stays under it).
-const PER_IP: Limit = Limit {
-    name: "per_ip",
-    capacity: 20_000,
-    refill: 20_000,
-    period: "1m",
-    per_ip: true,
-    max_overshoot: 1_000,
-};
 
 /// A Zipf(1.1) mix over 2,000 client addresses, three regions with pools, the
 /// global Redis 20 ms away, caches expiring every 0.3 s: once warm, no request

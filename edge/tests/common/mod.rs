@@ -339,6 +339,18 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     format!("Bearer {secret}")
 }
 
+/// What the flushes wrote to `field` of the per-minute stats hashes, summed.
+pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
+    store
+        .writes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
+        .map(|c| c[3].parse::<u64>().unwrap())
+        .sum()
+}
+
 /// Moves the pipeline's clock and the store's together (refilling buckets too).
 pub fn advance(clock: &FakeClock, store: &MemStore, by: Micros) {
     clock.advance(by);

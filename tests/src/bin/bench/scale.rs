@@ -101,16 +101,7 @@ const HOT: Limit = Limit {
     max_overshoot: 2_000,
 };
 
-/// Per API key and client address, sized for the Zipf mix: 20,000/min (above the
-/// busiest address's ~13,500/min), bounded by 1,000 (5 %).
-const PER_IP: Limit = Limit {
-    name: "per_ip",
-    capacity: 20_000,
-    refill: 20_000,
-    period: "1m",
-    per_ip: true,
-    max_overshoot: 1_000,
-};
+use floodgate_tests::scale::PER_IP;
 
 /// The same, tight: 600/min, bounded by 60 (10 %): the busiest addresses are over
 /// their quota and their bound is small for the distance.
