@@ -789,7 +789,7 @@ fn PoliciesPage() -> impl IntoView {
                 let spec = c.spec.clone().unwrap_or_default();
                 view! {
                     <p>"Configuration version " <code id="config-version">{if version.is_empty() { "(none stored)".to_string() } else { version[..12.min(version.len())].to_string() }}</code>
-                       ". The edge picks up a saved change within its cache TTL (5 s by default)."</p>
+                       ". The edge picks up a saved change within two cache TTLs (10 s by default)."</p>
                     {policy_section(&spec, &csrf, &version, delete_policy, editing("edit"))}
                     {plan_section(&spec, &csrf, &version, save_plan, delete_plan, editing("edit_plan"))}
                     {route_section(&spec, &csrf, &version, save_route, delete_route, editing("edit_route"))}
@@ -1422,7 +1422,7 @@ fn KeysPanel(
         </ActionForm>
         {outcome(val(update), saved_message, &[])}
         {outcome(val(revoke), saved_message, &[])}
-        <p class="muted">"Usage: decisions over the last hour, refreshed every 5 s. A revoked key is refused by the edge within its cache TTL, and is read-only here."</p>
+        <p class="muted">"Usage: decisions over the last hour, refreshed every 5 s. A revoked key is refused by the edge within two cache TTLs (10 s by default), and is read-only here."</p>
         <table id="keys">
             <thead><tr>
                 <th scope="col">"Key id"</th><th scope="col">"Label"</th><th scope="col">"Plan"</th><th scope="col">"Status"</th>
@@ -1527,7 +1527,7 @@ fn key_row(
             <details class="revoke-key">
                 <summary class="error">"Revoke…"</summary>
                 <ActionForm action=revoke attr:class="card">
-                    <p>"Revoking is permanent: the edge refuses this key within its cache TTL, and it cannot be edited again."</p>
+                    <p>"Revoking is permanent: the edge refuses this key within two cache TTLs (10 s by default), and it cannot be edited again."</p>
                     <input type="hidden" name="csrf" value=csrf_r/>
                     <input type="hidden" name="id" value=rev_id/>
                     <input type="hidden" name="confirm" value="yes"/>

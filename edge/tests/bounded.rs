@@ -400,8 +400,8 @@ async fn a_region_admits_a_cold_key_on_credit_without_a_global_round_trip() {
     );
     assert_eq!(
         d.background.len(),
-        2,
-        "in the background: the refill charging the credit, and the refresh of the expired configuration and key record"
+        1,
+        "the refill charges the credit, in the background"
     );
     let takes = leases_taken(global);
     settle(d).await;

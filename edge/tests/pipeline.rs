@@ -144,8 +144,8 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         cold, 2,
         "a cold instance reads the configuration and the key"
     );
-    // the key is revoked once the copies have expired
-    advance(&clock, store, 30 * MICROS_PER_SEC);
+    // the key is revoked once the copies have expired (less than a TTL ago)
+    advance(&clock, store, 1_500_000);
     let key = store
         .records
         .lock()
@@ -198,10 +198,47 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{broken".to_vec());
-    advance(&clock, store, 30 * MICROS_PER_SEC);
+    advance(&clock, store, 60 * MICROS_PER_SEC);
     settle(p.gate(head(&auth)).await).await;
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     assert_eq!(p.breaker_phase(), floodgate_edge::breaker::Phase::Closed);
+}
+
+/// Stale copies are served for one TTL past their expiry, no longer: an instance
+/// that was idle for longer reads the records again before answering, so a key
+/// revoked meanwhile is refused at once (never admitted on a record older than
+/// two TTLs while the store answers).
+#[tokio::test]
+async fn an_idle_instance_reads_old_records_before_answering() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, one_second_cache(PipelineConfig::default()));
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    let key = store
+        .records
+        .lock()
+        .unwrap()
+        .keys()
+        .find(|k| k.starts_with("fg:apikey:"))
+        .cloned()
+        .unwrap();
+    let mut rec = KeyRecord::from_json(&store.records.lock().unwrap()[&key]).unwrap();
+    rec.status = KeyStatus::Revoked;
+    store
+        .records
+        .lock()
+        .unwrap()
+        .insert(key, rec.to_json().into_bytes());
+    advance(&clock, store, 2 * MICROS_PER_SEC);
+    let gets = store.gets.load(Ordering::SeqCst);
+    let d = p.gate(head(&auth)).await;
+    assert_eq!(status(&d.gate), 401, "refused at once");
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        gets + 2,
+        "read on the request's path"
+    );
 }
 
 /// A refresh that fails (the store went down after the TTL) leaves the copies
@@ -213,7 +250,7 @@ async fn a_failed_background_refresh_is_tried_again() {
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, one_second_cache(asked_store()));
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
-    advance(&clock, store, 2 * MICROS_PER_SEC);
+    advance(&clock, store, 1_500_000);
     store.down.store(true, Ordering::SeqCst);
     settle(p.gate(head(&auth)).await).await;
     let gets = store.gets.load(Ordering::SeqCst);

@@ -426,7 +426,7 @@ async fn an_operator_lowers_a_limit_and_watches_the_edge_enforce_it() {
     b.screenshot("06b-traffic-1h-10s").await;
 
     // revoke the key, after confirming; it is read-only afterwards, and the edge
-    // answers 401 within its cache TTL
+    // answers 401 within two cache TTLs
     b.goto(&format!("{}/keys", dash.url)).await;
     hydrated(&b).await;
     let revoke = b

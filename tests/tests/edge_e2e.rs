@@ -257,7 +257,9 @@ async fn missing_unknown_and_revoked_keys_get_401_json(kind: EdgeKind) {
         .await
         .unwrap();
     admin::revoke_key(&admin_store, &s.key_id).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await; // the edge's cache TTL
+    // two cache TTLs: past the window in which an expired record is still served
+    // while it refreshes, so the first request reads it again
+    tokio::time::sleep(Duration::from_millis(250)).await;
     let r = get(Some(format!("Bearer {}", s.secret))).await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(

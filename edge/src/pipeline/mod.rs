@@ -950,11 +950,11 @@ where
     }
 
     /// Phase 2: the caller's key record and the configuration, from the caches or
-    /// in ONE store round trip for whatever is missing. What expired is served
-    /// stale and refreshed in the background (one refresh at a time each), so a
-    /// warm instance never waits for the global store here; only a configuration
-    /// never read, or a key never seen (or known not to exist), is read on the
-    /// request's path. Unknown keys are charged to their address's budget; a store
+    /// in ONE store round trip for whatever is missing. What expired less than a
+    /// TTL ago is served stale and refreshed in the background (one refresh at a
+    /// time each), so a busy instance never waits for the global store here; a
+    /// configuration never read or older, or a key never seen, older, or known not
+    /// to exist, is read on the request's path. Unknown keys are charged to their address's budget; a store
     /// that cannot answer leaves the stale cache, or the failure mode of every
     /// policy the request could match.
     async fn caller(
@@ -990,8 +990,8 @@ where
         }
         let need_config = !matches!(config, Lookup::Fresh(_));
         // a stale record of an existing key and a stale configuration are served
-        let on_path = matches!(config, Lookup::Missing)
-            || matches!(key, Lookup::Missing | Lookup::Stale(None));
+        let on_path = matches!(config, Lookup::Missing | Lookup::Old(_))
+            || matches!(key, Lookup::Missing | Lookup::Old(_) | Lookup::Stale(None));
         let (key, config) = if on_path {
             self.refresh(&hash, need_key, need_config, key, config, req, later)
                 .await?

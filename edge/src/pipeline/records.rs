@@ -1,6 +1,7 @@
 //! What the pipeline keeps in memory between requests: the configuration and API
-//! key records read from the store (fresh for a TTL, then served stale while one
-//! background refresh runs, and through outages; known unknown keys for longer),
+//! key records read from the store (fresh for a TTL, then for one more TTL served
+//! stale while one background refresh runs; older, read again on the request's
+//! path, and served however old through outages; known unknown keys for longer),
 //! and the budget of lookups that found no key.
 
 use std::collections::HashMap;
@@ -49,26 +50,32 @@ impl<T> Cached<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup<T> {
     Fresh(T),
-    /// Past its TTL: refresh it; serve it meanwhile, and while the store cannot
-    /// answer.
+    /// Past its TTL by less than one more TTL: serve it, and refresh it in the
+    /// background (stale-while-revalidate).
     Stale(T),
+    /// Older: read it again before answering; serve it only if the store cannot
+    /// answer. (An instance idle for a while never admits on a record older than
+    /// two TTLs: a revocation is seen within them.)
+    Old(T),
     Missing,
 }
 
 impl<T> Lookup<T> {
-    /// Fresh or stale.
+    /// Whatever is cached, however old.
     pub fn any(self) -> Option<T> {
         match self {
-            Lookup::Fresh(v) | Lookup::Stale(v) => Some(v),
+            Lookup::Fresh(v) | Lookup::Stale(v) | Lookup::Old(v) => Some(v),
             Lookup::Missing => None,
         }
     }
 }
 
-fn look<T: Clone>(c: Option<&Cached<T>>, now: Micros) -> Lookup<T> {
+/// `c` at `now`: fresh until its expiry, then stale for `window` more, then old.
+fn look<T: Clone>(c: Option<&Cached<T>>, now: Micros, window: Micros) -> Lookup<T> {
     match c {
         Some(c) if c.until > now => Lookup::Fresh(c.value.clone()),
-        Some(c) => Lookup::Stale(c.value.clone()),
+        Some(c) if c.until + window > now => Lookup::Stale(c.value.clone()),
+        Some(c) => Lookup::Old(c.value.clone()),
         None => Lookup::Missing,
     }
 }
@@ -96,7 +103,7 @@ impl Records {
     }
 
     pub fn config(&self, now: Micros) -> Lookup<Arc<EdgeConfig>> {
-        look(lock(&self.config).as_ref(), now)
+        look(lock(&self.config).as_ref(), now, self.ttl)
     }
 
     pub fn set_config(&self, config: Arc<EdgeConfig>, now: Micros) {
@@ -135,7 +142,7 @@ impl Records {
     /// The record of the key whose secret hashes to `hash` (`Some(None)`: known to
     /// be no key).
     pub fn key(&self, hash: &str, now: Micros) -> Lookup<Option<KeyRecord>> {
-        look(lock(&self.keys).get(hash), now)
+        look(lock(&self.keys).get(hash), now, self.ttl)
     }
 
     pub fn set_key(&self, hash: String, record: Option<KeyRecord>, now: Micros) {
@@ -253,6 +260,11 @@ mod tests {
         r.set_key("h".into(), None, T0);
         assert_eq!(r.key("h", T0 + 59 * SEC), Lookup::Fresh(None));
         assert_eq!(r.key("h", T0 + 61 * SEC), Lookup::Stale(None));
+        assert_eq!(
+            r.key("h", T0 + 65 * SEC),
+            Lookup::Old(None),
+            "stale for one more TTL (5 s), then old"
+        );
         let config = Arc::new(EdgeConfig::from_json(
             r#"{"policies":[{"name":"p","dimensions":["api_key"],"quota":{"capacity":1,"period":"1s"},"failure_mode":"fail_open"}],"plans":{"free":["p"]}}"#,
         )
@@ -260,6 +272,7 @@ mod tests {
         r.set_config(config.clone(), T0);
         assert!(matches!(r.config(T0 + SEC), Lookup::Fresh(_)));
         assert!(matches!(r.config(T0 + 6 * SEC), Lookup::Stale(_)));
+        assert!(matches!(r.config(T0 + 10 * SEC), Lookup::Old(_)));
     }
 
     #[test]
