@@ -199,8 +199,15 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{broken".to_vec());
     advance(&clock, store, 60 * MICROS_PER_SEC);
+    let gets = store.gets.load(Ordering::SeqCst);
     settle(p.gate(head(&auth)).await).await;
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        gets + 2,
+        "the broken one is read once, then the good one serves another TTL"
+    );
     assert_eq!(p.breaker_phase(), floodgate_edge::breaker::Phase::Closed);
 }
 

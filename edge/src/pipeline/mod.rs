@@ -486,6 +486,8 @@ fn load_config(
                 log(&LogEvent::ConfigRejected { why: &why, at: now });
                 last.clone_from(&why);
             }
+            // the last good one stays, and is checked again in a TTL
+            records.keep_config(now);
             Err(why)
         }
     }
@@ -1127,11 +1129,8 @@ where
             };
             let mut values = values.into_iter();
             if config {
-                // a broken configuration is logged and the stale one serves on
-                let raw = values.next().flatten();
-                if load_config(&records, &totals, log, raw, now).is_err() {
-                    records.release_config();
-                }
+                // a broken configuration is logged and the last good one serves on
+                let _ = load_config(&records, &totals, log, values.next().flatten(), now);
             }
             if key {
                 let record = values

@@ -118,6 +118,15 @@ impl Records {
             .is_some_and(|c| c.claim(now, self.ttl))
     }
 
+    /// The stored configuration was read and is unusable: the one in use stays,
+    /// fresh for another TTL (read again then, not on every request).
+    pub fn keep_config(&self, now: Micros) {
+        if let Some(c) = lock(&self.config).as_mut() {
+            c.until = now + self.ttl;
+            c.claimed = None;
+        }
+    }
+
     /// The configuration's refresh failed: the next stale lookup tries again.
     pub fn release_config(&self) {
         if let Some(c) = lock(&self.config).as_mut() {
