@@ -6,10 +6,11 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{
-    MemStore, T0, advance, head, header, mem, minute_sum, retry_after, seed, settle, status,
+    MemStore, T0, advance, head, header, mem, minute_sum, retry_after, seed, set_key_status,
+    settle, status,
 };
 use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
-use floodgate_shared::apikeys::{KeyRecord, KeyStatus, new_secret};
+use floodgate_shared::apikeys::{KeyStatus, new_secret};
 use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC};
 
@@ -146,21 +147,7 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
     );
     // the key is revoked once the copies have expired (less than a TTL ago)
     advance(&clock, store, 1_500_000);
-    let key = store
-        .records
-        .lock()
-        .unwrap()
-        .keys()
-        .find(|k| k.starts_with("fg:apikey:"))
-        .cloned()
-        .unwrap();
-    let mut rec = KeyRecord::from_json(&store.records.lock().unwrap()[&key]).unwrap();
-    rec.status = KeyStatus::Revoked;
-    store
-        .records
-        .lock()
-        .unwrap()
-        .insert(key.clone(), rec.to_json().into_bytes());
+    set_key_status(store, KeyStatus::Revoked);
     let first = p.gate(head(&auth)).await;
     assert_eq!(status(&first.gate), 200, "served from the expired copies");
     assert_eq!(
@@ -187,12 +174,7 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         "the revocation is seen"
     );
     // a broken configuration written meanwhile: the last good one keeps serving
-    rec.status = KeyStatus::Active;
-    store
-        .records
-        .lock()
-        .unwrap()
-        .insert(key, rec.to_json().into_bytes());
+    set_key_status(store, KeyStatus::Active);
     store
         .records
         .lock()
@@ -222,21 +204,7 @@ async fn an_idle_instance_reads_old_records_before_answering() {
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, one_second_cache(PipelineConfig::default()));
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
-    let key = store
-        .records
-        .lock()
-        .unwrap()
-        .keys()
-        .find(|k| k.starts_with("fg:apikey:"))
-        .cloned()
-        .unwrap();
-    let mut rec = KeyRecord::from_json(&store.records.lock().unwrap()[&key]).unwrap();
-    rec.status = KeyStatus::Revoked;
-    store
-        .records
-        .lock()
-        .unwrap()
-        .insert(key, rec.to_json().into_bytes());
+    set_key_status(store, KeyStatus::Revoked);
     advance(&clock, store, 2 * MICROS_PER_SEC);
     let gets = store.gets.load(Ordering::SeqCst);
     let d = p.gate(head(&auth)).await;

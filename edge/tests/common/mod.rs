@@ -339,6 +339,19 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     format!("Bearer {secret}")
 }
 
+/// Sets the status of the one API key `seed` stored.
+pub fn set_key_status(store: &MemStore, status: KeyStatus) {
+    let mut records = store.records.lock().unwrap();
+    let key = records
+        .keys()
+        .find(|k| k.starts_with("fg:apikey:"))
+        .cloned()
+        .expect("a seeded key");
+    let mut rec = KeyRecord::from_json(&records[&key]).unwrap();
+    rec.status = status;
+    records.insert(key, rec.to_json().into_bytes());
+}
+
 /// What the flushes wrote to `field` of the per-minute stats hashes, summed.
 pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
     store
