@@ -33,8 +33,12 @@ impl BodyFault {
 /// `Content-Length` framing) passes through; more than `max` bytes is a 413, a
 /// pause longer than `pause` a 408, broken framing a 400 — each recorded in
 /// `fault` so the host answers the client's error instead of blaming the upstream.
+/// A body refused as too large is read out behind the 413 once the upstream
+/// request drops it ([`super::linger`]): closing with unread data would reset the
+/// connection, and a client still sending would see a broken pipe, not the 413.
 pub struct RequestBody {
-    inner: Incoming,
+    /// `None` once handed to the lingering reader.
+    inner: Option<Incoming>,
     max: Option<u64>,
     seen: u64,
     pause: Duration,
@@ -47,7 +51,7 @@ pub struct RequestBody {
 impl RequestBody {
     pub fn new(inner: Incoming, max: Option<u64>, pause: Duration, fault: Arc<BodyFault>) -> Self {
         Self {
-            inner,
+            inner: Some(inner),
             max,
             seen: 0,
             pause,
@@ -77,7 +81,10 @@ impl Body for RequestBody {
             let deadline = tokio::time::Instant::now() + this.pause;
             this.timer.as_mut().reset(deadline);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len() as u64;
@@ -99,11 +106,23 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if self.fault.get() == Some(Refusal::BodyTooLarge)
+            && let Some(rest) = self.inner.take()
+        {
+            super::linger(rest, self.pause);
+        }
     }
 }
 

@@ -339,7 +339,7 @@ const LINGER_MAX: u64 = 64 * 1024 * 1024;
 /// Reads out a request body nobody will use, in the background, bounded in bytes
 /// and by `pause` between its parts (nginx's lingering close): closing a
 /// connection with unread data resets it, and the client may lose the answer.
-fn linger(body: Incoming, pause: Duration) {
+pub(crate) fn linger(body: Incoming, pause: Duration) {
     if hyper::body::Body::is_end_stream(&body) {
         return;
     }
