@@ -109,10 +109,14 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The store's URL: the REST URL when given, else `--redis`.
+    pub fn url(&self) -> &str {
+        self.rest_url.as_deref().unwrap_or(&self.redis)
+    }
+
     /// The store's options, each call bounded by `deadline`.
     pub fn options(&self, deadline: Duration) -> StoreOptions {
-        let url = self.rest_url.as_deref().unwrap_or(&self.redis);
-        let mut options = StoreOptions::from_env(url, deadline);
+        let mut options = StoreOptions::from_env(self.url(), deadline);
         if self.redis_ca_file.is_some() {
             options.ca_file = self.redis_ca_file.clone();
         }

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use floodgate_edge::args::{LogArgs, http_url};
+use floodgate_edge::args::{LogArgs, StoreArgs, http_url};
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::forward_auth::ForwardAuth;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
@@ -56,24 +56,8 @@ struct Args {
     /// Where to listen.
     #[arg(long, env = "FLOODGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Redis: redis://[user:password@]host:port[/db], rediss://user:password@host:port
-    /// (TLS, ACL user), redis+unix:///path,
-    /// redis+sentinel://[user:password@]host:port[,host:port]/master[?sentinel_password=..],
-    /// redis+cluster://[user:password@]host:port[,...] (rediss+... for TLS).
-    #[arg(
-        long,
-        env = "FLOODGATE_REDIS",
-        default_value = "redis://127.0.0.1:6379/"
-    )]
-    redis: String,
-    /// An Upstash-compatible REST endpoint instead of --redis; its token comes from
-    /// FLOODGATE_REST_TOKEN or UPSTASH_REDIS_REST_TOKEN.
-    #[arg(long, env = "FLOODGATE_REST_URL", value_parser = http_url)]
-    rest_url: Option<String>,
-    /// PEM CA certificates that sign the Redis servers' TLS certificates
-    /// (rediss://), trusted instead of the system roots.
-    #[arg(long, env = "FLOODGATE_REDIS_CA_FILE")]
-    redis_ca_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    store: StoreArgs,
     /// The header carrying the API key (`authorization` means `Bearer <key>`).
     #[arg(long, env = "FLOODGATE_KEY_HEADER", default_value = "authorization")]
     key_header: String,
@@ -261,7 +245,7 @@ async fn regional_store(a: &Args) -> Result<Option<(NativeStore, DeadlineSetting
     };
     let deadline = deadline_settings(a, a.regional_rest_url.is_some());
     let mut options = StoreOptions::new(url.as_str(), transport(&deadline));
-    options.ca_file = a.redis_ca_file.clone();
+    options.ca_file = a.store.redis_ca_file.clone();
     if a.regional_rest_url.is_some() {
         options.rest_token = Some(
             std::env::var("FLOODGATE_REGIONAL_REST_TOKEN")
@@ -314,16 +298,13 @@ fn run(a: Args) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     rt.block_on(async {
         // a REST endpoint is an HTTP hop, usually remote: wider bounds
-        let deadline = deadline_settings(&a, a.rest_url.is_some());
+        let deadline = deadline_settings(&a, a.store.rest_url.is_some());
         let store = if a.no_limit {
             // never called: the limiter is off
             NativeStore::Rest(RestStore::new("http://127.0.0.1:9", "unused", transport(&deadline)).map_err(|e| e.to_string())?)
         } else {
-            let url = a.rest_url.as_deref().unwrap_or(&a.redis);
-            let mut options = StoreOptions::from_env(url, transport(&deadline));
-            options.ca_file = a.redis_ca_file.clone();
             // the message names the URL, its password redacted
-            NativeStore::connect(&options)
+            NativeStore::connect(&a.store.options(transport(&deadline)))
                 .await
                 .map_err(|e| e.to_string())?
         };
@@ -354,7 +335,7 @@ fn run(a: Args) -> Result<(), String> {
         let store = if a.no_limit {
             "none".to_string()
         } else {
-            redact(a.rest_url.as_deref().unwrap_or(&a.redis))
+            redact(a.store.url())
         };
         let upstream = a.upstream.as_deref().unwrap_or("forward-auth answers");
         tracing::info!(
