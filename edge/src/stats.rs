@@ -193,6 +193,15 @@ impl Stats {
         lock(&self.pending).count(now, field, n);
     }
 
+    /// Adds 1 to each of `fields` at `now`, under one lock (a request's per-policy
+    /// counts).
+    pub fn bump_each(&self, now: Micros, fields: impl IntoIterator<Item = StatsField>) {
+        let mut p = lock(&self.pending);
+        for field in fields {
+            p.count(now, field, 1);
+        }
+    }
+
     /// Counts a request a shadow policy would have throttled (it was not enforced).
     pub fn record_shadow(&self, now: Micros, route: Option<&str>, key_id: &str) {
         let mut p = lock(&self.pending);

@@ -1285,14 +1285,16 @@ where
         ctx: &Ctx<'_>,
         outcome_of: impl Fn(usize, &Policy) -> Option<PolicyOutcome>,
     ) {
-        let now = self.clock.now();
         let endpoint = Endpoint::of(ctx.route_name());
-        for (i, (_, p)) in ctx.policies.iter().enumerate() {
-            if let Some(o) = outcome_of(i, p) {
-                let field = StatsField::PolicyDecision(p.name().to_string(), endpoint.clone(), o);
-                self.stats.bump(now, field, 1);
-            }
-        }
+        let fields = ctx.policies.iter().enumerate().filter_map(|(i, (_, p))| {
+            let o = outcome_of(i, p)?;
+            Some(StatsField::PolicyDecision(
+                p.name().to_string(),
+                endpoint.clone(),
+                o,
+            ))
+        });
+        self.stats.bump_each(self.clock.now(), fields);
     }
 
     /// Counts an admitted request under its policies: `allowed`, or
@@ -1326,12 +1328,12 @@ where
         } else {
             Leasing::Exact
         };
-        for (_, p) in ctx.policies.iter() {
-            if p.consistency() != Consistency::Exact {
-                let field = StatsField::Leasing(p.name().to_string(), how);
-                self.stats.bump(ctx.started, field, 1);
-            }
-        }
+        let fields = ctx
+            .policies
+            .iter()
+            .filter(|(_, p)| p.consistency() != Consistency::Exact)
+            .map(|(_, p)| StatsField::Leasing(p.name().to_string(), how));
+        self.stats.bump_each(ctx.started, fields);
         gate
     }
 
