@@ -493,6 +493,36 @@ fn load_config(
     }
 }
 
+/// What a read of the records fetches, in this order: the configuration, then
+/// the key record of `hash`.
+fn record_names(hash: &str, key: bool, config: bool) -> Vec<String> {
+    let mut names = vec![];
+    if config {
+        names.push(CONFIG_KEY.to_string());
+    }
+    if key {
+        names.push(record_key(hash));
+    }
+    names
+}
+
+/// Caches a key record just read (`None`: no such key, counted as an unknown-key
+/// lookup): the record.
+fn load_key(
+    records: &Records,
+    totals: &Totals,
+    hash: String,
+    raw: Option<Vec<u8>>,
+    now: Micros,
+) -> Option<KeyRecord> {
+    let record = raw.and_then(|raw| KeyRecord::from_json(&raw));
+    if record.is_none() {
+        totals.unknown_key_lookups.fetch_add(1, Ordering::Relaxed);
+    }
+    records.set_key(hash, record.clone(), now);
+    record
+}
+
 fn skipped() -> StoreError {
     StoreError::new(
         StoreErrorKind::Connect,
@@ -1025,13 +1055,7 @@ where
         req: &RequestHead<'_>,
         later: &mut Vec<Task>,
     ) -> Result<(Option<KeyRecord>, Arc<EdgeConfig>), Gate> {
-        let mut names = vec![];
-        if need_config {
-            names.push(CONFIG_KEY.to_string());
-        }
-        if need_key {
-            names.push(record_key(hash));
-        }
+        let names = record_names(hash, need_key, need_config);
         let store = self.store.clone();
         let read = boxed(async move {
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -1071,17 +1095,11 @@ where
             config.any().expect("fresh")
         };
         let key = if need_key {
-            let record = values
-                .next()
-                .flatten()
-                .and_then(|raw| KeyRecord::from_json(&raw));
+            let raw = values.next().flatten();
+            let record = load_key(&self.records, &self.totals, hash.to_string(), raw, now);
             if record.is_none() {
-                self.totals
-                    .unknown_key_lookups
-                    .fetch_add(1, Ordering::Relaxed);
                 self.unknown_keys.charge(req.client_ip, now);
             }
-            self.records.set_key(hash.to_string(), record.clone(), now);
             record
         } else {
             key.any().flatten()
@@ -1103,13 +1121,7 @@ where
         if !key && !config {
             return;
         }
-        let mut names = vec![];
-        if config {
-            names.push(CONFIG_KEY.to_string());
-        }
-        if key {
-            names.push(record_key(hash));
-        }
+        let names = record_names(hash, key, config);
         let (store, records, totals) = (
             self.store.clone(),
             self.records.clone(),
@@ -1133,14 +1145,7 @@ where
                 let _ = load_config(&records, &totals, log, values.next().flatten(), now);
             }
             if key {
-                let record = values
-                    .next()
-                    .flatten()
-                    .and_then(|raw| KeyRecord::from_json(&raw));
-                if record.is_none() {
-                    totals.unknown_key_lookups.fetch_add(1, Ordering::Relaxed);
-                }
-                records.set_key(hash, record, now);
+                load_key(&records, &totals, hash, values.next().flatten(), now);
             }
         }));
     }
