@@ -826,17 +826,9 @@ async fn statuses(
 /// process (a build, a noisy neighbour) and Redis is healthy: the native edge with
 /// its adaptive deadline vs today's fixed 3 ms, alternating rounds.
 fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
-    use floodgate_edge::admin;
-    let secret = rt.block_on(async {
-        let store = RespStore::connect(&server.url(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        admin::set_config(&store, BENCH_CONFIG).await.unwrap();
-        admin::create_key(&store, "bench", "free", 0)
-            .await
-            .unwrap()
-            .1
-    });
+    let secret = rt
+        .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
+        .secret;
     let up = floodgate_tests::free_port();
     let _upstream = sibling(
         "floodgate-demo-upstream",
@@ -1093,17 +1085,9 @@ const BENCH_CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_
 /// added latency at a fixed 5k req/s); the Worker in workerd vs a pass-through
 /// Worker (added latency); the Worker's bundle size.
 fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
-    use floodgate_edge::admin;
-    let secret = rt.block_on(async {
-        let store = RespStore::connect(&server.url(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        admin::set_config(&store, BENCH_CONFIG).await.unwrap();
-        admin::create_key(&store, "bench", "free", 0)
-            .await
-            .unwrap()
-            .1
-    });
+    let secret = rt
+        .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
+        .secret;
     let (up, on, off) = (
         floodgate_tests::free_port(),
         floodgate_tests::free_port(),
@@ -1154,16 +1138,9 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
     // The same limiter with its Redis on the other CPU, as a remote Redis would be:
     // Redis's work then does not compete with the edge's.
     let remote = RedisServer::start_pinned(Some(1), &[]);
-    let remote_secret = rt.block_on(async {
-        let store = RespStore::connect(&remote.url(), Duration::from_secs(5))
-            .await
-            .unwrap();
-        admin::set_config(&store, BENCH_CONFIG).await.unwrap();
-        admin::create_key(&store, "bench", "free", 0)
-            .await
-            .unwrap()
-            .1
-    });
+    let remote_secret = rt
+        .block_on(floodgate_tests::seed(&remote, BENCH_CONFIG))
+        .secret;
     let on_remote = floodgate_tests::free_port();
     let remote_redis = remote.url();
     let _on_remote = sibling(
