@@ -222,15 +222,17 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
 /// Workers Logs show), shaped like the native host's `--log-format json`.
 /// Debug events only with `LOG_LEVEL=debug`.
 fn console_log(event: &LogEvent<'_>) {
+    let id = REQUEST_ID.with(|r| r.borrow().clone());
+    log_line(event, id.as_deref());
+}
+
+/// `event` as a JSON line on the console, as part of request `id`.
+fn log_line(event: &LogEvent<'_>, id: Option<&str>) {
     if event.level() == Level::Debug && !DEBUG.with(Cell::get) {
         return;
     }
     let now = worker::js_sys::Date::new_0().to_iso_string();
-    let id = REQUEST_ID.with(|r| r.borrow().clone());
-    worker::console_log!(
-        "{}",
-        events::json_line(event, &String::from(now), id.as_deref())
-    );
+    worker::console_log!("{}", events::json_line(event, &String::from(now), id));
 }
 
 /// One of the pipeline's or the rules' answers.
@@ -280,15 +282,12 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     let started = worker::Date::now().as_millis();
     let scoped = InRequest::new(id.clone(), serve(req, env, ctx, id.clone()));
     let resp = scoped.await;
-    let status = resp.as_ref().map_or(500, Response::status_code);
-    InRequest::new(id, async move {
-        console_log(&LogEvent::Answered {
-            method: method.as_ref(),
-            status,
-            latency_us: (worker::Date::now().as_millis() - started) * 1_000,
-        })
-    })
-    .await;
+    let answered = LogEvent::Answered {
+        method: method.as_ref(),
+        status: resp.as_ref().map_or(500, Response::status_code),
+        latency_us: (worker::Date::now().as_millis() - started) * 1_000,
+    };
+    log_line(&answered, Some(&id));
     resp
 }
 
