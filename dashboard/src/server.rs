@@ -635,7 +635,7 @@ pub fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {
 /// global store leases of each (the edge's own `LeaseSettings::for_policy`, so the
 /// dashboard cannot drift from it), their counts still zero.
 pub fn leasing_policies(config: &EdgeConfig) -> Vec<PolicyLeasing> {
-    use floodgate_edge::pipeline::bounded::LeaseSettings;
+    use floodgate_edge::pipeline::leases::LeaseSettings;
     use floodgate_shared::policy::Consistency;
     let mut rows: Vec<PolicyLeasing> = config
         .spec()

@@ -124,17 +124,15 @@ pub struct Stats {
 const MAX_PENDING: usize = 10_000;
 
 impl Stats {
-    /// Counters that also add every count to `sink`.
-    pub fn with_sink(sink: std::sync::Arc<dyn StatsSink>) -> Self {
-        let stats = Self::default();
-        lock(&stats.pending).sink = Some(sink);
-        stats
+    /// Adds every count to `sink` as well, from now on.
+    pub fn set_sink(&self, sink: std::sync::Arc<dyn StatsSink>) {
+        lock(&self.pending).sink = Some(sink);
     }
 
     /// Counts one decision the edge made at `now` for `key` on `route` (per endpoint
     /// and per key, and the store call's latency when there was one), and adds it
     /// to the sample the dashboard's backtest replays. Every decision goes through
-    /// here: Redis's, the deny cache's, the in-flight limit's and degraded ones.
+    /// here: Redis's, the recent 429s answered locally, the in-flight limit's and degraded ones.
     pub fn record(
         &self,
         now: Micros,

@@ -2,7 +2,7 @@
 //! building the arguments and turning the reply into decisions. Both Redis clients
 //! (RESP and REST) are thin I/O around these two functions.
 
-use crate::bucket::{BucketState, Decision, Outcome, decide};
+use crate::bucket::{Admission, BucketState, Decision, decide};
 use crate::keys::MAX_KEY_LEN;
 use crate::policy::{Algorithm, Quota};
 use crate::time::{MAX_INSTANT, Micros};
@@ -263,9 +263,9 @@ impl Verdict {
     /// with the longest wait; when admitted, the bucket with the fewest tokens left.
     pub fn headline(&self) -> &Decision {
         let wait = |d: &Decision| match d.outcome {
-            Outcome::Allowed => -1,
-            Outcome::Denied { retry_after: None } => Micros::MAX,
-            Outcome::Denied {
+            Admission::Allowed => -1,
+            Admission::Denied { retry_after: None } => Micros::MAX,
+            Admission::Denied {
                 retry_after: Some(w),
             } => w,
         };

@@ -133,7 +133,7 @@ impl<'de> serde::Deserialize<'de> for Endpoint {
 pub enum Outcome {
     /// Admitted by Redis (forwarded upstream).
     Allowed,
-    /// Answered 429 (by Redis, the deny cache or the in-flight limit).
+    /// Answered 429 (by Redis, the recent 429s answered locally, or the in-flight limit).
     Throttled,
     /// Decided without Redis, by the policies' failure mode.
     Degraded,

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use floodgate_edge::admin;
 use floodgate_edge::native_host::NativeStore;
-use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
+use floodgate_edge::pipeline::{
+    Admit, Pipeline, PipelineConfig, Reply, RequestHead, store_deadline,
+};
 use floodgate_edge::store::resp::RespStore;
 
 /// The answer deadline the pipeline runs with (its default: adaptive).
@@ -85,16 +87,15 @@ struct Run {
     log_from: usize,
 }
 
-fn classify(g: &Gate) -> Kind {
-    let degraded =
-        |h: &[(&'static str, String)]| h.iter().any(|(k, _)| *k == "X-RateLimit-Degraded");
+fn classify(g: &Result<Admit, Reply>) -> Kind {
+    const DEGRADED: &str = "X-RateLimit-Degraded";
     match g {
-        Gate::Forward { headers, .. } if degraded(headers) => Kind::DegradedAdmit,
-        Gate::Forward { .. } => Kind::Admitted,
-        Gate::Respond { headers, .. } if degraded(headers) => Kind::DegradedRefuse,
-        Gate::Respond { status: 429, .. } => Kind::Throttled,
-        Gate::Respond { status: 503, .. } => Kind::DegradedRefuse,
-        Gate::Respond { .. } => Kind::Other,
+        Ok(a) if a.header(DEGRADED).is_some() => Kind::DegradedAdmit,
+        Ok(_) => Kind::Admitted,
+        Err(r) if r.header(DEGRADED).is_some() => Kind::DegradedRefuse,
+        Err(r) if r.status == 429 => Kind::Throttled,
+        Err(r) if r.status == 503 => Kind::DegradedRefuse,
+        Err(_) => Kind::Other,
     }
 }
 
@@ -118,8 +119,8 @@ async fn start(admin_url: &str, store_url: &str, mode: &str) -> Run {
         PipelineConfig {
             log: log_line,
             // every request goes to Redis: the latency and the above-quota figures
-            // are the store's, not the deny cache's (tested on its own)
-            deny_cache: false,
+            // are the store's, not the recent 429s' (tested on their own)
+            throttle_memory: false,
             ..PipelineConfig::default()
         },
     ));

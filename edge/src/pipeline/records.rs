@@ -227,8 +227,8 @@ impl UnknownKeyBudget {
             .payers(ip)
             .filter_map(
                 |(p, q)| match decide(spent.get(&p).copied(), q, now, 1).decision.outcome {
-                    floodgate_shared::Outcome::Allowed => None,
-                    floodgate_shared::Outcome::Denied { retry_after } => {
+                    floodgate_shared::Admission::Allowed => None,
+                    floodgate_shared::Admission::Denied { retry_after } => {
                         Some(retry_after.unwrap_or(1))
                     }
                 },

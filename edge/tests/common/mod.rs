@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use floodgate_edge::pipeline::{Decided, Gate, RequestHead};
+use floodgate_edge::pipeline::{Admit, Decided, Reply, RequestHead};
+
+/// What the pipeline decided about a request.
+pub type Gate = Result<Admit, Reply>;
 use floodgate_edge::store::{MaybeSend, Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
@@ -383,29 +386,23 @@ pub fn head(auth: &str) -> RequestHead<'_> {
 /// The status the client sees (200 for a forwarded request).
 pub fn status(g: &Gate) -> u16 {
     match g {
-        Gate::Respond { status, .. } => *status,
-        Gate::Forward { .. } => 200,
+        Err(reply) => reply.status,
+        Ok(_) => 200,
     }
 }
 
 pub fn retry_after(g: &Gate) -> Option<i64> {
     match g {
-        Gate::Respond { headers, .. } => headers
-            .iter()
-            .find(|(k, _)| *k == "Retry-After")
-            .map(|(_, v)| v.parse().unwrap()),
-        Gate::Forward { .. } => None,
+        Err(reply) => reply.header("Retry-After").map(|v| v.parse().unwrap()),
+        Ok(_) => None,
     }
 }
 
 pub fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
-    let headers = match g {
-        Gate::Respond { headers, .. } | Gate::Forward { headers, .. } => headers,
-    };
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
+    match g {
+        Err(reply) => reply.header(name),
+        Ok(admit) => admit.header(name),
+    }
 }
 
 /// Runs what the pipeline left for after the answer (the hosts spawn it).
