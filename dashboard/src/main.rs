@@ -24,7 +24,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use floodgate_dashboard::server::{app_state, ensure_operator};
+use floodgate_dashboard::auth::ensure_operator;
+use floodgate_dashboard::router::router;
+use floodgate_dashboard::state::Core;
 use floodgate_edge::args::{LogArgs, StoreArgs, socket_addr};
 use floodgate_edge::store::NativeStore;
 
@@ -102,8 +104,10 @@ async fn main() -> ExitCode {
         }
         (None, None) => {}
     }
-    let state = app_state(store, &args.site_root, args.secure_cookies).trusting(args.trusted_proxy);
-    let app = floodgate_dashboard::server::router(state);
+    let mut core = Core::new(store);
+    core.secure_cookies = args.secure_cookies;
+    core.trusted_proxies = args.trusted_proxy;
+    let app = router(core, &args.site_root);
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => return fail(format!("--listen {}: {e}", args.listen)),

@@ -21,7 +21,7 @@ async fn every_page_and_every_server_function_refuses_without_a_session() {
     let login = http.get(format!("{}/login", d.url)).send().await.unwrap();
     assert_eq!(login.status(), 200);
     assert!(login.text().await.unwrap().contains("name=\"password\""));
-    let paths = floodgate_dashboard::server::server_fn_paths();
+    let paths = floodgate_dashboard::router::server_fn_paths();
     assert!(
         paths.len() >= 20,
         "the server functions are registered: {paths:?}"
