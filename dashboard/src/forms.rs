@@ -227,6 +227,33 @@ pub fn name_list(field: &str, raw: &str) -> Result<Vec<String>, PolicyError> {
         .collect())
 }
 
+/// The first-run form: one per-key limit (a capacity per period) on one plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartForm {
+    pub plan: String,
+    pub capacity: String,
+    pub period: String,
+}
+
+impl StartForm {
+    pub fn edit(&self) -> Result<ConfigEdit, AppError> {
+        let plan = bounded("plan", &self.plan).map_err(invalid)?.to_string();
+        floodgate_shared::policy::validate_name("plan", &plan).map_err(invalid)?;
+        let form = PolicyForm {
+            name: "default".into(),
+            dimensions: "api_key".into(),
+            capacity: self.capacity.clone(),
+            period: self.period.clone(),
+            failure_mode: "fail_closed".into(),
+            ..PolicyForm::default()
+        };
+        Ok(ConfigEdit::Start {
+            plan,
+            policy: form.to_spec().map_err(invalid)?,
+        })
+    }
+}
+
 /// The plan form: a plan's name and its limits, comma-separated.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanForm {

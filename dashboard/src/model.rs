@@ -14,6 +14,28 @@ use serde::{Deserialize, Serialize};
 pub struct SessionInfo {
     pub user: String,
     pub csrf: String,
+    /// The edge's address as the dashboard was told (`--edge-url`), for the
+    /// pages' example requests.
+    pub edge_url: Option<String>,
+}
+
+/// What the pages write for the edge's address when the dashboard was not told it.
+pub const EDGE_URL_PLACEHOLDER: &str = "EDGE_URL";
+
+/// A request through the edge with API key `secret`, ready to paste: `curl -i`
+/// shows the status (200, or 429 when throttled) and the rate-limit headers.
+pub fn try_request(edge_url: Option<&str>, secret: &str, path: &str) -> String {
+    let base = edge_url
+        .unwrap_or(EDGE_URL_PLACEHOLDER)
+        .trim_end_matches('/');
+    format!("curl -i -H \"Authorization: Bearer {secret}\" {base}{path}")
+}
+
+/// A path of the configuration to try a key on: the first route's pattern when it
+/// has no parameters, else `/`.
+pub fn example_path(spec: Option<&ConfigSpec>) -> String {
+    spec.and_then(|s| s.routes.iter().find(|r| !r.pattern.contains([':', '*'])))
+        .map_or_else(|| "/".to_string(), |r| r.pattern.clone())
 }
 
 /// The stored configuration and its version (the SHA-1 of its text; empty when
@@ -686,6 +708,21 @@ mod tests {
         assert_eq!(idle.local_text(), "no decisions in this range");
         assert!(idle.saved_text().starts_with("none yet"));
         assert_eq!(idle.budget_text(), "no refills in this range");
+    }
+
+    #[test]
+    fn a_key_is_tried_on_the_edge_with_a_pasteable_curl() {
+        assert_eq!(
+            try_request(Some("https://edge.example/"), "fg_k", "/v1/search"),
+            "curl -i -H \"Authorization: Bearer fg_k\" https://edge.example/v1/search"
+        );
+        assert!(try_request(None, "fg_k", "/").ends_with(" EDGE_URL/"));
+        let spec: ConfigSpec = serde_json::from_str(
+            r#"{"policies":[],"plans":{},"routes":[{"name":"u","pattern":"/v1/users/:id","policies":[]},{"name":"s","pattern":"/v1/search","policies":[]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(example_path(Some(&spec)), "/v1/search");
+        assert_eq!(example_path(None), "/");
     }
 
     #[test]

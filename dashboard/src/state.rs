@@ -16,6 +16,8 @@ pub struct Core {
     pub trusted_proxies: Vec<IpNet>,
     /// The fleet's totals served at `/metrics`.
     pub fleet: Fleet,
+    /// The edge's address (`--edge-url`), for the pages' ready-to-paste requests.
+    pub edge_url: Option<String>,
 }
 
 impl Core {
@@ -26,6 +28,7 @@ impl Core {
             secure_cookies: false,
             trusted_proxies: vec![],
             fleet: Fleet::default(),
+            edge_url: None,
         }
     }
 }

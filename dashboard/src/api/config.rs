@@ -8,7 +8,9 @@ use super::ctx;
 #[cfg(feature = "ssr")]
 use floodgate_shared::config::ConfigEdit;
 
-use crate::forms::{DenyForm, HeadersForm, OverrideForm, PlanForm, PolicyForm, RouteForm};
+use crate::forms::{
+    DenyForm, HeadersForm, OverrideForm, PlanForm, PolicyForm, RouteForm, StartForm,
+};
 use crate::model::{AppError, ConfigView, EffectiveRow, Saved};
 
 #[server(endpoint = "config")]
@@ -38,6 +40,16 @@ pub async fn save_policy(
         return super::backtest::backtest(&csrf, edit).await;
     }
     ctx::change_config(&csrf, &version, edit).await
+}
+
+/// Stores a first configuration (only while none is): one limit on one plan.
+#[server(endpoint = "start_config")]
+pub async fn start_config(
+    #[server(default)] csrf: String,
+    version: String,
+    #[server(flatten)] form: StartForm,
+) -> Result<Saved, AppError> {
+    ctx::change_config(&csrf, &version, form.edit()?).await
 }
 
 #[server(endpoint = "delete_policy")]

@@ -57,5 +57,6 @@ pub async fn current_session() -> Result<SessionInfo, AppError> {
     Ok(SessionInfo {
         user: s.user,
         csrf: s.csrf,
+        edge_url: ctx::core()?.edge_url.clone(),
     })
 }

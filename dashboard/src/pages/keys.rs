@@ -12,7 +12,7 @@ use super::{
     outcome, saved_message, val, when,
 };
 use crate::api::{CreateKey, RevokeKey, UpdateKey, get_config, list_keys};
-use crate::model::{AppError, CreatedKey, KeyRow};
+use crate::model::{AppError, CreatedKey, KeyRow, example_path, try_request};
 use crate::time;
 
 /// Live usage of the keys: id → (allowed, throttled, degraded, last used), as the
@@ -33,8 +33,9 @@ pub fn KeysPage() -> impl IntoView {
                     (Ok(s), Ok(k), Ok(c)) => (s, k, c),
                     (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return error_view(e),
                 };
+                let try_path = example_path(c.spec.as_ref());
                 let plans: Vec<String> = c.spec.map(|s| s.plans.into_keys().collect()).unwrap_or_default();
-                view! { <KeysPanel rows=k plans=plans csrf=s.csrf rendered_at=time::now_secs()/> }.into_any()
+                view! { <KeysPanel rows=k plans=plans csrf=s.csrf rendered_at=time::now_secs() edge_url=s.edge_url try_path=try_path/> }.into_any()
             })}
         </Suspense>
     }
@@ -48,6 +49,8 @@ fn KeysPanel(
     plans: Vec<String>,
     csrf: String,
     rendered_at: i64,
+    edge_url: Option<String>,
+    try_path: String,
 ) -> impl IntoView {
     island_ready();
     let create = ServerAction::<CreateKey>::new();
@@ -81,7 +84,8 @@ fn KeysPanel(
         ready,
     };
     view! {
-        {move || create.value().get().and_then(Result::ok).map(new_secret)}
+        {first_steps(keys, plans.is_empty())}
+        {move || create.value().get().and_then(Result::ok).map(|k| new_secret(k, edge_url.as_deref(), &try_path))}
         {create_form(create, &csrf, &plans)}
         {outcome(val(update), saved_message, &[])}
         {outcome(val(revoke), saved_message, &[])}
@@ -95,6 +99,20 @@ fn KeysPanel(
                 {move || keys.get().into_iter().map(|k| key_row(k, &rows)).collect_view()}
             </tbody>
         </table>
+    }
+}
+
+/// The first run: no plan to put a key on yet, or no key yet.
+fn first_steps(keys: RwSignal<Vec<KeyRow>>, no_plans: bool) -> impl IntoView {
+    view! {
+        {no_plans.then(|| view! {
+            <p class="banner" id="no-plans">"No plan is configured yet, so no key can be created: start a configuration on the "
+                <a href="/policies">"Policies"</a> " page first."</p>
+        })}
+        {move || (keys.get().is_empty() && !no_plans).then(|| view! {
+            <p class="banner" id="no-keys">"No API keys yet: create one below. Its secret is shown once, here, with a request to try it on the edge (or run "
+                <code>"floodgate-cli key create --plan PLAN"</code> ")."</p>
+        })}
     }
 }
 
@@ -149,7 +167,11 @@ fn create_form(
 }
 
 /// The one-time secret of a key just created, with a copy button.
-fn new_secret(k: CreatedKey) -> impl IntoView {
+fn new_secret(k: CreatedKey, edge_url: Option<&str>, path: &str) -> impl IntoView + use<> {
+    let try_it = try_request(edge_url, &k.secret, path);
+    let placeholder = edge_url.is_none().then(|| view! {
+        <p class="muted">"Replace EDGE_URL with the edge's address (start the dashboard with --edge-url to have it here)."</p>
+    });
     let copied = RwSignal::new(None::<bool>);
     let (id, secret, shown) = (k.id, k.secret.clone(), k.secret.clone());
     #[cfg(feature = "hydrate")]
@@ -177,6 +199,10 @@ fn new_secret(k: CreatedKey) -> impl IntoView {
                 Some(true) => " Copied to the clipboard.",
                 Some(false) => " The browser refused the clipboard: select the secret and copy it.",
             }}</span>
+            <p>"Try it on the edge:"</p>
+            <pre><code id="try-key">{try_it}</code></pre>
+            {placeholder}
+            <p>"Then watch the " <a href="/">"Traffic"</a> " page: the request appears there within seconds, as allowed, or as a 429 (throttled) once the key is over its limit."</p>
         </div>
     }
 }

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::api::{
     DeleteOverride, DeletePlan, DeletePolicy, DeleteRoute, EffectiveLimits, SaveDeny, SaveHeaders,
-    SaveIpPolicies, SaveOverride, SavePlan, SaveRoute, get_config, traffic_stats,
+    SaveIpPolicies, SaveOverride, SavePlan, SaveRoute, StartConfig, get_config, traffic_stats,
 };
 use crate::model::UNMATCHED;
 
@@ -32,6 +32,7 @@ pub fn PoliciesPage() -> impl IntoView {
     let save_ip = ServerAction::<SaveIpPolicies>::new();
     let save_headers = ServerAction::<SaveHeaders>::new();
     let save_deny = ServerAction::<SaveDeny>::new();
+    let start = ServerAction::<StartConfig>::new();
     let config = Resource::new(|| (), |_| get_config());
     // the deny lists' counts over the last 24 h
     let denied = Resource::new(|| (), |_| traffic_stats("24h".into(), String::new()));
@@ -50,7 +51,9 @@ pub fn PoliciesPage() -> impl IntoView {
                 let csrf = s.csrf.clone();
                 let version = c.version.clone();
                 let spec = c.spec.clone().unwrap_or_default();
+                let first_run = c.spec.is_none().then(|| start_section(&csrf, &version, start));
                 view! {
+                    {first_run}
                     <p>"Configuration version " <code id="config-version">{if version.is_empty() { "(none stored)".to_string() } else { version[..12.min(version.len())].to_string() }}</code>
                        ". The edge picks up a saved change within two cache TTLs (10 s by default)."</p>
                     {policy_section(&spec, &csrf, &version, delete_policy, editing("edit"))}
@@ -64,6 +67,33 @@ pub fn PoliciesPage() -> impl IntoView {
                 .into_any()
             })}
         </Suspense>
+    }
+}
+
+/// With no configuration stored: what to do first, and a form that stores one
+/// limit per key on one plan.
+fn start_section(
+    csrf: &str,
+    version: &str,
+    start: ServerAction<StartConfig>,
+) -> impl IntoView + use<> {
+    let (csrf, version) = (csrf.to_string(), version.to_string());
+    view! {
+        <section class="banner" id="no-config" aria-labelledby="no-config-h">
+            <h2 id="no-config-h">"Start here: no configuration is stored yet"</h2>
+            <p>"The edge limits requests by the configuration stored in Redis, and none is stored. Store a whole file with "
+               <code>"floodgate-cli config set config/demo.json"</code>
+               ", or start with one limit per API key on one plan here (edit it and add routes below once it is saved):"</p>
+            <ActionForm action=start attr:class="card" attr:id="start-form">
+                {hidden(&csrf, &version)}
+                <label>"Plan" <input name="plan" value="free"/>{field_error(val(start), "plan")}</label>
+                <label>"Requests per API key" <input name="capacity" inputmode="numeric" value="100"/>{field_error(val(start), "quota.capacity")}</label>
+                <label>"Per period" <input name="period" value="1m"/>{field_error(val(start), "quota.period")}</label>
+                <button type="submit">"Create the configuration"</button>
+                {outcome(val(start), saved_message, &["plan", "quota.capacity", "quota.period"])}
+            </ActionForm>
+            <p>"Next: create an API key on the " <a href="/keys">"API keys"</a> " page and send a request with it."</p>
+        </section>
     }
 }
 

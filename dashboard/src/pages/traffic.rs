@@ -10,9 +10,11 @@ use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
 
 use super::charts::{endpoint_chart, fill_patterns, latency_chart, legend, sum};
-use super::{error_view, every, island_ready};
+use super::{SessionResource, error_view, every, island_ready};
 use crate::api::{leasing_stats, traffic_stats};
-use crate::model::{AppError, LeasingFigures, Range, Resolution, Traffic, endpoint_label};
+use crate::model::{
+    AppError, LeasingFigures, Range, Resolution, Traffic, endpoint_label, try_request,
+};
 use crate::time;
 
 #[component]
@@ -34,6 +36,7 @@ pub fn TrafficPage() -> impl IntoView {
         move |_| traffic_stats(range.code().to_string(), resolution.code().to_string()),
     );
     let figures = Resource::new(|| (), move |_| leasing_stats(range.code().to_string()));
+    let session = expect_context::<SessionResource>();
     view! {
         <Title text="Floodgate — traffic"/>
         <h1>"Traffic"</h1>
@@ -51,11 +54,12 @@ pub fn TrafficPage() -> impl IntoView {
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let initial = data.await;
+                let edge_url = session.await.ok().and_then(|s| s.edge_url);
                 let figures = match figures.await {
                     Ok(f) => leasing_view(f).into_any(),
                     Err(_) => ().into_any(), // the live part shows the error
                 };
-                view! { <TrafficLive range=range resolution=resolution initial=initial/> {figures} }
+                view! { <TrafficLive range=range resolution=resolution initial=initial edge_url=edge_url/> {figures} }
             })}
         </Suspense>
     }
@@ -68,6 +72,7 @@ fn TrafficLive(
     range: Range,
     resolution: Resolution,
     initial: Result<Traffic, AppError>,
+    edge_url: Option<String>,
 ) -> impl IntoView {
     island_ready();
     let data = RwSignal::new(initial);
@@ -77,14 +82,15 @@ fn TrafficLive(
         });
     });
     move || match data.get() {
-        Ok(t) => traffic_view(t).into_any(),
+        Ok(t) => traffic_view(t, edge_url.as_deref()).into_any(),
         Err(e) => error_view(e),
     }
 }
 
 /// The range's totals per endpoint, its charts, latency, degraded decisions and
 /// most throttled keys.
-fn traffic_view(t: Traffic) -> impl IntoView {
+fn traffic_view(t: Traffic, edge_url: Option<&str>) -> impl IntoView + use<> {
+    let no_traffic = t.endpoints.is_empty().then(|| no_traffic(edge_url));
     let step = t.step();
     let per = format!("requests per {}", t.resolution.label());
     let totals: Vec<_> = t
@@ -101,7 +107,6 @@ fn traffic_view(t: Traffic) -> impl IntoView {
             )
         })
         .collect();
-    let empty = t.endpoints.is_empty();
     let charts = t
         .endpoints
         .iter()
@@ -113,7 +118,7 @@ fn traffic_view(t: Traffic) -> impl IntoView {
                 t.range.label(), t.resolution.label(), time::utc(t.start + step * t.bars as i64), t.range.refresh_secs())}
         </p>
         {legend()}
-        {empty.then(|| view! { <p id="no-traffic">"No traffic recorded in this range yet."</p> })}
+        {no_traffic}
         <table id="totals">
             <caption class="sr-only">"Totals per endpoint over the range"</caption>
             <thead><tr><th scope="col">"Endpoint"</th><th scope="col" class="num">"Allowed"</th><th scope="col" class="num">"Throttled (429)"</th><th scope="col" class="num">"Degraded"</th><th scope="col" class="num">"Would have throttled (shadow)"</th></tr></thead>
@@ -133,6 +138,19 @@ fn traffic_view(t: Traffic) -> impl IntoView {
                 {t.top_throttled.iter().map(|(k, n)| view! { <tr><td><code>{k.clone()}</code></td><td class="num">{*n}</td></tr> }).collect_view()}
             </tbody>
         </table>
+    }
+}
+
+/// No traffic yet: what to send, and where it will show.
+fn no_traffic(edge_url: Option<&str>) -> impl IntoView + use<> {
+    let example = try_request(edge_url, "KEY", "/");
+    view! {
+        <div id="no-traffic">
+            <p>"No traffic recorded in this range yet."</p>
+            <p>"Send requests through the edge with an API key (create one on the " <a href="/keys">"API keys"</a> " page, which shows this line with its secret):"</p>
+            <pre><code>{example}</code></pre>
+            <p>"Each endpoint then gets a chart here within seconds: allowed requests as solid bars, requests answered 429 (throttled) as hatched bars, also counted in the table's Throttled (429) column and, per key, under Most throttled keys."</p>
+        </div>
     }
 }
 

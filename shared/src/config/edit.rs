@@ -56,6 +56,12 @@ pub enum ConfigEdit {
     SetHeaders(HeaderSpec),
     /// The deny lists, as a whole.
     SetDeny(DenySpec),
+    /// A first configuration: one per-key `policy` on one `plan` (refused once
+    /// any policy is stored).
+    Start {
+        plan: String,
+        policy: PolicySpec,
+    },
 }
 
 /// What an edit changed: the item before and after it, as JSON (`None`: it did not
@@ -125,6 +131,7 @@ impl ConfigEdit {
             SetIpPolicies(_) => "set IP policies",
             SetHeaders(_) => "set response headers",
             SetDeny(_) => "set deny lists",
+            Start { .. } => "start configuration",
         }
     }
 
@@ -141,6 +148,7 @@ impl ConfigEdit {
             SetIpPolicies(_) => "ip_policies".into(),
             SetHeaders(_) => "headers".into(),
             SetDeny(_) => "deny".into(),
+            Start { plan, .. } => plan.clone(),
         }
     }
 
@@ -181,8 +189,27 @@ impl ConfigEdit {
             SetIpPolicies(list) => Ok(replaced(&mut c.ip_policies, list, Some("ip_policies"))),
             SetHeaders(headers) => Ok(replaced(&mut c.headers, headers, None)),
             SetDeny(deny) => Ok(replaced(&mut c.deny, deny, None)),
+            Start { plan, policy } => start(c, plan, policy),
         }
     }
+}
+
+/// The first policy and the plan that uses it.
+fn start(c: &mut ConfigSpec, plan: String, policy: PolicySpec) -> Result<Edited, PolicyError> {
+    if !c.policies.is_empty() {
+        return Err(PolicyError::new(
+            "(form)",
+            "a configuration is stored already: edit it below",
+        ));
+    }
+    let after = serde_json::json!({"policies": [&policy], "plans": {&plan: [&policy.name]}});
+    c.plans.insert(plan, vec![policy.name.clone()]);
+    c.policies.push(policy);
+    Ok(Edited {
+        before: None,
+        after: Some(after.to_string()),
+        at: Some("policies[0]".into()),
+    })
 }
 
 /// A new policy (`original: None`), else `policy` in place of the policy named
@@ -359,6 +386,30 @@ mod tests {
             r#"{{"name":"{name}","dimensions":["api_key"],"quota":{{"capacity":{capacity},"period":"1m"}},"failure_mode":"fail_closed"}}"#
         ))
         .unwrap()
+    }
+
+    #[test]
+    fn a_first_configuration_is_one_limit_on_one_plan_and_only_once() {
+        let mut c = ConfigSpec::default();
+        let start = ConfigEdit::Start {
+            plan: "free".into(),
+            policy: policy("default", 100),
+        };
+        assert_eq!(
+            (start.action(), start.target().as_str()),
+            ("start configuration", "free")
+        );
+        let done = start.clone().apply(&mut c).unwrap();
+        assert_eq!(done.before, None);
+        assert!(done.after.unwrap().contains("\"free\""));
+        assert_eq!(c.plans["free"], ["default"]);
+        assert!(
+            EdgeConfig::new(c.clone()).is_ok(),
+            "a configuration the edge takes"
+        );
+        let e = start.apply(&mut c).unwrap_err();
+        assert!(e.message.contains("stored already"), "{e}");
+        assert_eq!(c.policies.len(), 1);
     }
 
     #[test]
