@@ -1,6 +1,6 @@
 //! What the pages and the server functions exchange, and the pure pieces of the
 //! dashboard (a policy described, percentiles), which build for the server and the
-//! browser alike and are tested natively. The forms are [`crate::forms`].
+//! browser alike and are tested natively. The forms are in `forms`.
 
 use std::collections::BTreeMap;
 

@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, header};
 use cookie::time::Duration;
 use cookie::{Cookie, SameSite};
 
-use super::SESSION_TTL_SECS;
+use super::session::SESSION_TTL_SECS;
 use super::sign_in::TRUST_TTL_SECS;
 
 pub const SESSION_COOKIE: &str = "fg_session";

@@ -9,7 +9,8 @@ use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 
 use super::operators::{check_password, validate_user};
-use super::{AuthError, random_hex, set_for, sha256_hex, start_session};
+use super::session::start_session;
+use super::{AuthError, random_hex, set_for, sha256_hex};
 
 /// Sign-in attempts allowed per client address (every attempt counts), and per
 /// browser that signed in before (its device cookie).
