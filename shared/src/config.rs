@@ -29,6 +29,9 @@ use crate::policy::{Dimension, Policy, PolicyError, PolicySpec, validate_name};
 use crate::routes::{Route, RouteTable};
 use crate::script::MAX_CHECKS;
 
+mod edit;
+pub use edit::{ConfigEdit, Edited};
+
 /// Where the configuration lives in Redis.
 pub const CONFIG_KEY: &str = "fg:config";
 /// The largest configuration document accepted.
