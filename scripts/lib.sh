@@ -61,6 +61,12 @@ ensure_cargo_tool() {
     || cargo install --quiet --root "$TOOLS" "$1" --version "$2"
 }
 
+# ensure_worker_node: the Worker's npm tooling (edge/worker/package.json): wrangler,
+# miniflare, esbuild, binaryen's wasm-opt and the Node 22 they run on.
+ensure_worker_node() {
+  (cd edge/worker && { [ -d node_modules/wrangler ] || npm ci --no-audit --no-fund --loglevel=error; })
+}
+
 # ensure_worker_toolchain: everything to build the Worker and run it in workerd:
 # the wasm32 toolchain, worker-build, wasm-bindgen-cli at the version Cargo.lock
 # pins, and (npm, edge/worker) wrangler, miniflare, esbuild, wasm-opt, Node 22.
@@ -69,7 +75,7 @@ ensure_worker_toolchain() {
   ensure_wasm_toolchain
   ensure_cargo_tool worker-build 0.8.7 worker-build
   ensure_cargo_tool wasm-bindgen-cli 0.2.130 wasm-bindgen
-  (cd edge/worker && { [ -d node_modules/wrangler ] || npm ci --no-audit --no-fund --loglevel=error; })
+  ensure_worker_node
   if [ "${WASM_CARGO[0]}" = env ] && [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown/lib ]; then
     # worker-build looks for the target's libdir in the sysroot; std is built from source
     as_root mkdir -p /usr/lib/rustlib/wasm32-unknown-unknown/lib
