@@ -54,11 +54,14 @@ wasm_cargo() {
 TOOLS="${FLOODGATE_TOOLS:-$HOME/.cache/floodgate/tools}"
 
 # ensure_cargo_tool CRATE VERSION BIN: installs CRATE@VERSION into $TOOLS unless present.
+# Neither crate is published prebuilt on a registry this machine reaches; opt-level 1
+# builds them in less time, and they only transform a few files per build.
 ensure_cargo_tool() {
   if [ -x "$TOOLS/bin/$3" ] && "$TOOLS/bin/$3" --version 2>/dev/null | grep -qF "$2"; then return 0; fi
   say "installing $1 $2 (once; cached in $TOOLS)"
-  cargo install --quiet --root "$TOOLS" "$1" --version "$2" --locked 2>/dev/null \
-    || cargo install --quiet --root "$TOOLS" "$1" --version "$2"
+  local light=(env CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=false)
+  "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2" --locked 2>/dev/null \
+    || "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2"
 }
 
 # ensure_worker_node: the Worker's npm tooling (edge/worker/package.json): wrangler,
