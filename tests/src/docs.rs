@@ -64,7 +64,9 @@ pub fn parse_help(text: &str) -> HelpPage {
     let mut page = HelpPage::default();
     let mut section: Option<String> = None;
     let mut entries: Vec<(String, Vec<String>)> = vec![];
-    let flush = |page: &mut HelpPage, section: &Option<String>, entries: &mut Vec<(String, Vec<String>)>| {
+    let flush = |page: &mut HelpPage,
+                 section: &Option<String>,
+                 entries: &mut Vec<(String, Vec<String>)>| {
         let Some(name) = section else {
             entries.clear();
             return;
@@ -106,7 +108,11 @@ fn is_entry_start(line: &str) -> bool {
     (2..=6).contains(&indent)
         && (trimmed.starts_with('-')
             || (indent == 2 && (trimmed.starts_with('<') || trimmed.starts_with('['))))
-        || (indent == 2 && trimmed.chars().next().is_some_and(|c| c.is_ascii_lowercase()))
+        || (indent == 2
+            && trimmed
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase()))
 }
 
 /// `--listen <LISTEN>  Where to listen` → (`--listen <LISTEN>`, `Where to listen`).
@@ -137,7 +143,7 @@ fn item(head: &str, rest: &[String]) -> HelpItem {
     };
     let env = take("env").map(|e| e.split('=').next().unwrap_or_default().to_string());
     let default = take("default");
-    let possible = take("possible values");
+    let possible = take("possible values").or_else(|| possible_list(&mut text));
     let what = text.split_whitespace().collect::<Vec<_>>().join(" ");
     HelpItem {
         spec,
@@ -146,6 +152,24 @@ fn item(head: &str, rest: &[String]) -> HelpItem {
         possible,
         what,
     }
+}
+
+/// The long layout's `Possible values: - text: Human lines - json` list, taken out
+/// of `text` as `text (Human lines), json`.
+fn possible_list(text: &mut String) -> Option<String> {
+    let start = text.find("Possible values:")?;
+    let list = text[start + "Possible values:".len()..].to_string();
+    text.truncate(start);
+    let values: Vec<String> = list
+        .split(" - ")
+        .map(|v| v.trim().trim_start_matches("- ").trim())
+        .filter(|v| !v.is_empty())
+        .map(|v| match v.split_once(": ") {
+            Some((name, what)) => format!("{name} ({what})"),
+            None => v.to_string(),
+        })
+        .collect();
+    Some(values.join(", "))
 }
 
 /// `cell` made safe inside a Markdown table cell.
@@ -159,7 +183,8 @@ pub fn items_table(page: &HelpPage, skip: &[String]) -> String {
     let mut out = String::from("| flag | variable | default | what |\n|---|---|---|---|\n");
     for (_, items) in &page.sections {
         for i in items {
-            if i.spec.ends_with("--help") || i.spec.ends_with("--version") || skip.contains(&i.spec) {
+            if i.spec.ends_with("--help") || i.spec.ends_with("--version") || skip.contains(&i.spec)
+            {
                 continue;
             }
             let mut what = i.what.clone();
@@ -170,7 +195,9 @@ pub fn items_table(page: &HelpPage, skip: &[String]) -> String {
                 "| `{}` | {} | {} | {} |\n",
                 cell(&i.spec),
                 i.env.as_deref().map_or(String::new(), |e| format!("`{e}`")),
-                i.default.as_deref().map_or(String::new(), |d| format!("`{}`", cell(d))),
+                i.default
+                    .as_deref()
+                    .map_or(String::new(), |d| format!("`{}`", cell(d))),
                 cell(what.trim())
             ));
         }
@@ -217,11 +244,11 @@ pub fn generate(bin_dir: &Path, command: &str) -> String {
 
 fn section(binary: &Path, name: &str, args: &[String], inherited: &[String], out: &mut String) {
     let page = parse_help(&help_text(binary, args));
-    let has_items = page
-        .sections
-        .iter()
-        .flat_map(|(_, i)| i)
-        .any(|i| !i.spec.ends_with("--help") && !i.spec.ends_with("--version") && !inherited.contains(&i.spec));
+    let has_items = page.sections.iter().flat_map(|(_, i)| i).any(|i| {
+        !i.spec.ends_with("--help")
+            && !i.spec.ends_with("--version")
+            && !inherited.contains(&i.spec)
+    });
     if has_items {
         out.push_str(&items_table(&page, inherited));
     }
@@ -242,7 +269,11 @@ fn section(binary: &Path, name: &str, args: &[String], inherited: &[String], out
         out.push_str(&format!("| `{full}` | {} |\n", cell(what)));
     }
     let mut known: Vec<String> = inherited.to_vec();
-    known.extend(page.sections.iter().flat_map(|(_, i)| i.iter().map(|i| i.spec.clone())));
+    known.extend(
+        page.sections
+            .iter()
+            .flat_map(|(_, i)| i.iter().map(|i| i.spec.clone())),
+    );
     for (cmd, _) in &page.commands {
         let mut sub = args.to_vec();
         sub.push(cmd.clone());
@@ -262,7 +293,9 @@ pub fn regenerate(text: &str, make: impl Fn(&str) -> String) -> (String, Vec<Str
     let mut rest = text;
     while let Some(start) = rest.find(OPEN) {
         let after_open = &rest[start + OPEN.len()..];
-        let end_cmd = after_open.find(OPEN_END).expect("a generated block's opening marker ends");
+        let end_cmd = after_open
+            .find(OPEN_END)
+            .expect("a generated block's opening marker ends");
         let command = after_open[..end_cmd].to_string();
         let body_start = start + OPEN.len() + end_cmd + OPEN_END.len();
         let close = rest[body_start..]

@@ -40,7 +40,10 @@ fn recipe_blocks(doc: &str, name: &str) -> Vec<String> {
     let mut lines = doc.lines();
     while let Some(line) = lines.next() {
         if line.trim_end() == open {
-            let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+            let body: Vec<&str> = lines
+                .by_ref()
+                .take_while(|l| !l.starts_with("```"))
+                .collect();
             blocks.push(body.join("\n"));
         }
     }
@@ -64,14 +67,29 @@ struct Run {
 fn substitutions(run: &Run) -> Vec<(String, String)> {
     let root = run.root.display();
     vec![
-        ("/etc/systemd/system".into(), format!("{root}/etc/systemd/system")),
+        (
+            "/etc/systemd/system".into(),
+            format!("{root}/etc/systemd/system"),
+        ),
         ("/etc/floodgate".into(), format!("{root}/etc/floodgate")),
         ("/etc/caddy".into(), format!("{root}/etc/caddy")),
         ("/opt/floodgate".into(), format!("{root}/opt/floodgate")),
-        ("0.0.0.0:8080".into(), format!("127.0.0.1:{}", run.edge_port)),
-        ("127.0.0.1:8080".into(), format!("127.0.0.1:{}", run.edge_port)),
-        ("127.0.0.1:3000".into(), format!("127.0.0.1:{}", run.dash_port)),
-        ("127.0.0.1:9000".into(), format!("127.0.0.1:{}", run.upstream_port)),
+        (
+            "0.0.0.0:8080".into(),
+            format!("127.0.0.1:{}", run.edge_port),
+        ),
+        (
+            "127.0.0.1:8080".into(),
+            format!("127.0.0.1:{}", run.edge_port),
+        ),
+        (
+            "127.0.0.1:3000".into(),
+            format!("127.0.0.1:{}", run.dash_port),
+        ),
+        (
+            "127.0.0.1:9000".into(),
+            format!("127.0.0.1:{}", run.upstream_port),
+        ),
         (
             "$PWD/dist/".into(),
             format!("{}/dist/", run.scratch.display()),
@@ -80,8 +98,9 @@ fn substitutions(run: &Run) -> Vec<(String, String)> {
 }
 
 fn apply(text: &str, subs: &[(String, String)]) -> String {
-    subs.iter()
-        .fold(text.to_string(), |t, (from, to)| t.replace(from.as_str(), to))
+    subs.iter().fold(text.to_string(), |t, (from, to)| {
+        t.replace(from.as_str(), to)
+    })
 }
 
 /// `subs` as a sed script (`s#from#to#g` per line; `$` and `.` escaped).
@@ -101,7 +120,9 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         if let Ok(pids) = std::fs::read_to_string(self.0.join("pids")) {
             for pid in pids.lines() {
-                let _ = Command::new("kill").args(["--", &format!("-{pid}")]).status();
+                let _ = Command::new("kill")
+                    .args(["--", &format!("-{pid}")])
+                    .status();
             }
         }
         if std::env::var_os("FLOODGATE_KEEP_RECIPE").is_none() {
@@ -130,7 +151,10 @@ fn script(run: &Run, doc: &str, rest_url: &str, origin: &str) -> String {
         http = run.caddy_http_port,
         caddy = run.caddy_port,
         repo = repo.display(),
-        bin = workspace_binary("floodgate-edge").parent().unwrap().display(),
+        bin = workspace_binary("floodgate-edge")
+            .parent()
+            .unwrap()
+            .display(),
     );
     let mut recipes = 0;
     for (name, before) in [
@@ -142,7 +166,10 @@ fn script(run: &Run, doc: &str, rest_url: &str, origin: &str) -> String {
         ("native", ""),
     ] {
         let blocks = recipe_blocks(doc, name);
-        assert!(!blocks.is_empty(), "docs/deploy.md has no `sh recipe={name}` block");
+        assert!(
+            !blocks.is_empty(),
+            "docs/deploy.md has no `sh recipe={name}` block"
+        );
         s.push_str(before);
         for (i, block) in blocks.iter().enumerate() {
             s.push_str(&format!("echo '### recipe {name}, block {}'\n", i + 1));
@@ -183,7 +210,10 @@ fn run_bash(script: &str, scratch: &Path) -> (bool, String) {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    (status.success(), std::fs::read_to_string(&log).unwrap_or_default())
+    (
+        status.success(),
+        std::fs::read_to_string(&log).unwrap_or_default(),
+    )
 }
 
 /// The output line of the checkout loop: HTTP statuses separated by spaces.
@@ -191,8 +221,16 @@ fn status_line(transcript: &str) -> Vec<u16> {
     transcript
         .lines()
         .map(str::trim)
-        .filter(|l| l.len() >= 3 && l.split(' ').all(|w| w.len() == 3 && w.parse::<u16>().is_ok()))
-        .map(|l| l.split(' ').map(|w| w.parse().unwrap()).collect::<Vec<u16>>())
+        .filter(|l| {
+            l.len() >= 3
+                && l.split(' ')
+                    .all(|w| w.len() == 3 && w.parse::<u16>().is_ok())
+        })
+        .map(|l| {
+            l.split(' ')
+                .map(|w| w.parse().unwrap())
+                .collect::<Vec<u16>>()
+        })
         .find(|codes| codes.len() == 11)
         .unwrap_or_default()
 }
@@ -208,7 +246,12 @@ fn tls_client(ca: &Path) -> reqwest::Client {
 }
 
 /// Signs in to the dashboard at `url` as `user`: the session cookie and CSRF token.
-async fn sign_in(http: &reqwest::Client, url: &str, user: &str, password: &str) -> (String, String) {
+async fn sign_in(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+    password: &str,
+) -> (String, String) {
     let res = http
         .post(format!("{url}/api/login"))
         .header("origin", url)
@@ -237,7 +280,10 @@ async fn sign_in(http: &reqwest::Client, url: &str, user: &str, password: &str) 
         .json()
         .await
         .unwrap();
-    (cookie, info["csrf"].as_str().expect("a csrf token").to_string())
+    (
+        cookie,
+        info["csrf"].as_str().expect("a csrf token").to_string(),
+    )
 }
 
 /// The throttled count of `endpoint` in the dashboard's traffic data.
@@ -280,13 +326,22 @@ async fn the_worker_and_dashboard_recipes_reach_a_429_and_show_it() {
         upstream_port: upstream_addr.rsplit(':').next().unwrap().parse().unwrap(),
     };
     std::fs::write(scratch.join("map.sed"), sed_script(&substitutions(&run))).unwrap();
-    let s = script(&run, &doc, &format!("http://{rest_addr}"), &format!("http://{upstream_addr}"));
+    let s = script(
+        &run,
+        &doc,
+        &format!("http://{rest_addr}"),
+        &format!("http://{upstream_addr}"),
+    );
     let (ok, transcript) = run_bash(&s, &scratch);
     assert!(ok, "the recipes failed; their output:\n{transcript}");
 
     // the Worker recipe: ten checkouts admitted, the 11th refused, by the Worker
     let codes = status_line(&transcript);
-    assert_eq!(codes.len(), 11, "the checkout loop's statuses:\n{transcript}");
+    assert_eq!(
+        codes.len(),
+        11,
+        "the checkout loop's statuses:\n{transcript}"
+    );
     assert!(codes[..10].iter().all(|c| *c == 200), "{codes:?}");
     assert_eq!(codes[10], 429, "{codes:?}");
     let bundle: Vec<_> = std::fs::read_dir(scratch.join("bundle"))
@@ -322,7 +377,11 @@ async fn the_worker_and_dashboard_recipes_reach_a_429_and_show_it() {
             .header("origin", &url)
             .header("cookie", &cookie)
             .header("accept", "application/json")
-            .form(&[("range", "15m"), ("resolution", "10s"), ("csrf", csrf.as_str())])
+            .form(&[
+                ("range", "15m"),
+                ("resolution", "10s"),
+                ("csrf", csrf.as_str()),
+            ])
             .send()
             .await
             .unwrap()
@@ -394,7 +453,10 @@ fn the_units_and_the_caddyfile_in_deploy_are_valid() {
         );
         units += 1;
     }
-    assert!(units >= 2, "deploy/ has the dashboard's and the edge's units");
+    assert!(
+        units >= 2,
+        "deploy/ has the dashboard's and the edge's units"
+    );
     let out = Command::new("caddy")
         .args(["validate", "--adapter", "caddyfile", "--config"])
         .arg(repo_root().join("deploy/Caddyfile"))

@@ -6,9 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use floodgate_tests::docs::{
-    doc_files, generate, items_table, parse_help, regenerate, repo_root,
-};
+use floodgate_tests::docs::{doc_files, generate, items_table, parse_help, regenerate, repo_root};
 use floodgate_tests::process::workspace_binary;
 
 /// Every generated block of `docs/` is what the binaries' `--help` says now.
@@ -90,6 +88,25 @@ Commands:
          | `--listen <LISTEN>` | `FLOODGATE_LISTEN` | `127.0.0.1:8080` | Where to listen |\n\
          | `--mode <MODE>` |  |  | How One of: a, b. |\n"
     );
+    let listed = "\
+Options:
+      --log-format <LOG_FORMAT>
+          How log lines look
+
+          Possible values:
+          - text: Human-readable lines
+          - json: One JSON object per line
+
+          [default: text]
+";
+    let p = parse_help(listed);
+    let i = &p.sections[0].1[0];
+    assert_eq!(i.what, "How log lines look");
+    assert_eq!(
+        i.possible.as_deref(),
+        Some("text (Human-readable lines), json (One JSON object per line)")
+    );
+    assert_eq!(i.default.as_deref(), Some("text"));
     let p = parse_help(long);
     let items = &p.sections[0].1;
     assert_eq!(items[0].spec, "--upstream <UPSTREAM>");
@@ -124,7 +141,10 @@ fn worker_reads() -> BTreeMap<String, Option<String>> {
                 .strip_prefix(", ")
                 .and_then(|a| a.split(|c| c == ')' || c == '?').next())
                 .map(|d| d.replace('_', ""))
-                .filter(|d| d.chars().all(|c| c.is_ascii_digit() || c == '*' || c == ' '))
+                .filter(|d| {
+                    d.chars()
+                        .all(|c| c.is_ascii_digit() || c == '*' || c == ' ')
+                })
                 .map(|d| eval_product(&d));
             let slot = out.entry(name.to_string()).or_insert(None);
             if default.is_some() {
@@ -175,10 +195,7 @@ fn the_workers_variable_table_is_what_it_reads() {
     );
     for (name, default) in &reads {
         if let Some(d) = default {
-            assert_eq!(
-                &table[name], d,
-                "{name}'s default in docs/configuration.md"
-            );
+            assert_eq!(&table[name], d, "{name}'s default in docs/configuration.md");
         }
     }
     let serve = std::fs::read_to_string(repo_root().join("edge/worker/serve.mjs")).unwrap();
@@ -189,10 +206,16 @@ fn the_workers_variable_table_is_what_it_reads() {
         );
     }
     let toml = std::fs::read_to_string(repo_root().join("wrangler.toml")).unwrap();
-    for line in toml.lines().filter(|l| !l.starts_with('#') && l.contains(" = \"")) {
+    for line in toml
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(" = \""))
+    {
         let name = line.split(' ').next().unwrap();
         if name.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
-            assert!(reads.contains_key(name), "wrangler.toml sets {name}, which the Worker never reads");
+            assert!(
+                reads.contains_key(name),
+                "wrangler.toml sets {name}, which the Worker never reads"
+            );
         }
     }
 }
@@ -275,8 +298,17 @@ fn the_readme_is_a_landing_page() {
         .copied()
         .collect();
     assert_eq!(first_block.len(), 2, "{first_block:?}");
-    assert!(first_block[0].starts_with("scripts/run "), "{first_block:?}");
-    assert!(first_block[1].starts_with("scripts/test "), "{first_block:?}");
+    assert!(
+        first_block[0].starts_with("scripts/run "),
+        "{first_block:?}"
+    );
+    assert!(
+        first_block[1].starts_with("scripts/test "),
+        "{first_block:?}"
+    );
     let ci = std::fs::read_to_string(repo_root().join(".ci/run")).unwrap();
-    assert!(ci.contains("scripts/test\""), ".ci/run runs scripts/test: {ci}");
+    assert!(
+        ci.contains("scripts/test\""),
+        ".ci/run runs scripts/test: {ci}"
+    );
 }
