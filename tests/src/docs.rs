@@ -89,10 +89,10 @@ pub fn parse_help(text: &str) -> HelpPage {
             section = Some(line.trim_end_matches(':').to_string());
         } else if section.is_some() && is_entry_start(line) {
             entries.push((line.trim().to_string(), vec![]));
-        } else if let Some(last) = entries.last_mut() {
-            if !line.trim().is_empty() {
-                last.1.push(line.trim().to_string());
-            }
+        } else if let Some(last) = entries.last_mut()
+            && !line.trim().is_empty()
+        {
+            last.1.push(line.trim().to_string());
         }
     }
     flush(&mut page, &section, &mut entries);

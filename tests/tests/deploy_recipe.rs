@@ -216,20 +216,18 @@ fn run_bash(script: &str, scratch: &Path) -> (bool, String) {
     )
 }
 
-/// The output line of the checkout loop: HTTP statuses separated by spaces.
+/// The checkout loop's output: the 3-digit statuses ending a line (11 of them).
 fn status_line(transcript: &str) -> Vec<u16> {
     transcript
         .lines()
-        .map(str::trim)
-        .filter(|l| {
-            l.len() >= 3
-                && l.split(' ')
-                    .all(|w| w.len() == 3 && w.parse::<u16>().is_ok())
-        })
         .map(|l| {
-            l.split(' ')
-                .map(|w| w.parse().unwrap())
-                .collect::<Vec<u16>>()
+            let mut codes: Vec<u16> = l
+                .split_whitespace()
+                .rev()
+                .map_while(|w| w.parse::<u16>().ok().filter(|_| w.len() == 3))
+                .collect();
+            codes.reverse();
+            codes
         })
         .find(|codes| codes.len() == 11)
         .unwrap_or_default()

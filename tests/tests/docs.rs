@@ -139,7 +139,7 @@ fn worker_reads() -> BTreeMap<String, Option<String>> {
             let after = &rest[name.len() + 1..];
             let default = after
                 .strip_prefix(", ")
-                .and_then(|a| a.split(|c| c == ')' || c == '?').next())
+                .and_then(|a| a.split([')', '?']).next())
                 .map(|d| d.replace('_', ""))
                 .filter(|d| {
                     d.chars()
