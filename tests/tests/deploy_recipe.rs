@@ -470,3 +470,79 @@ fn the_units_and_the_caddyfile_in_deploy_are_valid() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `scripts/worker dev` works out of the box against a local stack: it writes the
+/// missing `.dev.vars` (here `FLOODGATE_DEV_VARS`, a scratch file) with the REST
+/// endpoint's port and token, and wrangler dev then serves the Worker from it —
+/// a key created in the stack's Redis is admitted, and its upstream is the local one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_worker_dev_serves_the_local_stack_from_dev_vars() {
+    let scratch = std::env::temp_dir().join(format!("floodgate-worker-dev-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let _cleanup = Cleanup(scratch.clone());
+    std::fs::write(scratch.join("rest-token"), TOKEN).unwrap();
+    let redis = RedisServer::start();
+    let seeded = floodgate_tests::seed(&redis, floodgate_tests::DEMO_CONFIG).await;
+    let (_rest, rest_addr) = listening(
+        "floodgate-rest",
+        &["--redis", &redis.url()],
+        &[("FLOODGATE_REST_TOKEN", TOKEN)],
+    );
+    let (_upstream, upstream_addr) = listening("floodgate-demo-upstream", &[], &[]);
+    let port = free_port();
+    let vars = scratch.join(".dev.vars");
+    let log = std::fs::File::create(scratch.join("dev.log")).unwrap();
+    let child = Command::new("setsid")
+        .arg(repo_root().join("scripts/worker"))
+        .args(["dev", &port.to_string()])
+        .env("FLOODGATE_DEV_VARS", &vars)
+        .env("FLOODGATE_REST_TOKEN_FILE", scratch.join("rest-token"))
+        .env("FLOODGATE_REST_PORT", rest_addr.rsplit(':').next().unwrap())
+        .env(
+            "FLOODGATE_UPSTREAM_PORT",
+            upstream_addr.rsplit(':').next().unwrap(),
+        )
+        .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("scripts/worker runs");
+    std::fs::write(scratch.join("pids"), format!("{}\n", child.id())).unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let res = loop {
+        match reqwest::Client::new()
+            .get(format!("{url}/v1/items"))
+            .bearer_auth(&seeded.secret)
+            .send()
+            .await
+        {
+            Ok(r) => break r,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+            Err(e) => panic!(
+                "wrangler dev never answered ({e}):\n{}",
+                std::fs::read_to_string(scratch.join("dev.log")).unwrap_or_default()
+            ),
+        }
+    };
+    let written = std::fs::read_to_string(&vars).expect("scripts/worker dev wrote .dev.vars");
+    assert!(
+        written.contains(&format!("UPSTASH_REDIS_REST_URL=\"http://{rest_addr}\"")),
+        "{written}"
+    );
+    assert!(
+        written.contains(&format!("UPSTASH_REDIS_REST_TOKEN=\"{TOKEN}\"")),
+        "{written}"
+    );
+    assert_eq!(res.status(), 200, "the key of the local stack is admitted");
+    assert_eq!(res.headers()["x-ratelimit-limit"], "1000");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body["path"], "/v1/items",
+        "the local demo upstream answered: {body}"
+    );
+}
