@@ -113,6 +113,19 @@ fn sed_script(subs: &[(String, String)]) -> String {
         .collect()
 }
 
+/// A process started in its own session (`setsid`): its group is ended, and the
+/// process reaped, when dropped.
+struct Group(std::process::Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["--", &format!("-{}", self.0.id())])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
 /// Ends every process group the stand-ins started, and removes the scratch dir.
 struct Cleanup(PathBuf);
 
@@ -509,7 +522,7 @@ async fn scripts_worker_dev_serves_the_local_stack_from_dev_vars() {
         .stderr(log)
         .spawn()
         .expect("scripts/worker runs");
-    std::fs::write(scratch.join("pids"), format!("{}\n", child.id())).unwrap();
+    let _dev = Group(child);
     let url = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(180);
     let res = loop {
