@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod docs;
 pub mod gateway;
 pub mod http;
 pub mod process;
