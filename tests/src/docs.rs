@@ -233,6 +233,9 @@ pub fn help_text(binary: &Path, args: &[String]) -> String {
 /// items, and for a binary with subcommands a table of them followed by one
 /// section per subcommand, recursively. `bin_dir` holds the binaries.
 pub fn generate(bin_dir: &Path, command: &str) -> String {
+    if command == WORKER_SETTINGS {
+        return worker_settings_table();
+    }
     let mut words = command.split_whitespace().map(str::to_string);
     let name = words.next().expect("a binary name");
     let args: Vec<String> = words.collect();
@@ -283,6 +286,42 @@ fn section(binary: &Path, name: &str, args: &[String], inherited: &[String], out
             out.push_str(&format!("\n`{name} {}`:\n\n{body}", sub.join(" ")));
         }
     }
+}
+
+/// The generated block of the Worker's settings: the settings both hosts share
+/// (`floodgate_edge::settings::EdgeSettings`), by the Worker's names.
+pub const WORKER_SETTINGS: &str = "the Worker's settings";
+
+/// One row per setting of `EdgeSettings`: the Worker's variable, its default, and
+/// what it does (the native flag's help).
+pub fn worker_settings_table() -> String {
+    use clap::Args;
+    use floodgate_edge::settings::{EdgeSettings, worker_name};
+    let command = EdgeSettings::augment_args(clap::Command::new("worker"));
+    let mut out = String::from("| variable | kind | default | what |\n|---|---|---|---|\n");
+    for arg in command.get_arguments() {
+        let Some(env) = arg.get_env().and_then(|e| e.to_str()) else {
+            continue;
+        };
+        let default: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let default = if default.is_empty() {
+            "unset".to_string()
+        } else {
+            default.join(", ")
+        };
+        let what = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        out.push_str(&format!(
+            "| `{}` | var | {} | {} |\n",
+            worker_name(env),
+            cell(&default),
+            cell(what.trim())
+        ));
+    }
+    out
 }
 
 /// `text` with every generated block made again by `make(command)`; also the
