@@ -321,7 +321,7 @@ pub async fn create_key<S: Store>(
                 b"HSETNX".to_vec(),
                 KEY_INDEX.as_bytes().to_vec(),
                 id.into_bytes(),
-                hash.into_bytes(),
+                hash.clone().into_bytes(),
             ],
         ])
         .await?;

@@ -64,6 +64,7 @@ impl LocalBuckets {
             now,
             shadow: vec![false; checks.len()],
             decisions,
+            revision: Default::default(),
         }
     }
 

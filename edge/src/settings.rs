@@ -233,6 +233,7 @@ impl EdgeSettings {
             },
             // not settings of the deployment
             max_cached_keys: 100_000,
+            records_max_age: 300 * MICROS_PER_SEC,
             throttle_memory: true,
             in_flight_ttl: 60 * MICROS_PER_SEC,
             stats_flush_every: MICROS_PER_SEC,

@@ -6,11 +6,12 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{
-    MemStore, T0, advance, head, header, mem, minute_sum, retry_after, seed, set_key_status,
-    settle, status,
+    MemStore, T0, advance, changed, head, header, mem, minute_sum, retry_after, seed,
+    set_key_status, settle, status,
 };
 use floodgate_edge::pipeline::{Admit, Pipeline, PipelineConfig, RequestHead};
 use floodgate_shared::apikeys::{KeyStatus, new_secret};
+use floodgate_shared::changes::Change;
 use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC};
 
@@ -165,8 +166,8 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
     let _ = settle(first).await;
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
-        cold + 2,
-        "the first request's background read refreshed both"
+        cold + 1,
+        "the first request's background work read what changed: the key, not the configuration"
     );
     assert_eq!(
         status(&p.gate(head(&auth)).await.gate),
@@ -180,6 +181,7 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{broken".to_vec());
+    changed(store, Change::Config);
     advance(&clock, store, 60 * MICROS_PER_SEC);
     let gets = store.gets.load(Ordering::SeqCst);
     let _ = settle(p.gate(head(&auth)).await).await;
@@ -228,19 +230,27 @@ async fn a_failed_background_refresh_is_tried_again() {
     advance(&clock, store, 1_500_000);
     store.down.store(true, Ordering::SeqCst);
     let _ = settle(p.gate(head(&auth)).await).await;
-    let gets = store.gets.load(Ordering::SeqCst);
+    let (gets, checks) = (
+        store.gets.load(Ordering::SeqCst),
+        store.rev_reads.load(Ordering::SeqCst),
+    );
     store.down.store(false, Ordering::SeqCst);
     let _ = settle(p.gate(head(&auth)).await).await;
     assert_eq!(
+        store.rev_reads.load(Ordering::SeqCst),
+        checks + 1,
+        "the next request checked the revision again"
+    );
+    assert_eq!(
         store.gets.load(Ordering::SeqCst),
-        gets + 2,
-        "the next request refreshed again"
+        gets,
+        "the revision had not moved: nothing read again"
     );
     let _ = settle(p.gate(head(&auth)).await).await;
     assert_eq!(
-        store.gets.load(Ordering::SeqCst),
-        gets + 2,
-        "and it is fresh"
+        store.rev_reads.load(Ordering::SeqCst),
+        checks + 1,
+        "and the records are fresh"
     );
 }
 
@@ -452,10 +462,10 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
     advance(&clock, store, 10 * MICROS_PER_SEC);
-    let gets = store.gets.load(Ordering::SeqCst);
+    let reads = store.reads.load(Ordering::SeqCst);
     let g = settle(p.gate(head(&auth)).await).await;
     assert!(
-        store.gets.load(Ordering::SeqCst) > gets,
+        store.reads.load(Ordering::SeqCst) > reads,
         "the expired record was looked up again"
     );
     assert!(

@@ -108,6 +108,17 @@ pub fn parse_rev(raw: Option<&[u8]>) -> Option<u64> {
     text.parse().ok()
 }
 
+/// What a decision said of the records' revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Revision {
+    /// The call did not read it (Redis Cluster: another slot; the multi-algorithm
+    /// script).
+    #[default]
+    NotAsked,
+    /// The counter's value, `None` when it is missing or not a number.
+    Seen(Option<u64>),
+}
+
 /// What an instance that read its records at revision `known` must read again
 /// now that the revision is `now`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,17 +133,22 @@ pub enum Stale {
 }
 
 impl Stale {
-    /// How many log entries (newest first) tell what changed from `known` to
-    /// `now`: `None` when none can (the answer is then [`Stale::Everything`] or
-    /// [`Stale::Nothing`] without reading the log).
+    /// How many of the log's newest entries to read to tell what changed from
+    /// `known` to `now`: those, and a few more in case the log moved on meanwhile
+    /// (newer entries are skipped). `None` when no log can tell (the answer is then
+    /// [`Stale::Everything`] or [`Stale::Nothing`] without reading it).
     pub fn log_needed(known: Option<u64>, now: Option<u64>) -> Option<usize> {
         match (known, now) {
-            (Some(k), Some(n)) if n > k && n - k <= LOG_KEEP as u64 => Some((n - k) as usize),
+            (Some(k), Some(n)) if n > k && n - k <= LOG_KEEP as u64 => {
+                Some((n - k) as usize + LOG_SLACK)
+            }
             _ => None,
         }
     }
 
-    /// What to read again, from the log's newest entries `log` (`LRANGE 0 n-1`).
+    /// What to read again, from the log's newest entries `log` (`LRANGE 0 n-1`):
+    /// skipping entries newer than `now`, they must name exactly the revisions
+    /// `now`, `now - 1`, …, `known + 1`.
     pub fn from_log(known: Option<u64>, now: Option<u64>, log: &[Vec<u8>]) -> Stale {
         let (Some(k), Some(n)) = (known, now) else {
             return Stale::Everything;
@@ -140,24 +156,30 @@ impl Stale {
         if n == k {
             return Stale::Nothing;
         }
-        if n < k || Self::log_needed(known, now) != Some(log.len()) {
+        if n < k || n - k > LOG_KEEP as u64 {
             return Stale::Everything;
         }
-        let mut changes = vec![];
-        for (i, raw) in log.iter().enumerate() {
-            let entry = std::str::from_utf8(raw)
-                .ok()
-                .and_then(|t| t.parse::<Entry>().ok());
-            match entry {
-                Some(e) if e.rev == n - i as u64 => changes.push(e.change),
-                _ => return Stale::Everything,
-            }
+        let entries: Option<Vec<Entry>> = log
+            .iter()
+            .map(|raw| std::str::from_utf8(raw).ok()?.parse::<Entry>().ok())
+            .collect();
+        let Some(entries) = entries else {
+            return Stale::Everything;
+        };
+        let in_range: Vec<&Entry> = entries.iter().skip_while(|e| e.rev > n).collect();
+        let want = (n - k) as usize;
+        if in_range.len() < want || (0..want).any(|i| in_range[i].rev != n - i as u64) {
+            return Stale::Everything;
         }
+        let mut changes: Vec<Change> = in_range[..want].iter().map(|e| e.change.clone()).collect();
         changes.sort();
         changes.dedup();
         Stale::Only(changes)
     }
 }
+
+/// Entries read past the ones needed, for a log that moved on meanwhile.
+pub const LOG_SLACK: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -208,7 +230,7 @@ mod tests {
         assert_eq!(Stale::from_log(Some(4), Some(3), &[]), Stale::Everything);
         assert_eq!(Stale::from_log(Some(3), Some(3), &[]), Stale::Nothing);
         assert_eq!(Stale::log_needed(Some(3), Some(3)), None);
-        assert_eq!(Stale::log_needed(Some(1), Some(3)), Some(2));
+        assert_eq!(Stale::log_needed(Some(1), Some(3)), Some(2 + LOG_SLACK));
         assert_eq!(
             Stale::log_needed(Some(1), Some(1 + LOG_KEEP as u64 + 1)),
             None
@@ -225,6 +247,24 @@ mod tests {
         assert_eq!(
             Stale::from_log(Some(2), Some(5), &log),
             Stale::Only(vec![Change::Config, Change::Key(h)])
+        );
+    }
+
+    #[test]
+    fn entries_newer_than_the_revision_asked_about_are_skipped() {
+        let h = "b".repeat(64);
+        let log: Vec<Vec<u8>> = [&format!("7 key:{h}")[..], "6 config", "5 config"]
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .collect();
+        assert_eq!(
+            Stale::from_log(Some(4), Some(6), &log),
+            Stale::Only(vec![Change::Config])
+        );
+        assert_eq!(
+            Stale::from_log(Some(3), Some(6), &log),
+            Stale::Everything,
+            "5 to 4 missing"
         );
     }
 

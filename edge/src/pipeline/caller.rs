@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use floodgate_shared::apikeys::{
     KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
 };
+use floodgate_shared::changes::{REV_KEY, parse_rev};
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::time::{Clock, Micros, ceil_secs};
@@ -50,10 +51,11 @@ pub fn credentials<'r>(req: &RequestHead<'r>, bearer: bool) -> Result<&'r str, R
     })
 }
 
-/// What a read of the records fetches, in this order: the configuration, then
+/// What a read of the records fetches, in this order: the records' revision
+/// (read with them, so it confirms everything else held), the configuration, then
 /// the key record of `hash`.
 fn record_names(hash: &str, key: bool, config: bool) -> Vec<String> {
-    let mut names = vec![];
+    let mut names = vec![REV_KEY.to_string()];
     if config {
         names.push(CONFIG_KEY.to_string());
     }
@@ -72,12 +74,12 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Parses a configuration just read and caches it, logging a change (or why it
 /// was rejected, once per reason): the configuration, or why there is none.
-fn load_config(
+pub(super) fn load_config(
     records: &Records,
     totals: &Totals,
     log: fn(&LogEvent<'_>),
     raw: Option<Vec<u8>>,
-    now: Micros,
+    (now, rev): (Micros, Option<u64>),
 ) -> Result<Arc<EdgeConfig>, String> {
     let digest = raw.as_deref().map(fnv1a).unwrap_or_default();
     let parsed = raw
@@ -101,7 +103,7 @@ fn load_config(
                 });
             }
             let c = Arc::new(c);
-            records.set_config(c.clone(), now);
+            records.set_config(c.clone(), now, rev);
             Ok(c)
         }
         Err(why) => {
@@ -111,7 +113,7 @@ fn load_config(
                 last.clone_from(&why);
             }
             // the last good one stays, and is checked again in a TTL
-            records.keep_config(now);
+            records.keep_config(now, rev);
             Err(why)
         }
     }
@@ -119,18 +121,18 @@ fn load_config(
 
 /// Caches a key record just read (`None`: no such key, counted as an unknown-key
 /// lookup): the record.
-fn load_key(
+pub(super) fn load_key(
     records: &Records,
     totals: &Totals,
     hash: String,
     raw: Option<Vec<u8>>,
-    now: Micros,
+    (now, rev): (Micros, Option<u64>),
 ) -> Option<KeyRecord> {
     let record = raw.and_then(|raw| KeyRecord::from_json(&raw));
     if record.is_none() {
         totals.unknown_key_lookups.fetch_add(1, Ordering::Relaxed);
     }
-    records.set_key(hash, record.clone(), now);
+    records.set_key(hash, record.clone(), now, rev);
     record
 }
 
@@ -260,9 +262,16 @@ where
         };
         let now = self.clock.now();
         let mut values = values.into_iter();
+        let seen = parse_rev(values.next().flatten().as_deref());
         let config = if need_config {
             let raw = values.next().flatten();
-            match load_config(&self.records, &self.totals, self.settings.log, raw, now) {
+            match load_config(
+                &self.records,
+                &self.totals,
+                self.settings.log,
+                raw,
+                (now, seen),
+            ) {
                 Ok(c) => c,
                 // a broken or missing configuration: keep the last good one
                 Err(why) => match cached.config.any() {
@@ -275,7 +284,13 @@ where
         };
         let key = if need_key {
             let raw = values.next().flatten();
-            let record = load_key(&self.records, &self.totals, hash.to_string(), raw, now);
+            let record = load_key(
+                &self.records,
+                &self.totals,
+                hash.to_string(),
+                raw,
+                (now, seen),
+            );
             if record.is_none() {
                 self.unknown_keys.charge(req.client_ip, now);
             }
@@ -283,21 +298,24 @@ where
         } else {
             cached.key.any().flatten()
         };
+        self.revision_seen(seen, later);
         Ok((key, config))
     }
 
-    /// Refreshes an expired configuration and key record (`hash`) in the
-    /// background, one refresh at a time each, while requests are answered from
-    /// the stale copies. Not while the global breaker is open (the copies serve on;
-    /// the first request after it closes refreshes). A refresh that fails leaves
-    /// the copies and lets the next request try again.
+    /// Revalidates stale records in the background while requests are answered
+    /// from them: a record past its own lifetime is read again (one read at a
+    /// time each), with the revision; otherwise one check of the revision confirms
+    /// every record held. Not while the global breaker is open (the copies serve
+    /// on; the first request after it closes revalidates). A read that fails
+    /// leaves the copies and lets the next request try again.
     fn revalidate(&self, hash: &str, key: bool, config: bool, now: Micros, later: &mut Vec<Task>) {
         if self.global.phase() != Phase::Closed {
             return;
         }
-        let config = config && self.records.claim_config(now);
-        let key = key && self.records.claim_key(hash, now);
+        let config = config && self.records.config_expired(now) && self.records.claim_config(now);
+        let key = key && self.records.key_expired(hash, now) && self.records.claim_key(hash, now);
         if !key && !config {
+            self.check_revision(later);
             return;
         }
         let names = record_names(hash, key, config);
@@ -319,12 +337,20 @@ where
                 return;
             };
             let mut values = values.into_iter();
+            let seen = parse_rev(values.next().flatten().as_deref());
             if config {
                 // a broken configuration is logged and the last good one serves on
-                let _ = load_config(&records, &totals, log, values.next().flatten(), now);
+                let raw = values.next().flatten();
+                let _ = load_config(&records, &totals, log, raw, (now, seen));
             }
             if key {
-                load_key(&records, &totals, hash, values.next().flatten(), now);
+                load_key(
+                    &records,
+                    &totals,
+                    hash,
+                    values.next().flatten(),
+                    (now, seen),
+                );
             }
         }));
     }

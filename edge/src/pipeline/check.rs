@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use floodgate_shared::changes::{REV_KEY, Revision};
 use floodgate_shared::contract::Answer;
 use floodgate_shared::policy::{Consistency, FailureMode, Quota};
 use floodgate_shared::script::{Verdict, When};
@@ -59,7 +60,7 @@ where
         let calls = owned.clone();
         let fut = boxed(async move {
             let checks = as_checks(&calls);
-            store.check(&checks, when).await
+            store.check_watching(&checks, when, REV_KEY).await
         });
         let called = self.global.call(&self.clock, deadline, fut).await;
         let finished = self.clock.now();
@@ -67,6 +68,9 @@ where
         match called {
             Called::Done(verdict) => {
                 self.learn(limits, &verdict, sent, finished);
+                if let Revision::Seen(seen) = verdict.revision {
+                    self.revision_seen(seen, later);
+                }
                 if !verdict.admitted {
                     self.count(limits, Outcome::Throttled, latency);
                     self.count_throttled(limits, &verdict);

@@ -98,6 +98,7 @@ where
             now,
             shadow: vec![false; decisions.len()],
             decisions,
+            revision: Default::default(),
         };
         let headers = limits.answer(&verdict).ok()?;
         self.count(limits, Outcome::Allowed, None);

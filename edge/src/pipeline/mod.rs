@@ -4,7 +4,8 @@
 //!
 //! 1. **credentials** ([`caller`]): the API key from its header, by shape only;
 //! 2. **caller** ([`caller`]): its key record and the configuration, cached (a
-//!    warm request reads nothing), in ONE store round trip for what is missing;
+//!    warm request reads nothing; they stay good while the records' revision does,
+//!    see [`revision`]), in ONE store round trip for what is missing;
 //! 3. **block lists** ([`blocklists`]): a listed caller gets a 403, no store call;
 //! 4. **limits** ([`limits`]): the policies of the caller's plan that match the
 //!    route and address, each with its bucket;
@@ -45,6 +46,7 @@ pub mod leasing;
 pub mod limits;
 pub mod offset;
 mod records;
+pub mod revision;
 mod settings;
 pub mod slots;
 pub mod throttled;
@@ -152,6 +154,7 @@ where
             records: Arc::new(Records::new(
                 settings.cache_ttl,
                 settings.negative_cache_ttl,
+                settings.records_max_age,
                 settings.max_cached_keys,
             )),
             unknown_keys: UnknownKeyBudget::new(

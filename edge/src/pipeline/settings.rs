@@ -21,6 +21,10 @@ pub struct PipelineConfig {
     pub cache_ttl: Micros,
     /// How long a key found not to exist is remembered as such (µs).
     pub negative_cache_ttl: Micros,
+    /// How long a known key record and the configuration are used at most before
+    /// they are read again, whatever the records' revision says (µs): a writer
+    /// that does not bump the revision is still seen.
+    pub records_max_age: Micros,
     /// Most key records cached at once (unknown keys included).
     pub max_cached_keys: usize,
     /// Answer a bucket that just throttled locally until its Retry-After, without

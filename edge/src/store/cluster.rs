@@ -204,6 +204,10 @@ impl ClusterStore {
 }
 
 impl Store for ClusterStore {
+    fn one_slot(&self) -> bool {
+        false
+    }
+
     async fn run(
         &self,
         script: &LuaScript,

@@ -14,11 +14,14 @@ pub type Gate = Result<Admit, Reply>;
 use floodgate_edge::store::{MaybeSend, Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
+use floodgate_shared::changes::{Change, Entry, LOG_KEY, REV_KEY, Revision, parse_rev};
 use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::lease::{
     Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
 };
-use floodgate_shared::script::{Check, LuaScript, Verdict, When, interpret_token_bucket};
+use floodgate_shared::script::{
+    Check, LuaScript, Verdict, When, can_watch, interpret_token_bucket,
+};
 use floodgate_shared::time::{FakeClock, Micros};
 
 pub const T0: Micros = 1_764_000_000_000_000;
@@ -29,6 +32,12 @@ pub struct MemStore {
     pub records: Mutex<HashMap<String, Vec<u8>>>,
     pub buckets: Mutex<HashMap<String, BucketState>>,
     pub gets: AtomicUsize,
+    /// Reads of the records' revision.
+    pub rev_reads: AtomicUsize,
+    /// Reads of several records in one call.
+    pub reads: AtomicUsize,
+    /// The change log, newest first (`shared::changes`).
+    pub log: Mutex<Vec<String>>,
     pub checks: AtomicUsize,
     pub refunds: AtomicUsize,
     pub down: AtomicBool,
@@ -191,8 +200,44 @@ impl Store for &MemStore {
         Ok(Value::Array(ints.into_iter().map(Value::Int).collect()))
     }
 
-    async fn command(&self, _: &[&[u8]]) -> Result<Value, StoreError> {
-        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    /// The change log's `LRANGE` and the revision's `SET ... NX`, in memory.
+    async fn command(&self, args: &[&[u8]]) -> Result<Value, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        match text
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            ["LRANGE", key, "0", stop] if *key == LOG_KEY => {
+                let n = stop.parse::<usize>().unwrap() + 1;
+                let log = self.log.lock().unwrap();
+                let items = log
+                    .iter()
+                    .take(n)
+                    .map(|e| Value::Bulk(e.clone().into_bytes()));
+                Ok(Value::Array(items.collect()))
+            }
+            ["SET", key, value, "NX"] if *key == REV_KEY => {
+                let mut records = self.records.lock().unwrap();
+                let fresh = !records.contains_key(REV_KEY);
+                if fresh {
+                    records.insert(REV_KEY.into(), value.as_bytes().to_vec());
+                }
+                Ok(if fresh {
+                    Value::Status("OK".into())
+                } else {
+                    Value::Nil
+                })
+            }
+            _ => Err(StoreError::new(StoreErrorKind::Protocol, "not in memory")),
+        }
     }
 
     async fn pipeline(&self, _: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
@@ -241,6 +286,7 @@ impl Store for &MemStore {
                 now,
                 decisions,
                 shadow: checks.iter().map(|c| c.shadow).collect(),
+                revision: Default::default(),
             });
         }
         let all = checks
@@ -257,6 +303,25 @@ impl Store for &MemStore {
         let mut reply = vec![i64::from(all), now];
         reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
         Ok(interpret_token_bucket(checks, &reply).unwrap())
+    }
+
+    /// The token bucket script's twin reading the records' revision too.
+    async fn check_watching(
+        &self,
+        checks: &[Check<'_>],
+        when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+    ) -> Result<Verdict, StoreError> {
+        let verdict = self.check(checks, when).await?;
+        let raw = self.records.lock().unwrap().get(rev_key).cloned();
+        let revision = match can_watch(checks) {
+            true => Revision::Seen(parse_rev(raw.as_deref())),
+            false => Revision::NotAsked,
+        };
+        Ok(Verdict {
+            revision,
+            ..verdict
+        })
     }
 
     async fn acquire_slot(
@@ -301,6 +366,7 @@ impl Store for &MemStore {
     }
 
     async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
             out.push(self.get(k).await?);
@@ -314,7 +380,13 @@ impl Store for &MemStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
+        // records read (the revision, read with them or alone, is counted apart)
+        let counter = if key == REV_KEY {
+            &self.rev_reads
+        } else {
+            &self.gets
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::new(StoreErrorKind::Connect, "down"));
         }
@@ -334,6 +406,7 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     };
     let mut r = store.records.lock().unwrap();
     r.insert(CONFIG_KEY.into(), config.as_bytes().to_vec());
+    r.insert(REV_KEY.into(), b"1".to_vec());
     r.insert(
         record_key(&hash_secret(&secret)),
         record.to_json().into_bytes(),
@@ -342,17 +415,36 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     format!("Bearer {secret}")
 }
 
-/// Sets the status of the one API key `seed` stored.
+/// Sets the status of the one API key `seed` stored, and says so in the change
+/// log as the admin functions do.
 pub fn set_key_status(store: &MemStore, status: KeyStatus) {
+    let key = {
+        let mut records = store.records.lock().unwrap();
+        let key = records
+            .keys()
+            .find(|k| k.starts_with("fg:apikey:"))
+            .cloned()
+            .expect("a seeded key");
+        let mut rec = KeyRecord::from_json(&records[&key]).unwrap();
+        rec.status = status;
+        records.insert(key.clone(), rec.to_json().into_bytes());
+        key
+    };
+    let hash = key.trim_start_matches("fg:apikey:").to_string();
+    changed(store, Change::Key(hash));
+}
+
+/// Bumps the records' revision and logs `change`, as `lua/changed.lua` does.
+pub fn changed(store: &MemStore, change: Change) -> u64 {
     let mut records = store.records.lock().unwrap();
-    let key = records
-        .keys()
-        .find(|k| k.starts_with("fg:apikey:"))
-        .cloned()
-        .expect("a seeded key");
-    let mut rec = KeyRecord::from_json(&records[&key]).unwrap();
-    rec.status = status;
-    records.insert(key, rec.to_json().into_bytes());
+    let rev = parse_rev(records.get(REV_KEY).map(Vec::as_slice)).unwrap_or(0) + 1;
+    records.insert(REV_KEY.into(), rev.to_string().into_bytes());
+    store
+        .log
+        .lock()
+        .unwrap()
+        .insert(0, Entry { rev, change }.to_string());
+    rev
 }
 
 /// What the flushes wrote to `field` of the per-minute stats hashes, summed.
