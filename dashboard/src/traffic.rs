@@ -1,6 +1,8 @@
 //! What the edges recorded, read from Redis and summed for the pages (feature
-//! `ssr`): the per-10-second and per-minute stats hashes (`fg:stats:*`), the
-//! per-key hashes, each key's last use and the sample of recent decisions. The
+//! `ssr`): the per-minute stats hashes (`fg:stats:*`: each edge instance's counts
+//! of the minute — per minute, per 10 seconds, per key — read with
+//! [`Minute::read`], and what older edges wrote as separate counters and hashes),
+//! each key's last use and the sample of recent decisions. The
 //! only module that knows how traffic statistics are stored: the rest of the
 //! dashboard asks it for [`Traffic`], [`PolicyLeasing`] rows, [`KeyUsage`], the
 //! sample, or (for the fleet's `/metrics`) the raw fields of recent minutes.
@@ -10,8 +12,8 @@ use std::collections::BTreeMap;
 use floodgate_edge::store::{NativeStore, Store, StoreError};
 use floodgate_shared::config::{ConfigSpec, EdgeConfig};
 use floodgate_shared::stats::{
-    Counted, Endpoint, KeyField, LAST_USED_KEY, Outcome, SAMPLE_KEY, SampleEntry, StatsField,
-    key_minute_key, minute_key, ten_second_key,
+    Counted, Endpoint, KeyField, LAST_USED_KEY, Minute, Outcome, SAMPLE_KEY, SampleEntry,
+    StatsField, key_minute_key, minute_key, ten_second_key,
 };
 
 use crate::model::{PolicyLeasing, Range, Resolution, Series, Traffic, histogram_quantile};
@@ -38,21 +40,68 @@ fn counts(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Fields {
         .collect()
 }
 
-/// The fields of the hashes `keys`, in that order (one batched round trip).
-async fn hashes(store: &NativeStore, keys: &[String]) -> Result<Vec<Fields>, StoreError> {
-    Ok(store
-        .hgetall_many(keys)
+/// The minutes `minutes` (Unix minutes), in that order, as every instance
+/// counted them: each minute's hash and an older edge's per-key hash of it (one
+/// batched round trip).
+async fn read_minutes(store: &NativeStore, minutes: &[i64]) -> Result<Vec<Minute>, StoreError> {
+    let keys: Vec<String> = minutes
+        .iter()
+        .flat_map(|m| [minute_key(*m), key_minute_key(*m)])
+        .collect();
+    let mut read = store.hgetall_many(&keys).await?.into_iter();
+    let mut out = Vec::with_capacity(minutes.len());
+    while let (Some(minute), Some(keyed)) = (read.next(), read.next()) {
+        let mut m = Minute::read(minute);
+        m.add_legacy_keys(keyed);
+        out.push(m);
+    }
+    Ok(out)
+}
+
+fn fields(map: &BTreeMap<String, u64>) -> Fields {
+    map.iter().map(|(k, n)| (k.clone(), *n)).collect()
+}
+
+/// The per-minute fields of `minutes`, in that order: what the fleet's
+/// `/metrics` adds up.
+pub async fn minutes(store: &NativeStore, minutes: &[i64]) -> Result<Vec<Fields>, StoreError> {
+    Ok(read_minutes(store, minutes)
         .await?
-        .into_iter()
-        .map(counts)
+        .iter()
+        .map(|m| fields(&m.0.minute))
         .collect())
 }
 
-/// The fields of the per-minute stats hashes of `minutes` (Unix minutes), in that
-/// order: what the fleet's `/metrics` adds up.
-pub async fn minutes(store: &NativeStore, minutes: &[i64]) -> Result<Vec<Fields>, StoreError> {
-    let keys: Vec<String> = minutes.iter().map(|m| minute_key(*m)).collect();
-    hashes(store, &keys).await
+/// The per-10-second fields of the slots `slots` (Unix seconds / 10), in that
+/// order: from the minutes holding them, and an older edge's per-slot hashes.
+async fn ten_seconds(store: &NativeStore, slots: &[i64]) -> Result<Vec<Fields>, StoreError> {
+    let first = slots.first().map_or(0, |s| (s * 10).div_euclid(60));
+    let last = slots.last().map_or(0, |s| (s * 10).div_euclid(60));
+    let ms: Vec<i64> = (first..=last).collect();
+    let read = read_minutes(store, &ms).await?;
+    let legacy_keys: Vec<String> = slots.iter().map(|s| ten_second_key(*s)).collect();
+    let legacy = store.hgetall_many(&legacy_keys).await?;
+    Ok(slots
+        .iter()
+        .zip(legacy)
+        .map(|(slot, old)| {
+            let m = &read[((slot * 10).div_euclid(60) - first) as usize];
+            let mut tens = m.0.tens.get(slot).cloned().unwrap_or_default();
+            for (f, n) in counts(old) {
+                *tens.entry(f).or_default() += n;
+            }
+            fields(&tens)
+        })
+        .collect())
+}
+
+/// The per-key fields of `minutes`, in that order.
+async fn key_minutes(store: &NativeStore, minutes: &[i64]) -> Result<Vec<Fields>, StoreError> {
+    Ok(read_minutes(store, minutes)
+        .await?
+        .iter()
+        .map(|m| fields(&m.0.keys))
+        .collect())
 }
 
 /// Each API key's latest decision (Unix seconds).
@@ -164,23 +213,24 @@ pub async fn read(
 ) -> Result<Traffic, StoreError> {
     let (start, n) = bars(now, range, resolution);
     let end = start + n as i64 * resolution.secs();
-    let (keys, starts): (Vec<String>, Vec<i64>) = if resolution == Resolution::Seconds10 {
-        (start / 10..end / 10)
-            .map(|s| (ten_second_key(s), s * 10))
-            .unzip()
+    let (read, starts): (Vec<Fields>, Vec<i64>) = if resolution == Resolution::Seconds10 {
+        let slots: Vec<i64> = (start / 10..end / 10).collect();
+        (
+            ten_seconds(store, &slots).await?,
+            slots.iter().map(|s| s * 10).collect(),
+        )
     } else {
-        (start / 60..end / 60)
-            .map(|m| (minute_key(m), m * 60))
-            .unzip()
+        let ms: Vec<i64> = (start / 60..end / 60).collect();
+        (
+            minutes(store, &ms).await?,
+            ms.iter().map(|m| m * 60).collect(),
+        )
     };
-    let read = hashes(store, &keys).await?;
     let timed: Vec<(i64, Fields)> = starts.into_iter().zip(read).collect();
     let top_minutes = (range.secs() / 60).min(60) as u32;
     let minute = now.div_euclid(60);
-    let key_hashes: Vec<String> = (0..top_minutes as i64)
-        .map(|i| key_minute_key(minute - i))
-        .collect();
-    let keys_read = hashes(store, &key_hashes).await?;
+    let recent: Vec<i64> = (0..top_minutes as i64).map(|i| minute - i).collect();
+    let keys_read = key_minutes(store, &recent).await?;
     let mut t = summarize(start, resolution, n, &timed);
     t.range = range;
     t.patterns = patterns;
@@ -335,8 +385,8 @@ pub async fn usage(
     minutes: i64,
 ) -> Result<BTreeMap<String, KeyUsage>, StoreError> {
     let minute = now.div_euclid(60);
-    let keys: Vec<String> = (0..minutes).map(|i| key_minute_key(minute - i)).collect();
-    Ok(key_usage(&hashes(store, &keys).await?))
+    let recent: Vec<i64> = (0..minutes).map(|i| minute - i).collect();
+    Ok(key_usage(&key_minutes(store, &recent).await?))
 }
 
 /// Decisions the edges could not add to the sample between `from_ms` and `to_ms`
@@ -347,23 +397,14 @@ pub async fn sample_dropped(
     to_ms: i64,
 ) -> Result<u64, StoreError> {
     let field = StatsField::SampleDropped.to_string();
-    let commands: Vec<Vec<Vec<u8>>> = (from_ms.div_euclid(60_000)..=to_ms.div_euclid(60_000))
-        .map(|m| {
-            vec![
-                b"HGET".to_vec(),
-                minute_key(m).into_bytes(),
-                field.as_bytes().to_vec(),
-            ]
-        })
-        .collect();
-    let mut total = 0;
-    for r in store.pipeline(&commands).await? {
-        total += r
-            .into_bytes()?
-            .and_then(|v| String::from_utf8_lossy(&v).parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    Ok(total)
+    let ms: Vec<i64> = (from_ms.div_euclid(60_000)..=to_ms.div_euclid(60_000)).collect();
+    Ok(minutes(store, &ms)
+        .await?
+        .iter()
+        .flatten()
+        .filter(|(f, _)| *f == field)
+        .map(|(_, n)| *n)
+        .sum())
 }
 
 /// The edge's sample of recent decisions, oldest first (entries that do not

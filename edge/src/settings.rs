@@ -109,6 +109,10 @@ pub struct EdgeSettings {
     /// Most header lines in one request (then 431).
     #[arg(long, env = "FLOODGATE_MAX_HEADERS", default_value_t = 100)]
     pub max_headers: usize,
+    /// How often the traffic counters are written at most (one command per flush;
+    /// nothing when there is nothing new).
+    #[arg(long, env = "FLOODGATE_STATS_FLUSH_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(100..=600_000))]
+    pub stats_flush_ms: u32,
     /// How long a lease (or a pool's chunk) of bounded consistency lives.
     #[arg(long, env = "FLOODGATE_LEASE_LIFETIME_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(100..=60_000))]
     pub lease_lifetime_ms: u32,
@@ -236,7 +240,7 @@ impl EdgeSettings {
             records_max_age: 300 * MICROS_PER_SEC,
             throttle_memory: true,
             in_flight_ttl: 60 * MICROS_PER_SEC,
-            stats_flush_every: MICROS_PER_SEC,
+            stats_flush_every: ms(self.stats_flush_ms),
             log: crate::pipeline::events::trace,
         }
     }

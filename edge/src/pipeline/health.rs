@@ -192,7 +192,13 @@ where
             return Ok(());
         }
         match self.stats.take_due(now, every) {
-            Some(batch) => self.global.store.write_batch(batch).await,
+            Some(flush) => {
+                let written = self.global.store.write_batch(flush.commands.clone()).await;
+                if written.is_err() {
+                    self.stats.unflushed(&flush);
+                }
+                written
+            }
             None => Ok(()),
         }
     }

@@ -22,6 +22,7 @@ use floodgate_shared::lease::{
 use floodgate_shared::script::{
     Check, LuaScript, Verdict, When, can_watch, interpret_token_bucket,
 };
+use floodgate_shared::stats::Minute;
 use floodgate_shared::time::{FakeClock, Micros};
 
 pub const T0: Micros = 1_764_000_000_000_000;
@@ -447,15 +448,33 @@ pub fn changed(store: &MemStore, change: Change) -> u64 {
     rev
 }
 
-/// What the flushes wrote to `field` of the per-minute stats hashes, summed.
+/// What the flushes wrote to `field` of the per-minute stats hashes, read back as
+/// the dashboard reads them (each instance's field of a minute is rewritten whole
+/// by each flush: the last write counts), summed over the minutes.
 pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
-    store
-        .writes
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
-        .map(|c| c[3].parse::<u64>().unwrap())
+    let mut last: HashMap<(String, String), String> = HashMap::new();
+    for c in store.writes.lock().unwrap().iter() {
+        if c[0] == "HSET" && c[1].starts_with("fg:stats:") {
+            last.insert((c[1].clone(), c[2].clone()), c[3].clone());
+        }
+    }
+    let mut minutes: HashMap<String, Vec<(Vec<u8>, Vec<u8>)>> = HashMap::new();
+    for ((hash, f), v) in last {
+        minutes
+            .entry(hash)
+            .or_default()
+            .push((f.into_bytes(), v.into_bytes()));
+    }
+    minutes
+        .into_values()
+        .map(|pairs| {
+            Minute::read(pairs)
+                .0
+                .minute
+                .get(field)
+                .copied()
+                .unwrap_or(0)
+        })
         .sum()
 }
 
