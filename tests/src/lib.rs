@@ -641,6 +641,21 @@ pub async fn start_native_edge(
     }
 }
 
+/// What the edges counted in `field` over every statistics minute in `redis`
+/// (every instance's counts added up, as the dashboard reads them).
+pub fn stats_counted(redis: &RedisServer, field: &str) -> u64 {
+    let mut c = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("fg:stats:*").query(&mut c).unwrap();
+    keys.iter()
+        .map(|k| {
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+                redis::cmd("HGETALL").arg(k).query(&mut c).unwrap();
+            let minute = floodgate_shared::stats::Minute::read(pairs);
+            minute.0.minute.get(field).copied().unwrap_or(0)
+        })
+        .sum()
+}
+
 /// Which host of the edge pipeline a test drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EdgeKind {
@@ -669,6 +684,10 @@ pub struct EdgeOptions {
     pub upstream_timeout_ms: u64,
     /// More of the Worker's variables (serve.mjs binds them all).
     pub worker_env: Vec<(String, String)>,
+    /// How often the edge writes its statistics (`--stats-flush-ms` /
+    /// `STATS_FLUSH_MS`): tests read counts back within a second, the edge's
+    /// default is 10 s.
+    pub stats_flush_ms: u64,
 }
 
 impl Default for EdgeOptions {
@@ -678,6 +697,7 @@ impl Default for EdgeOptions {
             deadline_ms: Some(2_000),
             upstream_timeout_ms: 30_000,
             worker_env: vec![],
+            stats_flush_ms: 250,
         }
     }
 }
@@ -721,6 +741,7 @@ pub async fn start_edge_with(
             let settings = PipelineConfig {
                 cache_ttl: options.cache_ttl_ms * 1000,
                 deadline,
+                stats_flush_every: options.stats_flush_ms as i64 * 1000,
                 ..PipelineConfig::default()
             };
             let pipeline = Pipeline::new(
@@ -754,6 +775,8 @@ fn worker_vars(options: &EdgeOptions) -> String {
     let mut vars = serde_json::Map::new();
     let upstream = options.upstream_timeout_ms.to_string();
     vars.insert("UPSTREAM_TIMEOUT_MS".into(), upstream.into());
+    let flush = options.stats_flush_ms.to_string();
+    vars.insert("STATS_FLUSH_MS".into(), flush.into());
     if let Some(ms) = options.deadline_ms {
         vars.insert("DEADLINE_MS".into(), ms.to_string().into());
     }

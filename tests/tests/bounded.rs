@@ -196,7 +196,7 @@ async fn exact_policies_stay_exact_beside_the_regions() {
     assert_eq!(pooled, 0, "an exact policy never touches a regional store");
 }
 
-/// The Worker in workerd, its region's REST endpoint near, the global one 20 ms
+/// The Worker in workerd, its region's REST endpoint near, the global one 150 ms
 /// away: warm requests are decided by the regional pool alone, also when the
 /// cached configuration and key record expire (every 0.2 s here: refreshed after
 /// the response, in `wait_until`; before, each expiry made one request wait).
@@ -210,7 +210,10 @@ async fn the_worker_decides_warm_requests_at_its_regional_store() {
         Endpoint::start(&regional, "regional-token").await,
     );
     let port: u16 = global_rest.url.rsplit(':').next().unwrap().parse().unwrap();
-    let far = LatencyProxy::start(port, Duration::from_millis(20)).await;
+    // far enough that a request which waited for it stands out from any busy
+    // machine's noise: a warm request takes a few ms, one that waited ≥ 300 ms
+    let one_way = Duration::from_millis(150);
+    let far = LatencyProxy::start(port, one_way).await;
     let upstream = RawUpstream::start().await;
     // the Worker's region comes from REGION (workerd here has no cf.continent)
     let env = [
@@ -256,7 +259,7 @@ async fn the_worker_decides_warm_requests_at_its_regional_store() {
             "request {i}: {}",
             r.text().await.unwrap()
         );
-        if i >= 5 && started.elapsed() >= Duration::from_millis(40) {
+        if i >= 5 && started.elapsed() >= one_way {
             slow += 1;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

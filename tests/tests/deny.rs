@@ -32,18 +32,7 @@ fn config() -> String {
 
 /// The sum of `field` over every per-minute stats hash.
 fn counted(redis: &RedisServer, field: &str) -> u64 {
-    let mut c = redis.connection();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("fg:stats:*").query(&mut c).unwrap();
-    keys.iter()
-        .map(|k| {
-            redis::cmd("HGET")
-                .arg(k)
-                .arg(field)
-                .query::<Option<u64>>(&mut c)
-                .unwrap()
-                .unwrap_or(0)
-        })
-        .sum()
+    floodgate_tests::stats_counted(redis, field)
 }
 
 async fn denied_requests_get_403_cost_no_quota_and_are_counted_per_list(kind: EdgeKind) {

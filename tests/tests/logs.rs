@@ -230,7 +230,7 @@ fn text_logs_are_the_default() {
         &[
             "--upstream",
             "http://127.0.0.1:9",
-            "--key-header",
+            "--country-header",
             "two words",
         ],
         &[],
@@ -238,6 +238,6 @@ fn text_logs_are_the_default() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("ERROR"), "{err}");
-    assert!(err.contains("--key-header"), "{err}");
+    assert!(err.contains("--country-header"), "{err}");
     assert!(serde_json::from_str::<serde_json::Value>(err.lines().next().unwrap_or("")).is_err());
 }

@@ -258,26 +258,11 @@ async fn a_shadow_policy_is_counted_and_never_enforced() {
     let mut conn = s.redis.connection();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let minute = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-            / 60;
-        let mut total = 0u64;
-        for m in [minute - 1, minute] {
-            let n: Option<u64> = redis::cmd("HGET")
-                .arg(stats::minute_key(m as i64))
-                .arg(
-                    stats::StatsField::Endpoint(
-                        stats::Endpoint::Route("search".into()),
-                        stats::Counted::ShadowThrottled,
-                    )
-                    .to_string(),
-                )
-                .query(&mut conn)
-                .unwrap();
-            total += n.unwrap_or(0);
-        }
+        let field = stats::StatsField::Endpoint(
+            stats::Endpoint::Route("search".into()),
+            stats::Counted::ShadowThrottled,
+        );
+        let total = floodgate_tests::stats_counted(&s.redis, &field.to_string());
         if total == 4 {
             break;
         }

@@ -129,6 +129,7 @@ async fn a_slow_server_keeps_its_connection() {
         }
     }
     let e = timed_out.expect("a ping met the busy server");
+    assert!(matches!(e.kind, StoreErrorKind::Timeout), "{e}");
     tokio::time::sleep(Duration::from_millis(400)).await;
     store.ping().await.unwrap();
     assert_eq!(proxy.accepted(), 1, "no reconnection for a slow answer");
