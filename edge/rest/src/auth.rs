@@ -1,15 +1,18 @@
 //! The token every route but the health check needs, as Upstash takes it:
 //! `Authorization: Bearer <token>` (the scheme in any case, RFC 9110) or the
-//! `_token` query parameter. A middleware layer of the routes ([`authorize`]);
+//! `_token` query parameter. A middleware layer of the routes ([`RequireToken`]);
 //! tokens are compared in constant time (`subtle`).
 
+use std::future::{Ready, ready};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::Response;
+use futures_util::future::Either;
 use subtle::ConstantTimeEq;
+use tower::{Layer, Service};
 
 use crate::Endpoint;
 use crate::reply::error;
@@ -55,16 +58,44 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
 }
 
 /// The routes' auth layer: a request without the token is answered 401 and goes
-/// no further (whatever its method or body).
-pub(crate) async fn authorize(
-    State(ep): State<Arc<Endpoint>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if ep.token.admits(req.headers(), req.uri().query()) {
-        next.run(req).await
-    } else {
-        error(StatusCode::UNAUTHORIZED, "Unauthorized")
+/// no further (whatever its method or body). A plain tower layer: nothing is
+/// boxed per request on this path every request takes.
+#[derive(Clone)]
+pub(crate) struct RequireToken(pub(crate) Arc<Endpoint>);
+
+impl<S> Layer<S> for RequireToken {
+    type Service = TokenChecked<S>;
+
+    fn layer(&self, inner: S) -> TokenChecked<S> {
+        TokenChecked {
+            ep: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// A route behind [`RequireToken`].
+#[derive(Clone)]
+pub(crate) struct TokenChecked<S> {
+    ep: Arc<Endpoint>,
+    inner: S,
+}
+
+impl<S: Service<Request, Response = Response>> Service<Request> for TokenChecked<S> {
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<S::Future, Ready<Result<Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        if self.ep.token.admits(req.headers(), req.uri().query()) {
+            Either::Left(self.inner.call(req))
+        } else {
+            Either::Right(ready(Ok(error(StatusCode::UNAUTHORIZED, "Unauthorized"))))
+        }
     }
 }
 

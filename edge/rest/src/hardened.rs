@@ -6,11 +6,12 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::Router;
+use axum::extract::Request;
+use axum::response::Response;
 use bytes::Bytes;
 use floodgate_edge::native_host::server::{self, AtCapacity, InFlight, ServerLimits};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use tower::ServiceExt as _;
+use tower::{Service, ServiceExt as _};
 
 use crate::EndpointConfig;
 
@@ -36,12 +37,16 @@ pub fn limits(config: &EndpointConfig) -> ServerLimits {
 /// Serves `app` (the endpoint's [`crate::app`], or its [`crate::metrics_app`]) on
 /// `listener` until `shutdown` completes, then lets the requests in flight finish
 /// (within the header timeout).
-pub async fn serve(
+pub async fn serve<A>(
     listener: tokio::net::TcpListener,
-    app: Router,
+    app: A,
     config: &EndpointConfig,
     shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    A: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    A::Future: Send + 'static,
+{
     server::serve(
         listener,
         limits(config),
@@ -50,7 +55,7 @@ pub async fn serve(
             hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
                 // the connection is busy until the answer is written whole
                 let in_flight = conn.in_flight();
-                let answered = app.clone().oneshot(req);
+                let answered = app.clone().oneshot(req.map(axum::body::Body::new));
                 async move {
                     let response = answered.await.unwrap_or_else(|never| match never {});
                     Ok::<_, Infallible>(response.map(|body| WhileInFlight {

@@ -57,7 +57,7 @@ use floodgate_edge::store::{Store, StoreError, StoreErrorKind, StoreOptions, Val
 
 pub use self::hardened::{limits, serve};
 pub use self::policy::{CommandPolicy, Refusal};
-pub use self::routes::{HEALTH_PATH, METRICS_PATH, app, metrics_app};
+pub use self::routes::{App, HEALTH_PATH, METRICS_PATH, app, metrics_app};
 
 /// How the endpoint runs.
 #[derive(Debug, Clone)]
@@ -166,7 +166,7 @@ pub async fn endpoint(config: &EndpointConfig) -> Result<Arc<Endpoint>, StoreErr
 }
 
 /// Builds the endpoint's router, connecting its Redis pool first.
-pub async fn router(config: &EndpointConfig) -> Result<Router, StoreError> {
+pub async fn router(config: &EndpointConfig) -> Result<App, StoreError> {
     Ok(app(endpoint(config).await?))
 }
 

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use floodgate_edge::store::{Store as _, StoreError};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -105,7 +104,8 @@ impl RestMetrics {
         }
     }
 
-    fn answered(&self, kind: Kind, status: StatusCode) {
+    /// One answer of a route of `kind` (the routes' outermost layer counts each).
+    pub(crate) fn answered(&self, kind: Kind, status: StatusCode) {
         let status = match status.as_u16() / 100 {
             2 => "2xx",
             4 => "4xx",
@@ -118,21 +118,6 @@ impl RestMetrics {
             })
             .inc();
     }
-}
-
-/// What the counting layer of one route knows: the endpoint, and the route's kind.
-#[derive(Clone)]
-pub(crate) struct Counted {
-    pub(crate) ep: Arc<Endpoint>,
-    pub(crate) kind: Kind,
-}
-
-/// The routes' outermost layer: counts every answer (401s and 405s included)
-/// under its route's kind and status class.
-pub(crate) async fn count(State(counted): State<Counted>, req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
-    counted.ep.metrics.answered(counted.kind, response.status());
-    response
 }
 
 /// Prometheus text: the counted series, and whether Redis answers a `PING` now

@@ -14,6 +14,7 @@
 //! metrics are a router of their own ([`metrics_app`]), served on a listener
 //! of their own.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Router;
@@ -21,17 +22,17 @@ use axum::extract::{Request, State};
 use axum::handler::Handler;
 use axum::http::uri::PathAndQuery;
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
-use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use floodgate_edge::store::{Store as _, Value};
 use serde::Serialize;
 use tower::ServiceExt as _;
+use tower::util::{MapRequest, MapResponseLayer};
 
 use crate::Endpoint;
-use crate::auth::authorize;
+use crate::auth::RequireToken;
 use crate::body::Sent;
-use crate::metrics::{Counted, Kind, count, scrape};
+use crate::metrics::{Kind, scrape};
 use crate::parse::{Command, command_from_json, command_from_path, commands_from_json};
 use crate::reply::{error, outcomes, over_bound, store_failure, success};
 use crate::scripts::with_clients_sha;
@@ -43,8 +44,12 @@ pub const HEALTH_PATH: &str = "/__floodgate/health";
 /// The path of the endpoint's Prometheus metrics on its metrics listener.
 pub const METRICS_PATH: &str = "/metrics";
 
+/// The endpoint's routes behind the trim of trailing slashes: routing sees
+/// `/pipeline` for `/pipeline/` (a layer of the routes would run after routing).
+pub type App = MapRequest<Router, fn(Request) -> Request>;
+
 /// The endpoint's REST routes over `ep` (see the module's table).
-pub fn app(ep: Arc<Endpoint>) -> Router {
+pub fn app(ep: Arc<Endpoint>) -> App {
     let routes = Router::new()
         .route("/", command_route(&ep, Kind::Command, command_in_body))
         .route("/pipeline", command_route(&ep, Kind::Pipeline, pipeline))
@@ -58,9 +63,7 @@ pub fn app(ep: Arc<Endpoint>) -> Router {
         )
         .route(HEALTH_PATH, get(health))
         .with_state(ep);
-    // routing sees the path without its trailing slashes: trimmed around the
-    // routes (a layer of the routes would run after routing)
-    Router::new().fallback_service(routes.map_request(without_trailing_slashes))
+    routes.map_request(without_trailing_slashes as fn(Request) -> Request)
 }
 
 /// `GET /metrics` over `ep`: served on a listener of its own (`floodgate-rest
@@ -79,17 +82,18 @@ where
     H: Handler<T, Arc<Endpoint>>,
     T: 'static,
 {
-    let counted = Counted {
-        ep: ep.clone(),
-        kind,
-    };
+    let counted = ep.clone();
     get(handler.clone())
         .post(handler.clone())
         .put(handler)
         .head(head)
         .fallback(method_not_allowed)
-        .layer(from_fn_with_state(ep.clone(), authorize))
-        .layer(from_fn_with_state(counted, count))
+        .layer::<_, Infallible>(RequireToken(ep.clone()))
+        // outermost: every answer is counted, 401s and 405s included
+        .layer(MapResponseLayer::new(move |response: Response| {
+            counted.metrics.answered(kind, response.status());
+            response
+        }))
 }
 
 /// The request with its path's trailing slashes trimmed (`/` stays `/`).
