@@ -2,11 +2,15 @@
 --
 -- KEYS[1] the configuration (a string holding JSON)
 -- KEYS[2] the audit log (a list, newest first)
+-- KEYS[3] the revision counter, KEYS[4] the change log (shared/src/changes.rs):
+--         a save bumps the revision and logs "<rev> config", so edge instances
+--         read the configuration again
 -- ARGV[1] the version the change was based on: the SHA-1 of the stored text, or ""
 --         when nothing was stored
 -- ARGV[2] the new configuration text (validated by the caller)
 -- ARGV[3] the audit record (JSON)
 -- ARGV[4] how many audit records to keep
+-- ARGV[5] with KEYS[3] and KEYS[4]: how many change log entries to keep
 --
 -- Returns {1, new version} when saved, {0, current version} when the stored
 -- configuration is not the one the change was based on (nothing is written).
@@ -25,4 +29,16 @@ end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[3])
 redis.call('LTRIM', KEYS[2], 0, keep - 1)
+if #KEYS == 4 then
+  local rev = redis.pcall('INCR', KEYS[3])
+  if type(rev) == 'table' then
+    -- not a number: a value no instance has seen (see lua/changed.lua)
+    local t = redis.call('TIME')
+    rev = t[1] * 1000000 + t[2]
+    redis.call('SET', KEYS[3], string.format('%d', rev))
+    redis.call('DEL', KEYS[4])
+  end
+  redis.call('LPUSH', KEYS[4], rev .. ' config')
+  redis.call('LTRIM', KEYS[4], 0, (tonumber(ARGV[5]) or 1000) - 1)
+end
 return {1, redis.sha1hex(ARGV[2])}

@@ -8,6 +8,11 @@
 -- key are the same thing: idle buckets cost nothing.
 --
 -- KEYS[i]    bucket i (under Redis Cluster all KEYS share a hash tag; see keys.rs)
+-- KEYS[n+1]  optional (when #KEYS is one more than the buckets ARGV describes): the
+--            records' revision counter (shared/src/changes.rs), read in the same MGET
+--            as the buckets and returned last, so the caller learns of a changed
+--            configuration or key at no extra command; never under Redis Cluster
+--            (another slot)
 -- ARGV[1]    the clock: "" to use Redis TIME (one clock for all edges); "<T" to use
 --            TIME but only while TIME <= T (µs), else the call changes nothing and
 --            returns {2, now} (stale: the caller has given up on it by then); or an
@@ -15,11 +20,15 @@
 -- ARGV[2i]   burst window of bucket i: capacity x T microseconds (1 .. 400 days)
 -- ARGV[2i+1] cost of this request in bucket i: cost x T microseconds (0 = peek)
 --
--- Returns {admitted, now, full_at_1, ..., full_at_n}: 1 when every bucket had room
+-- Returns {admitted, now, full_at_1, ..., full_at_n[, rev]}: 1 when every bucket had room
 -- (all were then consumed) or 0 (nothing was written anywhere), the instant used,
 -- and each bucket's state as read (0 = absent or unreadable = full). The caller
 -- derives remaining, reset and retry-after from these with the pure twin of this
--- script (shared/src/bucket.rs), so no second round trip is ever needed.
+-- script (shared/src/bucket.rs), so no second round trip is ever needed. With the
+-- revision key, rev is the counter's value, or -1 when it is missing or not a number.
+--
+-- Commands run: TIME, one MGET of every key, one SET per admitted bucket (what a
+-- bill counts besides the EVALSHA itself; a denial writes nothing).
 --
 -- Unreadable state (not 1-16 ASCII digits, another type, an instant beyond
 -- now + 400 days) is a full bucket and is overwritten by the next admission.
@@ -29,10 +38,11 @@ local MAX_WINDOW = 34560000000000 -- 400 days in microseconds
 local MAX_INSTANT = 4503599627370496 -- 2^52
 local EXPIRY_STEP = 1000000 -- keys expire on whole seconds (see phase 2)
 
-local n = #KEYS
-if n == 0 or #ARGV ~= 2 * n + 1 then
+local n = (#ARGV - 1) / 2
+if n < 1 or n % 1 ~= 0 or (#KEYS ~= n and #KEYS ~= n + 1) then
   return redis.error_reply('ERR floodgate: expected 1 + 2 x #KEYS arguments')
 end
+local with_rev = #KEYS == n + 1
 
 local now = ARGV[1]
 local expires = nil
@@ -60,6 +70,7 @@ end
 -- (The reply is built with room for four buckets: growing a Lua table costs more
 -- than the rest of the arithmetic. Slots past n are cleared before returning.)
 local reply = {1, now, 0, 0, 0, 0}
+local raws = redis.call('MGET', unpack(KEYS))
 for i = 1, n do
   local burst = tonumber(ARGV[2 * i])
   local cost = tonumber(ARGV[2 * i + 1])
@@ -68,7 +79,7 @@ for i = 1, n do
     return redis.error_reply('ERR floodgate: bad burst or cost for KEYS[' .. i .. ']')
   end
   local full_at = 0
-  local raw = redis.pcall('GET', KEYS[i])
+  local raw = raws[i]
   if type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
     full_at = tonumber(raw)
     if full_at > now + MAX_WINDOW then full_at = 0 end
@@ -102,4 +113,12 @@ if reply[1] == 1 then
   end
 end
 for i = n + 3, 6 do reply[i] = nil end
+if with_rev then
+  local rev = raws[n + 1]
+  if type(rev) == 'string' and #rev <= 16 and string.find(rev, '^%d+$') and tonumber(rev) < 9007199254740992 then
+    reply[n + 3] = tonumber(rev)
+  else
+    reply[n + 3] = -1
+  end
+end
 return reply

@@ -54,11 +54,20 @@ wasm_cargo() {
 TOOLS="${FLOODGATE_TOOLS:-$HOME/.cache/floodgate/tools}"
 
 # ensure_cargo_tool CRATE VERSION BIN: installs CRATE@VERSION into $TOOLS unless present.
+# Neither crate is published prebuilt on a registry this machine reaches; opt-level 1
+# builds them in less time, and they only transform a few files per build.
 ensure_cargo_tool() {
   if [ -x "$TOOLS/bin/$3" ] && "$TOOLS/bin/$3" --version 2>/dev/null | grep -qF "$2"; then return 0; fi
   say "installing $1 $2 (once; cached in $TOOLS)"
-  cargo install --quiet --root "$TOOLS" "$1" --version "$2" --locked 2>/dev/null \
-    || cargo install --quiet --root "$TOOLS" "$1" --version "$2"
+  local light=(env CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=false)
+  "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2" --locked 2>/dev/null \
+    || "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2"
+}
+
+# ensure_worker_node: the Worker's npm tooling (edge/worker/package.json): wrangler,
+# miniflare, esbuild, binaryen's wasm-opt and the Node 22 they run on.
+ensure_worker_node() {
+  (cd edge/worker && { [ -d node_modules/wrangler ] || npm ci --no-audit --no-fund --loglevel=error; })
 }
 
 # ensure_worker_toolchain: everything to build the Worker and run it in workerd:
@@ -69,7 +78,7 @@ ensure_worker_toolchain() {
   ensure_wasm_toolchain
   ensure_cargo_tool worker-build 0.8.7 worker-build
   ensure_cargo_tool wasm-bindgen-cli 0.2.130 wasm-bindgen
-  (cd edge/worker && { [ -d node_modules/wrangler ] || npm ci --no-audit --no-fund --loglevel=error; })
+  ensure_worker_node
   if [ "${WASM_CARGO[0]}" = env ] && [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown/lib ]; then
     # worker-build looks for the target's libdir in the sysroot; std is built from source
     as_root mkdir -p /usr/lib/rustlib/wasm32-unknown-unknown/lib

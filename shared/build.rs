@@ -21,10 +21,14 @@ const LEASE_SCRIPTS: &[(&str, &str)] = &[
 /// The configuration's audited save (`shared/src/audit.rs`).
 const AUDIT_SCRIPTS: &[(&str, &str)] = &[("CONFIG_CAS", "config_cas.lua")];
 
+/// The change log of cached records (`shared/src/changes.rs`).
+const CHANGES_SCRIPTS: &[(&str, &str)] = &[("CHANGED", "changed.lua")];
+
 fn main() {
     write_shas(SCRIPTS, "script_sha1.rs");
     write_shas(LEASE_SCRIPTS, "lease_sha1.rs");
     write_shas(AUDIT_SCRIPTS, "audit_sha1.rs");
+    write_shas(CHANGES_SCRIPTS, "changes_sha1.rs");
 }
 
 fn write_shas(scripts: &[(&str, &str)], file: &str) {

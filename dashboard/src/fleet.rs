@@ -1,6 +1,6 @@
 //! The dashboard's `GET /metrics`: the fleet's totals, from the per-minute stats
-//! hashes every edge (Workers included, which cannot be scraped) writes to Redis
-//! (`fg:stats:<minute>`), as Prometheus counters `floodgate_fleet_*` with the
+//! every edge (Workers included, which cannot be scraped) writes to Redis (read
+//! through [`crate::traffic::minutes`]), as Prometheus counters `floodgate_fleet_*` with the
 //! same series as one native edge's (`floodgate_edge::metrics::StatsMetrics`).
 //!
 //! Counters count from the dashboard's start: each scrape re-reads the last
@@ -16,10 +16,12 @@ use std::time::Duration;
 use floodgate_edge::metrics::{StatsMetrics, render};
 use floodgate_edge::stats::StatsSink;
 use floodgate_edge::store::NativeStore;
-use floodgate_shared::stats::{StatsField, minute_key};
+use floodgate_shared::stats::StatsField;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+use crate::traffic::{self, Fields};
 
 /// Minutes re-read at each scrape (the current one included).
 pub const LOOKBACK_MINUTES: i64 = 5;
@@ -69,8 +71,7 @@ impl Fleet {
         let mut seen = self.seen.lock().await;
         let minute = now_secs.div_euclid(60);
         let minutes: Vec<i64> = (minute - LOOKBACK_MINUTES + 1..=minute).collect();
-        let keys: Vec<String> = minutes.iter().map(|m| minute_key(*m)).collect();
-        let read = tokio::time::timeout(READ_DEADLINE, crate::server::hashes(store, &keys)).await;
+        let read = tokio::time::timeout(READ_DEADLINE, traffic::minutes(store, &minutes)).await;
         match read {
             Ok(Ok(hashes)) => {
                 for (m, fields) in minutes.iter().zip(hashes) {
@@ -89,7 +90,7 @@ impl Fleet {
     }
 
     /// Adds what each field grew since it was last read.
-    fn count(&self, seen: &mut HashMap<String, u64>, fields: Vec<(String, u64)>) {
+    fn count(&self, seen: &mut HashMap<String, u64>, fields: Fields) {
         for (name, value) in fields {
             let Ok(field) = name.parse::<StatsField>() else {
                 continue; // another version's field

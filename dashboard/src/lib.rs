@@ -2,22 +2,40 @@
 //! (`ssr`, served by leptos_axum) and hydrated in the browser (`hydrate`). It shares
 //! the edge's policy types and validation (`floodgate-shared`), and writes what the
 //! edge reads.
+//!
+//! The modules, top to bottom (each uses only those below it):
+//! - [`router`] (ssr): the HTTP server and its guard; used by the binary only.
+//! - [`app`]: the shell and the routes of the pages; `pages`: one module per page.
+//! - [`api`]: the server functions, the dashboard's only API; [`forms`]: what
+//!   their forms post and the edit each makes.
+//! - [`auth`] (ssr): operators, sign-in, sessions, cookies; [`traffic`] (ssr): the
+//!   edges' statistics read from Redis; [`fleet`] (ssr): their `/metrics` totals;
+//!   [`state`] (ssr): what every handler shares.
+//! - [`model`], [`describe`], [`chart`], [`time`]: pure types, words and geometry.
 
 pub mod api;
 pub mod app;
+#[cfg(feature = "ssr")]
+pub mod auth;
 pub mod chart;
 pub mod describe;
 #[cfg(feature = "ssr")]
 pub mod fleet;
+pub mod forms;
 pub mod model;
+mod pages;
 #[cfg(feature = "ssr")]
-pub mod server;
+pub mod router;
+#[cfg(feature = "ssr")]
+pub mod state;
 pub mod time;
+#[cfg(feature = "ssr")]
+pub mod traffic;
 
 pub use floodgate_shared::policy;
 
 /// The browser entry point: readies the reactive system; Leptos' script then
-/// hydrates each island of the page (`#[island]` in [`app`]). Marks the page
+/// hydrates each island of the page (`#[island]` in `pages`). Marks the page
 /// (`<body data-hydrated>`; the browser tests wait for it).
 #[cfg(feature = "hydrate")]
 #[wasm_bindgen::prelude::wasm_bindgen]

@@ -3,7 +3,7 @@
 //! ```text
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //!                     [--redis-ca-file ca.pem] [--site-root target/site] [--secure-cookies]
-//!                     [--trusted-proxy CIDR]... [--log-format text|json]
+//!                     [--trusted-proxy CIDR]... [--edge-url URL] [--log-format text|json]
 //! ```
 //! `--help` lists every flag; each can also be set by the environment variable
 //! named there.
@@ -24,7 +24,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use floodgate_dashboard::server::{app_state, ensure_operator};
+use floodgate_dashboard::auth::ensure_operator;
+use floodgate_dashboard::router::router;
+use floodgate_dashboard::state::Core;
 use floodgate_edge::args::{LogArgs, StoreArgs, socket_addr};
 use floodgate_edge::store::NativeStore;
 
@@ -42,6 +44,10 @@ struct Args {
     /// The directory holding the browser bundle (scripts/dashboard build).
     #[arg(long, env = "FLOODGATE_SITE_ROOT", default_value = "target/site")]
     site_root: String,
+    /// The edge's address (http:// or https://), shown in the pages' example
+    /// requests (a placeholder without it).
+    #[arg(long, env = "FLOODGATE_EDGE_URL", value_parser = floodgate_edge::args::http_url)]
+    edge_url: Option<String>,
     /// Mark the session cookie Secure (serve over HTTPS).
     #[arg(long, env = "FLOODGATE_SECURE_COOKIES")]
     secure_cookies: bool,
@@ -102,8 +108,11 @@ async fn main() -> ExitCode {
         }
         (None, None) => {}
     }
-    let state = app_state(store, &args.site_root, args.secure_cookies).trusting(args.trusted_proxy);
-    let app = floodgate_dashboard::server::router(state);
+    let mut core = Core::new(store);
+    core.secure_cookies = args.secure_cookies;
+    core.trusted_proxies = args.trusted_proxy;
+    core.edge_url = args.edge_url;
+    let app = router(core, &args.site_root);
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => return fail(format!("--listen {}: {e}", args.listen)),

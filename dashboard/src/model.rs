@@ -1,11 +1,11 @@
 //! What the pages and the server functions exchange, and the pure pieces of the
-//! dashboard (form → policy, percentiles), which build for the server and the
-//! browser alike and are tested natively.
+//! dashboard (a policy described, percentiles), which build for the server and the
+//! browser alike and are tested natively. The forms are in `forms`.
 
 use std::collections::BTreeMap;
 
 use floodgate_shared::config::{ConfigSpec, Source};
-use floodgate_shared::policy::{Consistency, FailureMode, Policy, PolicyError, PolicySpec};
+use floodgate_shared::policy::{Consistency, FailureMode, PolicyError, PolicySpec};
 use floodgate_shared::stats::Endpoint;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +14,28 @@ use serde::{Deserialize, Serialize};
 pub struct SessionInfo {
     pub user: String,
     pub csrf: String,
+    /// The edge's address as the dashboard was told (`--edge-url`), for the
+    /// pages' example requests.
+    pub edge_url: Option<String>,
+}
+
+/// What the pages write for the edge's address when the dashboard was not told it.
+pub const EDGE_URL_PLACEHOLDER: &str = "EDGE_URL";
+
+/// A request through the edge with API key `secret`, ready to paste: `curl -i`
+/// shows the status (200, or 429 when throttled) and the rate-limit headers.
+pub fn try_request(edge_url: Option<&str>, secret: &str, path: &str) -> String {
+    let base = edge_url
+        .unwrap_or(EDGE_URL_PLACEHOLDER)
+        .trim_end_matches('/');
+    format!("curl -i -H \"Authorization: Bearer {secret}\" {base}{path}")
+}
+
+/// A path of the configuration to try a key on: the first route's pattern when it
+/// has no parameters, else `/`.
+pub fn example_path(spec: Option<&ConfigSpec>) -> String {
+    spec.and_then(|s| s.routes.iter().find(|r| !r.pattern.contains([':', '*'])))
+        .map_or_else(|| "/".to_string(), |r| r.pattern.clone())
 }
 
 /// The stored configuration and its version (the SHA-1 of its text; empty when
@@ -479,168 +501,6 @@ impl From<AuditEntry> for AuditRow {
 /// One audit record (the type the CLI's audited saves write too).
 pub use floodgate_shared::audit::AuditEntry;
 
-/// The most characters any text field of a form takes (names, labels, patterns).
-pub const MAX_FIELD_CHARS: usize = 256;
-
-/// Checks one raw form field's size before anything parses it.
-pub fn bounded<'a>(field: &str, raw: &'a str) -> Result<&'a str, PolicyError> {
-    let t = raw.trim();
-    if t.chars().count() > MAX_FIELD_CHARS {
-        return Err(PolicyError::new(
-            field,
-            format!("is longer than {MAX_FIELD_CHARS} characters"),
-        ));
-    }
-    Ok(t)
-}
-
-fn whole_number(field: &str, raw: &str) -> Result<Option<serde_json::Value>, PolicyError> {
-    let t = bounded(field, raw)?;
-    if t.is_empty() {
-        return Ok(None);
-    }
-    // Digits go to the shared parser as numbers, so its range checks apply
-    // (zero, overflow); anything else is refused here with a plain message.
-    if t.bytes().all(|b| b.is_ascii_digit()) && t.len() <= 20 {
-        return match t.parse::<u64>() {
-            Ok(n) => Ok(Some(serde_json::Value::from(n))),
-            Err(_) => Err(PolicyError::new(field, "is too large")),
-        };
-    }
-    let shown: String = t.chars().take(24).collect();
-    Err(PolicyError::new(
-        field,
-        format!("must be a whole number, got {shown:?}"),
-    ))
-}
-
-/// The policy form's raw fields.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PolicyForm {
-    pub name: String,
-    /// Comma-separated: `api_key`, `endpoint`, `client_ip`.
-    pub dimensions: String,
-    pub capacity: String,
-    pub period: String,
-    pub refill: String,
-    pub cost: String,
-    pub failure_mode: String,
-    /// With `local_fallback`: the share (1–100 %) of the quota each instance
-    /// enforces alone while Redis is unavailable.
-    pub local_share_percent: String,
-    /// Requests of one bucket in flight at once (empty: no limit).
-    pub max_in_flight: String,
-    /// `token_bucket` (default when empty), `fixed_window`, `sliding_log`,
-    /// `sliding_counter`.
-    pub algorithm: String,
-    /// Shadow (dry-run) mode.
-    pub shadow: bool,
-    /// `exact` (default when empty), `bounded` or `auto`.
-    pub consistency: String,
-    /// With `bounded` or `auto`: the most tokens admitted above the quota in any
-    /// window, all edges together (empty: none).
-    pub max_overshoot: String,
-}
-
-/// The form fields a policy error can name, as `PolicySpec` names them.
-pub const POLICY_FIELDS: [&str; 13] = [
-    "algorithm",
-    "shadow",
-    "name",
-    "dimensions",
-    "quota.capacity",
-    "quota.period",
-    "quota.refill",
-    "cost",
-    "failure_mode",
-    "local_share_percent",
-    "max_in_flight",
-    "consistency",
-    "max_overshoot",
-];
-
-impl PolicyForm {
-    /// Validates the form with the edge's own parser and rules; errors name the
-    /// field as the edge would (`quota.capacity`, ...).
-    pub fn to_spec(&self) -> Result<PolicySpec, PolicyError> {
-        let mut quota = serde_json::Map::new();
-        let capacity = whole_number("quota.capacity", &self.capacity)?
-            .ok_or_else(|| PolicyError::new("quota.capacity", "is required"))?;
-        quota.insert("capacity".into(), capacity);
-        if let Some(refill) = whole_number("quota.refill", &self.refill)? {
-            quota.insert("refill".into(), refill);
-        }
-        quota.insert(
-            "period".into(),
-            bounded("quota.period", &self.period)?.into(),
-        );
-        let dimensions: Vec<&str> = bounded("dimensions", &self.dimensions)?
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .collect();
-        let mut doc = serde_json::Map::new();
-        doc.insert("name".into(), bounded("name", &self.name)?.into());
-        doc.insert("dimensions".into(), dimensions.into());
-        doc.insert("quota".into(), quota.into());
-        if let Some(cost) = whole_number("cost", &self.cost)? {
-            doc.insert("cost".into(), cost);
-        }
-        doc.insert(
-            "failure_mode".into(),
-            bounded("failure_mode", &self.failure_mode)?.into(),
-        );
-        if let Some(share) = whole_number("local_share_percent", &self.local_share_percent)? {
-            doc.insert("local_share_percent".into(), share);
-        }
-        if let Some(n) = whole_number("max_in_flight", &self.max_in_flight)? {
-            doc.insert("max_in_flight".into(), n);
-        }
-        let algorithm = bounded("algorithm", &self.algorithm)?;
-        if !algorithm.is_empty() {
-            doc.insert("algorithm".into(), algorithm.into());
-        }
-        if self.shadow {
-            doc.insert("shadow".into(), true.into());
-        }
-        let consistency = bounded("consistency", &self.consistency)?;
-        if !consistency.is_empty() {
-            doc.insert("consistency".into(), consistency.into());
-        }
-        if let Some(n) = whole_number("max_overshoot", &self.max_overshoot)? {
-            doc.insert("max_overshoot".into(), n);
-        }
-        let policy = Policy::from_json(&serde_json::Value::Object(doc).to_string())?;
-        Ok(serde_json::from_str(&policy.to_json()).expect("a valid policy's JSON is a spec"))
-    }
-
-    pub fn from_spec(p: &PolicySpec) -> Self {
-        PolicyForm {
-            name: p.name.clone(),
-            dimensions: p
-                .dimensions
-                .iter()
-                .map(|d| dimension_name(*d))
-                .collect::<Vec<_>>()
-                .join(","),
-            capacity: p.quota.capacity.to_string(),
-            period: p.quota.period.clone(),
-            refill: p.quota.refill.map(|r| r.to_string()).unwrap_or_default(),
-            cost: p.cost.to_string(),
-            failure_mode: failure_mode_name(p),
-            local_share_percent: p
-                .local_share_percent
-                .map(|v| v.to_string())
-                .unwrap_or_default(),
-            max_in_flight: p.max_in_flight.map(|v| v.to_string()).unwrap_or_default(),
-            algorithm: p.algorithm.name().to_string(),
-            shadow: p.shadow,
-            consistency: p.consistency.name().to_string(),
-            max_overshoot: p.max_overshoot.map(|v| v.to_string()).unwrap_or_default(),
-        }
-    }
-}
-
 pub fn dimension_name(d: floodgate_shared::policy::Dimension) -> &'static str {
     use floodgate_shared::policy::Dimension::*;
     match d {
@@ -772,16 +632,6 @@ impl PolicyLeasing {
     }
 }
 
-/// Splits a comma-separated list of names (policy lists in plan/route forms).
-pub fn name_list(field: &str, raw: &str) -> Result<Vec<String>, PolicyError> {
-    Ok(bounded(field, raw)?
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect())
-}
-
 /// The upper bound (µs) of the histogram bucket holding quantile `q` of the
 /// latency histogram `(upper bound µs, count)`; `None` for an empty histogram.
 /// Bounds are the edge's (`lat|<µs>`, `lat|inf` as `u64::MAX`).
@@ -806,157 +656,6 @@ pub fn histogram_quantile(hist: &[(u64, u64)], q: f64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn form() -> PolicyForm {
-        PolicyForm {
-            name: "search".into(),
-            dimensions: "api_key,endpoint".into(),
-            capacity: "100".into(),
-            period: "1m".into(),
-            refill: "".into(),
-            cost: "".into(),
-            failure_mode: "fail_closed".into(),
-            local_share_percent: "".into(),
-            max_in_flight: "".into(),
-            algorithm: "".into(),
-            shadow: false,
-            consistency: "".into(),
-            max_overshoot: "".into(),
-        }
-    }
-
-    fn bounded_form(bound: &str) -> PolicyForm {
-        PolicyForm {
-            consistency: "bounded".into(),
-            max_overshoot: bound.into(),
-            ..form()
-        }
-    }
-
-    #[test]
-    fn a_valid_form_becomes_the_spec_the_edge_parses() {
-        let spec = form().to_spec().unwrap();
-        assert_eq!(spec.quota.capacity, 100);
-        assert_eq!(spec.cost, 1);
-        assert_eq!(PolicyForm::from_spec(&spec).to_spec().unwrap(), spec);
-        let mut f = form();
-        f.failure_mode = "local_fallback".into();
-        f.local_share_percent = "10".into();
-        f.max_in_flight = "20".into();
-        let spec = f.to_spec().unwrap();
-        assert_eq!(
-            (spec.local_share_percent, spec.max_in_flight),
-            (Some(10), Some(20))
-        );
-        f.cost = "1".into();
-        f.algorithm = "token_bucket".into();
-        f.consistency = "exact".into();
-        assert_eq!(PolicyForm::from_spec(&spec), f);
-        let mut f = form();
-        f.algorithm = "fixed_window".into();
-        f.shadow = true;
-        let spec = f.to_spec().unwrap();
-        assert!(spec.shadow);
-        assert_eq!(
-            spec.algorithm,
-            floodgate_shared::policy::Algorithm::FixedWindow
-        );
-    }
-
-    #[test]
-    fn a_bounded_form_round_trips_and_an_exact_one_stores_no_consistency() {
-        let spec = bounded_form("20").to_spec().unwrap();
-        assert_eq!(
-            (spec.consistency, spec.max_overshoot),
-            (Consistency::Bounded, Some(20))
-        );
-        let back = PolicyForm::from_spec(&spec);
-        assert_eq!(
-            (back.consistency.as_str(), back.max_overshoot.as_str()),
-            ("bounded", "20")
-        );
-        assert_eq!(back.to_spec().unwrap(), spec);
-        assert_eq!(describe_consistency(&spec), "bounded, at most 20 over");
-        let mut auto = bounded_form("100");
-        auto.consistency = "auto".into();
-        assert_eq!(auto.to_spec().unwrap().consistency, Consistency::Auto);
-        // exact, chosen or by default: nothing in the JSON the edge stores
-        for c in ["", "exact"] {
-            let mut f = form();
-            f.consistency = c.into();
-            let spec = f.to_spec().unwrap();
-            assert_eq!(
-                (spec.consistency, spec.max_overshoot),
-                (Consistency::Exact, None)
-            );
-            let json = serde_json::to_string(&spec).unwrap();
-            assert!(
-                !json.contains("consistency") && !json.contains("max_overshoot"),
-                "{json}"
-            );
-            assert_eq!(describe_consistency(&spec), "exact");
-        }
-    }
-
-    #[test]
-    fn a_bad_consistency_or_bound_is_named_by_the_edges_rules() {
-        type Edit = fn(&mut PolicyForm);
-        let cases: [(PolicyForm, Edit, &str, &str); 11] = [
-            (bounded_form(""), |_| {}, "max_overshoot", "is required"),
-            (
-                bounded_form("0"),
-                |_| {},
-                "max_overshoot",
-                "between 1 and quota.capacity",
-            ),
-            (bounded_form("101"), |_| {}, "max_overshoot", "got 101"),
-            (bounded_form("-1"), |_| {}, "max_overshoot", "whole number"),
-            (bounded_form("1.5"), |_| {}, "max_overshoot", "whole number"),
-            (
-                form(),
-                |f| f.max_overshoot = "5".into(),
-                "max_overshoot",
-                "only applies",
-            ),
-            (
-                bounded_form("5"),
-                |f| f.algorithm = "sliding_log".into(),
-                "consistency",
-                "cannot lease",
-            ),
-            (
-                bounded_form("5"),
-                |f| f.algorithm = "fixed_window".into(),
-                "consistency",
-                "cannot lease",
-            ),
-            (
-                bounded_form("5"),
-                |f| f.shadow = true,
-                "consistency",
-                "shadow",
-            ),
-            (
-                bounded_form("5"),
-                |f| f.max_in_flight = "3".into(),
-                "consistency",
-                "max_in_flight",
-            ),
-            (
-                bounded_form("5"),
-                |f| f.consistency = "eventual".into(),
-                "consistency",
-                "unknown variant",
-            ),
-        ];
-        for (mut f, edit, field, says) in cases {
-            edit(&mut f);
-            let e = f.to_spec().unwrap_err();
-            assert_eq!(e.field, field, "{f:?} → {e}");
-            assert!(e.message.contains(says), "{f:?} → {e}");
-            assert!(POLICY_FIELDS.contains(&e.field.as_str()));
-        }
-    }
 
     #[test]
     fn consistency_figures_read_as_shares_calls_and_tokens() {
@@ -1012,59 +711,18 @@ mod tests {
     }
 
     #[test]
-    fn each_bad_field_is_named_as_the_edge_names_it() {
-        type Edit = fn(&mut PolicyForm);
-        let cases: [(Edit, &str); 16] = [
-            (|f| f.algorithm = "leaky".into(), "algorithm"),
-            (
-                |f| {
-                    f.algorithm = "sliding_log".into();
-                    f.capacity = "20000".into()
-                },
-                "quota.capacity",
-            ),
-            (|f| f.max_in_flight = "0".into(), "max_in_flight"),
-            (
-                |f| {
-                    f.failure_mode = "local_fallback".into();
-                    f.local_share_percent = "101".into()
-                },
-                "local_share_percent",
-            ),
-            (|f| f.capacity = "abc".into(), "quota.capacity"),
-            (|f| f.capacity = "".into(), "quota.capacity"),
-            (|f| f.capacity = "0".into(), "quota.capacity"),
-            (|f| f.capacity = "-5".into(), "quota.capacity"),
-            (|f| f.capacity = "1.5".into(), "quota.capacity"),
-            (
-                |f| f.capacity = "99999999999999999999999".into(),
-                "quota.capacity",
-            ),
-            (|f| f.period = "1 fortnight".into(), "quota.period"),
-            (|f| f.refill = "1e3".into(), "quota.refill"),
-            (|f| f.cost = "x".into(), "cost"),
-            (|f| f.name = "<script>".into(), "name"),
-            (|f| f.dimensions = "api_key,planet".into(), "dimensions[1]"),
-            (|f| f.failure_mode = "maybe".into(), "failure_mode"),
-        ];
-        for (edit, field) in cases {
-            let mut f = form();
-            edit(&mut f);
-            let e = f.to_spec().unwrap_err();
-            assert_eq!(e.field, field, "{f:?} → {e}");
-        }
-        let e = PolicyError::new("dimensions[1]", "unknown");
+    fn a_key_is_tried_on_the_edge_with_a_pasteable_curl() {
         assert_eq!(
-            AppError::from_policy(e, None).message_for("dimensions"),
-            Some("unknown".into())
+            try_request(Some("https://edge.example/"), "fg_k", "/v1/search"),
+            "curl -i -H \"Authorization: Bearer fg_k\" https://edge.example/v1/search"
         );
-        let e = PolicyError::new("plans.a[0]", "no policy");
-        assert!(
-            matches!(AppError::from_policy(e, None), AppError::Invalid { field, .. } if field == "plans.a")
-        );
-        let mut f = form();
-        f.name = "x".repeat(1 << 20);
-        assert!(f.to_spec().unwrap_err().message.contains("longer than"));
+        assert!(try_request(None, "fg_k", "/").ends_with(" EDGE_URL/"));
+        let spec: ConfigSpec = serde_json::from_str(
+            r#"{"policies":[],"plans":{},"routes":[{"name":"u","pattern":"/v1/users/:id","policies":[]},{"name":"s","pattern":"/v1/search","policies":[]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(example_path(Some(&spec)), "/v1/search");
+        assert_eq!(example_path(None), "/");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use floodgate_shared::apikeys::{
     ID_LEN, KeyRecord, KeyStatus, RANDOM_LEN, hash_secret, new_secret, record_key,
 };
 use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY, AuditEntry, CONFIG_CAS, SaveOutcome};
+use floodgate_shared::changes::{CHANGED, Change, LOG_KEEP, LOG_KEY, REV_KEY};
 use floodgate_shared::config::{CONFIG_KEY, ConfigSpec, EdgeConfig};
 use floodgate_shared::deny::DenyList;
 use floodgate_shared::policy::{PolicyError, validate_name};
@@ -89,10 +90,10 @@ pub async fn save_config<S: Store>(
         config.to_json(),
         entry.to_json(),
         AUDIT_KEEP.to_string(),
+        LOG_KEEP.to_string(),
     ];
-    let reply = store
-        .run(&CONFIG_CAS, &[CONFIG_KEY, AUDIT_KEY], &args)
-        .await?;
+    let keys = [CONFIG_KEY, AUDIT_KEY, REV_KEY, LOG_KEY];
+    let reply = store.run(&CONFIG_CAS, &keys, &args).await?;
     let unexpected = |v: &Value| StoreError::protocol(format!("unexpected config_cas reply {v:?}"));
     match &reply {
         Value::Array(items) => match items.as_slice() {
@@ -320,14 +321,33 @@ pub async fn create_key<S: Store>(
                 b"HSETNX".to_vec(),
                 KEY_INDEX.as_bytes().to_vec(),
                 id.into_bytes(),
-                hash.into_bytes(),
+                hash.clone().into_bytes(),
             ],
         ])
         .await?;
     for r in replies {
         r.ok()?;
     }
+    key_changed(store, &hash).await?;
     Ok((record, secret))
+}
+
+/// Tells edge instances that the record of the key hashed to `hash` changed
+/// (the revision and the change log, `lua/changed.lua`): they read it again on
+/// their next decision or revision check.
+pub async fn key_changed<S: Store>(store: &S, hash: &str) -> Result<u64, AdminError> {
+    let change = Change::Key(hash.to_string()).to_string();
+    let reply = store
+        .run(
+            &CHANGED,
+            &[REV_KEY, LOG_KEY],
+            &[change, LOG_KEEP.to_string()],
+        )
+        .await?;
+    match reply {
+        Value::Int(rev) if rev >= 0 => Ok(rev as u64),
+        other => Err(StoreError::protocol(format!("unexpected changed reply {other:?}")).into()),
+    }
 }
 
 async fn record_by_id<S: Store>(store: &S, id: &str) -> Result<(String, KeyRecord), AdminError> {
@@ -350,7 +370,8 @@ pub async fn key_by_id<S: Store>(store: &S, id: &str) -> Result<KeyRecord, Admin
     Ok(record_by_id(store, id).await?.1)
 }
 
-/// Revokes a key: the edge refuses it once its cache entry expires.
+/// Revokes a key: an edge instance refuses it from its next decision (or
+/// revision check) on.
 pub async fn revoke_key<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
     let (hash, mut record) = record_by_id(store, id).await?;
     record.status = KeyStatus::Revoked;
@@ -361,6 +382,7 @@ pub async fn revoke_key<S: Store>(store: &S, id: &str) -> Result<KeyRecord, Admi
             SetOptions::default(),
         )
         .await?;
+    key_changed(store, &hash).await?;
     Ok(record)
 }
 
@@ -405,6 +427,7 @@ pub async fn update_key<S: Store>(
             SetOptions::XX,
         )
         .await?;
+    key_changed(store, &hash).await?;
     Ok((before, after))
 }
 

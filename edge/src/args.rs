@@ -30,17 +30,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// The most detailed events logged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum LogLevel {
-    Error,
-    Warn,
-    #[default]
-    Info,
-    /// Also one event per request (method, status, latency, request id).
-    Debug,
-    Trace,
-}
+pub use crate::settings::LogLevel;
 
 impl From<LogLevel> for LevelFilter {
     fn from(l: LogLevel) -> Self {

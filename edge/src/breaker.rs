@@ -7,7 +7,7 @@
 //! on to the store as usual), its failure opens it again for another cool-down. The
 //! others keep the failure mode meanwhile.
 //!
-//! Every change of phase is returned as a [`Transition`] (from, to, instant, reason)
+//! Every change of phase is returned as a [`PhaseChange`] (from, to, instant, reason)
 //! for the host to log; transitions, requests kept off the store and time spent
 //! degraded are counted for alerting ([`BreakerStats`]). The breaker never reads a
 //! clock: every call takes the instant.
@@ -55,7 +55,7 @@ pub enum Permit {
 
 /// One change of phase, to be logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transition {
+pub struct PhaseChange {
     pub from: Phase,
     pub to: Phase,
     /// The instant (µs since the epoch, the pipeline's clock).
@@ -63,7 +63,7 @@ pub struct Transition {
     pub reason: String,
 }
 
-impl fmt::Display for Transition {
+impl fmt::Display for PhaseChange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -128,14 +128,14 @@ impl Breaker {
         }
     }
 
-    pub fn permit(&self, now: Micros) -> (Permit, Option<Transition>) {
+    pub fn permit(&self, now: Micros) -> (Permit, Option<PhaseChange>) {
         let mut s = crate::sync::lock(&self.state);
         let mut moved = None;
         let permit = match s.phase {
             Phase::Closed => Permit::Call,
             Phase::Open if now >= s.until => {
                 s.phase = Phase::HalfOpen;
-                moved = Some(Transition {
+                moved = Some(PhaseChange {
                     from: Phase::Open,
                     to: Phase::HalfOpen,
                     at: now,
@@ -160,7 +160,7 @@ impl Breaker {
 
     /// A store call succeeded. Only resets the failure count: a call still in
     /// flight when the breaker opened does not close it (only a health check does).
-    pub fn success(&self, _now: Micros) -> Option<Transition> {
+    pub fn success(&self, _now: Micros) -> Option<PhaseChange> {
         let mut s = crate::sync::lock(&self.state);
         if s.phase == Phase::Closed {
             s.failures = 0;
@@ -183,7 +183,7 @@ impl Breaker {
     }
 
     /// The half-open health check succeeded: close.
-    pub fn probe_succeeded(&self, now: Micros) -> Option<Transition> {
+    pub fn probe_succeeded(&self, now: Micros) -> Option<PhaseChange> {
         let mut s = crate::sync::lock(&self.state);
         if s.phase != Phase::HalfOpen {
             return None;
@@ -194,7 +194,7 @@ impl Breaker {
         s.stats.closed += 1;
         s.phase = Phase::Closed;
         s.probing = false;
-        Some(Transition {
+        Some(PhaseChange {
             from,
             to: Phase::Closed,
             at: now,
@@ -203,7 +203,7 @@ impl Breaker {
     }
 
     /// A store call failed in a way retrying may fix (counts only while closed).
-    pub fn failure(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
+    pub fn failure(&self, now: Micros, why: &dyn fmt::Display) -> Option<PhaseChange> {
         let mut s = crate::sync::lock(&self.state);
         if s.phase != Phase::Closed {
             return None;
@@ -216,7 +216,7 @@ impl Breaker {
         s.until = now + self.cool_down;
         s.since = now;
         s.stats.opened += 1;
-        Some(Transition {
+        Some(PhaseChange {
             from: Phase::Closed,
             to: Phase::Open,
             at: now,
@@ -225,14 +225,14 @@ impl Breaker {
     }
 
     /// The half-open health check failed: open again for another cool-down.
-    pub fn probe_failed(&self, now: Micros, why: &dyn fmt::Display) -> Option<Transition> {
+    pub fn probe_failed(&self, now: Micros, why: &dyn fmt::Display) -> Option<PhaseChange> {
         let mut s = crate::sync::lock(&self.state);
         match s.phase {
             Phase::HalfOpen => {
                 s.phase = Phase::Open;
                 s.until = now + self.cool_down;
                 s.probing = false;
-                Some(Transition {
+                Some(PhaseChange {
                     from: Phase::HalfOpen,
                     to: Phase::Open,
                     at: now,

@@ -64,6 +64,7 @@ impl LocalBuckets {
             now,
             shadow: vec![false; checks.len()],
             decisions,
+            revision: Default::default(),
         }
     }
 
@@ -94,7 +95,7 @@ mod tests {
         assert_eq!(admitted, 10, "the burst, no more");
         let denied = local.check(&[("k", &q, 1)], clock.now());
         let wait = match denied.headline().outcome {
-            floodgate_shared::Outcome::Denied { retry_after } => retry_after.unwrap(),
+            floodgate_shared::Admission::Denied { retry_after } => retry_after.unwrap(),
             other => panic!("{other:?}"),
         };
         assert_eq!(wait, 6 * MICROS_PER_SEC);

@@ -21,7 +21,7 @@
 
 use std::net::IpAddr;
 
-use crate::pipeline::Gate;
+use crate::pipeline::Reply;
 
 /// How the edge reads the original request in forward-auth mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,8 +69,8 @@ pub const FORWARDED_FOR: &str = "x-forwarded-for";
 
 impl ForwardError {
     /// `400 {"error": "Bad forward-auth request", "hint": <what is wrong>}`.
-    pub fn answer(&self) -> Gate {
-        Gate::json(400, "Bad forward-auth request", Some(&self.to_string()))
+    pub fn answer(&self) -> Reply {
+        Reply::json(400, "Bad forward-auth request", Some(&self.to_string()))
     }
 }
 
@@ -278,9 +278,7 @@ mod tests {
         ] {
             let got = ask("GET", "/", &headers).unwrap_err();
             assert_eq!(got, want);
-            let Gate::Respond { status, body, .. } = got.answer() else {
-                panic!()
-            };
+            let Reply { status, body, .. } = got.answer();
             assert_eq!(status, 400);
             assert!(body.contains(got.to_string().as_str()), "{body}");
         }

@@ -1,11 +1,14 @@
 //! Floodgate's edge: the stores that run the token-bucket script against Redis,
-//! and (with the edge issue) the request pipeline and its two hosts.
+//! the request pipeline, the settings and proxy rules its two hosts share, and the
+//! native host (the Worker is `edge/worker/`).
 
 pub mod breaker;
 pub mod deadline;
+pub mod exchange;
 pub mod fallback;
 pub mod pipeline;
 pub mod proxy;
+pub mod settings;
 pub mod stats;
 pub mod store;
 pub mod sync;

@@ -455,6 +455,18 @@ struct CacheLabels {
 
 impl InstanceState {
     fn register(&self, r: &mut Registry) {
+        self.register_breakers(r);
+        self.register_totals(r);
+        self.register_deadlines(r);
+        r.register(
+            "limiter_enabled",
+            "0 when the instance proxies without limiting (--no-limit)",
+            ConstGauge::new(i64::from(self.limiter)),
+        );
+    }
+
+    /// Each store's breaker: its state, and its transitions.
+    fn register_breakers(&self, r: &mut Registry) {
         let mut states = vec![];
         let mut transitions = vec![];
         for (store, phase, stats) in &self.breakers {
@@ -491,6 +503,10 @@ impl InstanceState {
             "Circuit breaker transitions by store and the state entered",
             Snapshot::counters(transitions),
         );
+    }
+
+    /// The degraded totals, unknown keys, late calls, refunds, leases, key cache.
+    fn register_totals(&self, r: &mut Registry) {
         let h = &self.health;
         let counters: [(&str, &str, u64); 9] = [
             (
@@ -551,7 +567,11 @@ impl InstanceState {
                 (CacheLabels { result: "miss" }, misses),
             ]),
         );
-        // each store's adaptive deadline (issue 17) and why calls missed it
+    }
+
+    /// Each store's adaptive deadline (issue 17), and why calls missed it.
+    fn register_deadlines(&self, r: &mut Registry) {
+        let h = &self.health;
         let lanes: Vec<(&'static str, &crate::pipeline::lane::DeadlineStats)> =
             std::iter::once(("global", &h.global))
                 .chain(h.regional.as_ref().map(|d| ("regional", d)))
@@ -591,11 +611,6 @@ impl InstanceState {
                     .map(|(store, d)| (StoreLabels { store }, d.late_replies))
                     .collect(),
             ),
-        );
-        r.register(
-            "limiter_enabled",
-            "0 when the instance proxies without limiting (--no-limit)",
-            ConstGauge::new(i64::from(self.limiter)),
         );
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use floodgate_shared::contract::{HOP_BY_HOP, IDENTITY_HEADER};
 use floodgate_shared::routes::MAX_PATH_LEN;
 
-use crate::pipeline::Gate;
+use crate::pipeline::Reply;
 
 /// The path both hosts answer themselves with the instance's health (never
 /// forwarded).
@@ -292,8 +292,8 @@ impl Refusal {
     }
 
     /// The answer: the status, `{"error": ...}`, and `Retry-After: 1` on a 503.
-    pub fn answer(self) -> Gate {
-        let g = Gate::json(self.status(), self.message(), None);
+    pub fn answer(self) -> Reply {
+        let g = Reply::json(self.status(), self.message(), None);
         match self {
             Refusal::Overloaded => g.with_header("Retry-After", "1"),
             _ => g,
@@ -478,14 +478,11 @@ mod tests {
         for (head, refusal, status) in cases {
             assert_eq!(r.check_head(&head), Err(refusal));
             assert_eq!(refusal.status(), status);
-            let Gate::Respond {
+            let Reply {
                 status: s,
                 body,
                 headers,
-            } = refusal.answer()
-            else {
-                panic!()
-            };
+            } = refusal.answer();
             assert_eq!(s, status);
             assert!(headers.contains(&("Content-Type", "application/json".to_string())));
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();

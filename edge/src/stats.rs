@@ -1,23 +1,28 @@
 //! Traffic counters and the decision sample, kept in memory on the request path
-//! and written in ONE batch per flush, off the request path (`waitUntil` in the
-//! Worker, a background task natively). The dashboard reads them.
+//! and written at chunk cost, off the request path (`waitUntil` in the Worker, a
+//! background task natively): one flush per flush interval is ONE `HSET` of this
+//! instance's field of the current minute's hash (its counts of the minute, whole:
+//! rewritten by every flush, so a flush that fails is made good by the next), the
+//! sample's `LPUSH` and `LTRIM`, the minute hash's `EXPIRE` once per minute, and
+//! each key's last use once per minute. The dashboard reads them. An instance
+//! with nothing new writes nothing.
 //!
 //! Every field, hash and entry is a type of `floodgate_shared::stats` (the contract
-//! with the dashboard, round-trip tested): per-minute hashes `fg:stats:<minute>`
-//! (endpoint outcomes, degraded decisions per failure mode, latency, breaker,
-//! sample drops), per-10-second hashes `fg:stats10:<slot>` (endpoint outcomes and
-//! latency only, kept 2 h), per-minute per-API-key hashes `fg:keystats:<minute>`,
-//! each key's last decision in `fg:key_last_used`, and the sample `fg:sample`.
-//! `docs/failure.md` lists them all with their memory bounds.
+//! with the dashboard, round-trip tested): `fg:stats:<minute>` holds each
+//! instance's [`MinuteCounts`] (endpoint outcomes, degraded decisions per failure
+//! mode, latency, breaker, sample drops, per policy; per 10 seconds the endpoint
+//! outcomes and latency; per API key), `fg:key_last_used` each key's last
+//! decision, `fg:sample` the sample. `docs/failure.md` lists them with their
+//! memory bounds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::stats::{
-    Counted, Endpoint, KeyField, LAST_USED_KEY, MINUTE_TTL_SECS, SAMPLE_KEEP, SAMPLE_KEY,
-    SampleEntry, TEN_SECOND_TTL_SECS, key_minute_key, latency_bound, minute_key, ten_second_key,
+    Counted, Endpoint, KeyField, LAST_USED_KEY, MINUTE_TTL_SECS, MinuteCounts, SAMPLE_KEEP,
+    SAMPLE_KEY, SampleEntry, instance_field, latency_bound, minute_key,
 };
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 
@@ -25,30 +30,15 @@ use crate::sync::lock;
 
 pub use floodgate_shared::stats::{LATENCY_BOUNDS_US, Leasing, Outcome, StatsField};
 
-/// Which hash a pending count goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Hash {
-    Minute(i64),
+/// Where a count goes in a minute's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Minute,
     TenSeconds(i64),
-    KeyMinute(i64),
+    Key,
 }
 
-impl Hash {
-    fn key(self) -> String {
-        match self {
-            Hash::Minute(m) => minute_key(m),
-            Hash::TenSeconds(s) => ten_second_key(s),
-            Hash::KeyMinute(m) => key_minute_key(m),
-        }
-    }
-
-    fn ttl_secs(self) -> u64 {
-        match self {
-            Hash::TenSeconds(_) => TEN_SECOND_TTL_SECS,
-            Hash::Minute(_) | Hash::KeyMinute(_) => MINUTE_TTL_SECS,
-        }
-    }
-}
+const MINUTE: Micros = 60 * MICROS_PER_SEC;
 
 /// Where every counted field is also added as it is counted: natively, the
 /// instance's Prometheus metrics (`crate::metrics`).
@@ -60,23 +50,37 @@ pub trait StatsSink: Send + Sync {
 struct Pending {
     /// Gets every count, before any bound drops it.
     sink: Option<std::sync::Arc<dyn StatsSink>>,
-    /// (hash, field text) → count
-    counts: BTreeMap<(Hash, String), u64>,
+    /// Per Unix minute: this instance's counts of it so far (what its field of
+    /// the minute's hash holds once written).
+    minutes: BTreeMap<i64, MinuteCounts>,
+    /// Minutes counted since they were last written.
+    dirty: BTreeSet<i64>,
+    /// Minutes whose hash this instance has given its TTL.
+    expiring: BTreeSet<i64>,
     /// Recent decisions for the dashboard's backtest.
     sample: Vec<String>,
-    /// API key id → Unix seconds of its latest decision.
+    /// API key id → Unix seconds of its latest decision, written once a minute.
     last_used: BTreeMap<String, i64>,
+    last_used_written: Option<Micros>,
     last_flush: Micros,
 }
 
 impl Pending {
-    /// Adds `n` to `field` of `hash`, unless that would grow the pending counts past
-    /// their bound (a flush is overdue; dropping counts beats unbounded memory).
-    fn add(&mut self, hash: Hash, field: String, n: u64) {
-        if self.counts.len() >= MAX_PENDING && !self.counts.contains_key(&(hash, field.clone())) {
+    /// Adds `n` to `field` at `slot` of `minute`, unless that would grow the
+    /// minute's counts past their bound (dropping counts beats unbounded memory).
+    fn add(&mut self, minute: i64, slot: Slot, field: String, n: u64) {
+        let counts = self.minutes.entry(minute).or_default();
+        let full = counts.len() >= MAX_PENDING;
+        let map = match slot {
+            Slot::Minute => &mut counts.minute,
+            Slot::TenSeconds(s) => counts.tens.entry(s).or_default(),
+            Slot::Key => &mut counts.keys,
+        };
+        if full && !map.contains_key(&field) {
             return;
         }
-        *self.counts.entry((hash, field)).or_default() += n;
+        *map.entry(field).or_default() += n;
+        self.dirty.insert(minute);
     }
 
     /// Counts `field` at `now`: per minute, and per 10 seconds when it is kept so.
@@ -84,18 +88,12 @@ impl Pending {
         if let Some(sink) = &self.sink {
             sink.add(&field, n);
         }
+        let minute = now.div_euclid(MINUTE);
         if field.is_fine() {
-            self.add(
-                Hash::TenSeconds(now / (10 * MICROS_PER_SEC)),
-                field.to_string(),
-                n,
-            );
+            let slot = Slot::TenSeconds(now.div_euclid(10 * MICROS_PER_SEC));
+            self.add(minute, slot, field.to_string(), n);
         }
-        self.add(
-            Hash::Minute(now / (60 * MICROS_PER_SEC)),
-            field.to_string(),
-            n,
-        );
+        self.add(minute, Slot::Minute, field.to_string(), n);
     }
 
     fn count_key(&mut self, now: Micros, key_id: &str, counted: Counted) {
@@ -103,11 +101,7 @@ impl Pending {
             key_id: key_id.to_string(),
             counted,
         };
-        self.add(
-            Hash::KeyMinute(now / (60 * MICROS_PER_SEC)),
-            field.to_string(),
-            1,
-        );
+        self.add(now.div_euclid(MINUTE), Slot::Key, field.to_string(), 1);
     }
 }
 
@@ -115,26 +109,45 @@ impl Pending {
 const MAX_SAMPLE_PENDING: usize = 5_000;
 
 /// Counters waiting for the next flush.
-#[derive(Default)]
 pub struct Stats {
     pending: Mutex<Pending>,
+    /// This instance's name in the minute hashes (random).
+    instance: String,
 }
 
-/// The most distinct (hash, field) entries kept between flushes (bounded memory).
+impl Default for Stats {
+    fn default() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(&h as *const _ as usize);
+        Self {
+            pending: Mutex::default(),
+            instance: format!("{:016x}", h.finish()),
+        }
+    }
+}
+
+/// The most counters of one minute this instance keeps (bounded memory).
 const MAX_PENDING: usize = 10_000;
 
+/// One flush: its commands, and the minutes it writes (made dirty again if the
+/// write fails, so the next flush writes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flush {
+    pub commands: Vec<Vec<String>>,
+    pub minutes: Vec<i64>,
+}
+
 impl Stats {
-    /// Counters that also add every count to `sink`.
-    pub fn with_sink(sink: std::sync::Arc<dyn StatsSink>) -> Self {
-        let stats = Self::default();
-        lock(&stats.pending).sink = Some(sink);
-        stats
+    /// Adds every count to `sink` as well, from now on.
+    pub fn set_sink(&self, sink: std::sync::Arc<dyn StatsSink>) {
+        lock(&self.pending).sink = Some(sink);
     }
 
     /// Counts one decision the edge made at `now` for `key` on `route` (per endpoint
     /// and per key, and the store call's latency when there was one), and adds it
     /// to the sample the dashboard's backtest replays. Every decision goes through
-    /// here: Redis's, the deny cache's, the in-flight limit's and degraded ones.
+    /// here: Redis's, the recent 429s answered locally, the in-flight limit's and degraded ones.
     pub fn record(
         &self,
         now: Micros,
@@ -221,20 +234,40 @@ impl Stats {
     }
 
     /// When at least `every` has passed since the last flush and something is
-    /// pending: the commands of one batched write (the sample's LPUSH and LTRIM,
-    /// HINCRBY per field, EXPIRE per hash, one HSET of the keys' last use). The
-    /// counts are taken; a failed write loses them (never blocks).
-    pub fn take_due(&self, now: Micros, every: Micros) -> Option<Vec<Vec<String>>> {
+    /// pending: the commands of one batched write — per minute counted since the
+    /// last flush ONE `HSET` of this instance's field with its counts of the
+    /// minute (and the hash's `EXPIRE` the first time), the sample's `LPUSH` and
+    /// `LTRIM`, and at most once a minute one `HSET` of the keys' last use.
+    pub fn take_due(&self, now: Micros, every: Micros) -> Option<Flush> {
         let mut p = lock(&self.pending);
-        if (p.counts.is_empty() && p.sample.is_empty()) || now - p.last_flush < every {
+        let last_used_due =
+            !p.last_used.is_empty() && p.last_used_written.is_none_or(|at| now - at >= MINUTE);
+        if (p.dirty.is_empty() && p.sample.is_empty() && !last_used_due)
+            || now - p.last_flush < every
+        {
             return None;
         }
         p.last_flush = now;
-        let counts = std::mem::take(&mut p.counts);
+        let mut commands = vec![];
+        let dirty: Vec<i64> = std::mem::take(&mut p.dirty).into_iter().collect();
+        for m in &dirty {
+            let json = p
+                .minutes
+                .get(m)
+                .map(MinuteCounts::to_json)
+                .unwrap_or_default();
+            let key = minute_key(*m);
+            commands.push(vec![
+                "HSET".into(),
+                key.clone(),
+                instance_field(&self.instance),
+                json,
+            ]);
+            if p.expiring.insert(*m) {
+                commands.push(vec!["EXPIRE".into(), key, MINUTE_TTL_SECS.to_string()]);
+            }
+        }
         let sample = std::mem::take(&mut p.sample);
-        let last_used = std::mem::take(&mut p.last_used);
-        drop(p);
-        let mut commands = Vec::with_capacity(counts.len() + 8);
         if !sample.is_empty() {
             let mut push = vec!["LPUSH".to_string(), SAMPLE_KEY.to_string()];
             push.extend(sample);
@@ -246,25 +279,35 @@ impl Stats {
                 (SAMPLE_KEEP - 1).to_string(),
             ]);
         }
-        let mut hashes: Vec<Hash> = vec![];
-        for ((hash, field), n) in counts {
-            if hashes.last() != Some(&hash) {
-                hashes.push(hash);
-            }
-            commands.push(vec!["HINCRBY".into(), hash.key(), field, n.to_string()]);
-        }
-        for h in hashes {
-            commands.push(vec!["EXPIRE".into(), h.key(), h.ttl_secs().to_string()]);
-        }
-        if !last_used.is_empty() {
+        if last_used_due {
+            p.last_used_written = Some(now);
             let mut set = vec!["HSET".to_string(), LAST_USED_KEY.to_string()];
-            for (id, secs) in last_used {
+            for (id, secs) in std::mem::take(&mut p.last_used) {
                 set.push(id);
                 set.push(secs.to_string());
             }
             commands.push(set);
         }
-        Some(commands)
+        // minutes before the last are complete once written
+        let current = now.div_euclid(MINUTE);
+        p.minutes.retain(|m, _| *m >= current - 1);
+        p.expiring.retain(|m| *m >= current - 1);
+        Some(Flush {
+            commands,
+            minutes: dirty,
+        })
+    }
+
+    /// A flush's write failed: its minutes are written again by the next flush
+    /// (their counts are whole in each write, so nothing is lost but the sample).
+    pub fn unflushed(&self, flush: &Flush) {
+        let mut p = lock(&self.pending);
+        for m in &flush.minutes {
+            if p.minutes.contains_key(m) {
+                p.dirty.insert(*m);
+                p.expiring.remove(m);
+            }
+        }
     }
 }
 
@@ -272,6 +315,7 @@ impl Stats {
 mod tests {
     use super::*;
     use floodgate_shared::apikeys::KeyStatus;
+    use floodgate_shared::stats::{Minute, key_minute_key};
 
     const T: Micros = 1_764_000_000_000_000;
 
@@ -289,16 +333,17 @@ mod tests {
         StatsField::Endpoint(Endpoint::Route(name.into()), Counted::Outcome(o)).to_string()
     }
 
-    /// The count a batch adds to `field` of hash `hash`.
-    fn added(batch: &[Vec<String>], hash: &str, field: &str) -> Option<String> {
-        batch
+    /// What a flush wrote of minute hash `hash`, read back as the dashboard does.
+    fn minute(batch: &[Vec<String>], hash: &str) -> MinuteCounts {
+        let pairs = batch
             .iter()
-            .find(|c| c[0] == "HINCRBY" && c[1] == hash && c[2] == field)
-            .map(|c| c[3].clone())
+            .filter(|c| c[0] == "HSET" && c[1] == hash)
+            .map(|c| (c[2].clone().into_bytes(), c[3].clone().into_bytes()));
+        Minute::read(pairs).0
     }
 
     #[test]
-    fn counts_are_batched_per_minute_and_per_ten_seconds_and_flushed_at_most_once_per_interval() {
+    fn a_flush_writes_one_field_per_minute_whatever_was_counted() {
         let s = Stats::default();
         let k1 = key("k1");
         s.record(T, Some("search"), &k1, Outcome::Allowed, Some(800));
@@ -311,39 +356,45 @@ mod tests {
             Outcome::Degraded,
             None,
         );
-        let batch = s.take_due(T, MICROS_PER_SEC).unwrap();
-        let (m, ten) = (minute_key(T / 60_000_000), ten_second_key(T / 10_000_000));
+        let flush = s.take_due(T, MICROS_PER_SEC).unwrap();
+        let batch = &flush.commands;
+        let writes: Vec<&Vec<String>> = batch
+            .iter()
+            .filter(|c| c[0] == "HSET" && c[1].starts_with("fg:stats:"))
+            .collect();
+        assert_eq!(
+            writes.len(),
+            2,
+            "one field write per minute counted: {batch:?}"
+        );
+        let (m, ten) = (T / 60_000_000, T / 10_000_000);
+        let this = minute(batch, &minute_key(m));
         let search = route("search", Outcome::Allowed);
-        assert_eq!(added(&batch, &m, &search).as_deref(), Some("2"));
-        assert_eq!(added(&batch, &ten, &search).as_deref(), Some("2"));
-        assert_eq!(
-            added(&batch, &m, "unmatched|throttled").as_deref(),
-            Some("1")
+        assert_eq!(this.minute[&search], 2);
+        assert_eq!(this.tens[&ten][&search], 2);
+        assert_eq!(this.minute["unmatched|throttled"], 1);
+        assert_eq!(this.minute["lat:1000"], 2);
+        assert_eq!(this.tens[&ten]["lat:inf"], 1);
+        assert_eq!(this.keys["k1|allowed"], 2);
+        assert_eq!(this.keys["k1|throttled"], 1);
+        assert!(
+            !this.minute.contains_key("k1|allowed"),
+            "keys have their own map"
         );
-        assert_eq!(added(&batch, &m, "lat:1000").as_deref(), Some("2"));
-        assert_eq!(added(&batch, &ten, "lat:inf").as_deref(), Some("1"));
-        let keys = key_minute_key(T / 60_000_000);
-        assert_eq!(added(&batch, &keys, "k1|allowed").as_deref(), Some("2"));
-        assert_eq!(added(&batch, &keys, "k1|throttled").as_deref(), Some("1"));
-        assert_eq!(
-            added(&batch, &m, "k1|allowed"),
-            None,
-            "keys have their own hash"
-        );
-        let next = minute_key(T / 60_000_000 + 1);
-        assert_eq!(
-            added(&batch, &next, &route("search", Outcome::Degraded)).as_deref(),
-            Some("1")
-        );
+        let next = minute(batch, &minute_key(m + 1));
+        assert_eq!(next.minute[&route("search", Outcome::Degraded)], 1);
         let expires: Vec<&Vec<String>> = batch.iter().filter(|c| c[0] == "EXPIRE").collect();
-        assert_eq!(expires.len(), 6, "2 minutes × (minute, 10 s, keys)");
-        assert!(expires.iter().any(|c| c[1] == ten && c[2] == "7200"));
-        assert!(expires.iter().any(|c| c[1] == m && c[2] == "172800"));
-        let last = batch.iter().find(|c| c[0] == "HSET").unwrap();
-        assert_eq!(
-            last[1..],
-            [LAST_USED_KEY, "k1", "1764000000", "k2", "1764000060"]
+        assert_eq!(expires.len(), 2, "each minute's hash gets its TTL once");
+        assert!(expires.iter().all(|c| c[2] == "172800"));
+        assert!(
+            batch.iter().all(|c| c[1] != key_minute_key(m)),
+            "no separate per-key hash"
         );
+        let last = batch
+            .iter()
+            .find(|c| c[0] == "HSET" && c[1] == LAST_USED_KEY)
+            .unwrap();
+        assert_eq!(last[2..], ["k1", "1764000000", "k2", "1764000060"]);
         let sample = batch.iter().find(|c| c[0] == "LPUSH").unwrap();
         let entries: Vec<SampleEntry> = sample[2..].iter().map(|e| e.parse().unwrap()).collect();
         assert_eq!(entries.len(), 4, "every decision is sampled");
@@ -354,13 +405,47 @@ mod tests {
             None,
             "nothing pending"
         );
+    }
+
+    #[test]
+    fn each_flush_rewrites_the_minute_whole_and_the_rest_at_their_own_pace() {
+        let s = Stats::default();
+        let k1 = key("k1");
         s.record(T, None, &k1, Outcome::Allowed, None);
+        let first = s.take_due(T, MICROS_PER_SEC).unwrap();
+        s.record(T + 1, None, &k1, Outcome::Allowed, None);
         assert_eq!(
             s.take_due(T + MICROS_PER_SEC / 2, MICROS_PER_SEC),
             None,
             "too soon"
         );
-        assert!(s.take_due(T + MICROS_PER_SEC, MICROS_PER_SEC).is_some());
+        let second = s.take_due(T + 10 * MICROS_PER_SEC, MICROS_PER_SEC).unwrap();
+        let m = minute_key(T / 60_000_000);
+        assert_eq!(minute(&first.commands, &m).minute["unmatched|allowed"], 1);
+        assert_eq!(
+            minute(&second.commands, &m).minute["unmatched|allowed"],
+            2,
+            "the field holds the minute so far: the second write replaces the first"
+        );
+        for c in &second.commands {
+            assert!(c[0] != "EXPIRE", "the TTL was set already: {c:?}");
+            assert!(
+                c[1] != LAST_USED_KEY,
+                "last use is written once a minute: {c:?}"
+            );
+        }
+        // a failed write: the next flush writes the minute again
+        s.unflushed(&second);
+        let again = s.take_due(T + 20 * MICROS_PER_SEC, MICROS_PER_SEC).unwrap();
+        assert_eq!(minute(&again.commands, &m).minute["unmatched|allowed"], 2);
+        assert!(
+            again.commands.iter().any(|c| c[0] == "EXPIRE"),
+            "and its TTL"
+        );
+        // a minute later the last use goes out again
+        s.record(T + 61 * MICROS_PER_SEC, None, &k1, Outcome::Allowed, None);
+        let later = s.take_due(T + 61 * MICROS_PER_SEC, MICROS_PER_SEC).unwrap();
+        assert!(later.commands.iter().any(|c| c[1] == LAST_USED_KEY));
     }
 
     #[test]
@@ -373,26 +458,17 @@ mod tests {
         s.bump(T, StatsField::BreakerOpenMs, 700);
         s.bump(T, StatsField::BreakerOpenMs, 300);
         s.bump(T, StatsField::BreakerOpenMs, 0);
-        let batch = s.take_due(T, 1).unwrap();
-        let m = minute_key(T / 60_000_000);
-        let field = |f: &str| added(&batch, &m, f);
-        assert_eq!(field("mode:fail_open").as_deref(), Some("2"));
-        assert_eq!(
-            field("route:search|degraded:fail_open").as_deref(),
-            Some("2")
-        );
-        assert_eq!(field("mode:local_fallback").as_deref(), Some("1"));
-        assert_eq!(
-            field("unmatched|degraded:local_fallback").as_deref(),
-            Some("1")
-        );
-        assert_eq!(field("breaker:opened").as_deref(), Some("1"));
-        assert_eq!(field("breaker:open_ms").as_deref(), Some("1000"));
+        let flush = s.take_due(T, 1).unwrap();
+        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
+        let field = |f: &str| m.minute.get(f).copied();
+        assert_eq!(field("mode:fail_open"), Some(2));
+        assert_eq!(field("route:search|degraded:fail_open"), Some(2));
+        assert_eq!(field("mode:local_fallback"), Some(1));
+        assert_eq!(field("unmatched|degraded:local_fallback"), Some(1));
+        assert_eq!(field("breaker:opened"), Some(1));
+        assert_eq!(field("breaker:open_ms"), Some(1000));
         assert_eq!(field("mode:fail_closed"), None);
-        assert!(
-            batch.iter().all(|c| !c[1].starts_with("fg:stats10:")),
-            "per-minute only"
-        );
+        assert!(m.tens.is_empty(), "per-minute only");
     }
 
     #[test]
@@ -401,11 +477,11 @@ mod tests {
         for name in ["mode", "lat", "key", "_"] {
             s.record(T, Some(name), &key("k1"), Outcome::Allowed, None);
         }
-        let batch = s.take_due(T, 1).unwrap();
-        let m = minute_key(T / 60_000_000);
+        let flush = s.take_due(T, 1).unwrap();
+        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
         for name in ["mode", "lat", "key", "_"] {
             let f = format!("route:{name}|allowed");
-            assert_eq!(added(&batch, &m, &f).as_deref(), Some("1"), "{f}");
+            assert_eq!(m.minute.get(&f), Some(&1), "{f}");
         }
     }
 
@@ -413,24 +489,30 @@ mod tests {
     fn pending_counts_and_the_sample_are_bounded() {
         let s = Stats::default();
         for i in 0..(MAX_PENDING as i64 + 500) {
-            s.bump(i * 60 * MICROS_PER_SEC, StatsField::BreakerOpened, 1);
+            s.bump(
+                T,
+                StatsField::PolicyDecision(
+                    format!("p{i}"),
+                    Endpoint::Unmatched,
+                    floodgate_shared::stats::PolicyOutcome::Allowed,
+                ),
+                1,
+            );
         }
-        let batch = s.take_due(i64::MAX / 2, 1).unwrap();
-        assert_eq!(
-            batch.iter().filter(|c| c[0] == "HINCRBY").count(),
-            MAX_PENDING
-        );
+        let flush = s.take_due(T, 1).unwrap();
+        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
+        assert_eq!(m.len(), MAX_PENDING);
         let s = Stats::default();
         for _ in 0..MAX_SAMPLE_PENDING + 7 {
             s.record(T, None, &key("k1"), Outcome::Allowed, None);
         }
-        let batch = s.take_due(T, 1).unwrap();
-        let sample = batch.iter().find(|c| c[0] == "LPUSH").unwrap();
+        let flush = s.take_due(T, 1).unwrap();
+        let sample = flush.commands.iter().find(|c| c[0] == "LPUSH").unwrap();
         assert_eq!(sample.len() - 2, MAX_SAMPLE_PENDING);
-        let m = minute_key(T / 60_000_000);
+        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
         assert_eq!(
-            added(&batch, &m, "sample:dropped").as_deref(),
-            Some("7"),
+            m.minute.get("sample:dropped"),
+            Some(&7),
             "what the sample missed is counted"
         );
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{T0, advance, head, header, mem, minute_sum, retry_after, seed, settle, status};
+use common::{Gate, T0, advance, head, header, mem, minute_sum, retry_after, seed, settle, status};
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, POOL_TAKE};
 use floodgate_shared::time::{FakeClock, Micros};
@@ -184,7 +184,7 @@ async fn auto_turns_bounded_only_for_a_hot_key() {
     let auth = seed(store, CONFIG, "auto");
     let clock = clock();
     let settings = PipelineConfig {
-        leases: floodgate_edge::pipeline::bounded::LeaseSettings {
+        leases: floodgate_edge::pipeline::leases::LeaseSettings {
             hot_per_sec: 10,
             cool_per_sec: 3,
             ..Default::default()
@@ -283,7 +283,7 @@ async fn with_the_global_store_down_leased_tokens_serve_then_the_failure_mode_ap
     // warm: a lease at hand (requests at 20/s keep the lease refilled)
     for _ in 0..20 {
         advance(clock, store, 50_000);
-        settle(p.gate(head(&auth)).await).await;
+        let _ = settle(p.gate(head(&auth)).await).await;
     }
     store.down.store(true, Ordering::SeqCst);
     let mut statuses = vec![];
@@ -302,7 +302,7 @@ async fn with_the_global_store_down_leased_tokens_serve_then_the_failure_mode_ap
     let store = mem();
     let auth = seed(store, CONFIG, "soft");
     let p = pipeline(store, clock);
-    settle(p.gate(head(&auth)).await).await;
+    let _ = settle(p.gate(head(&auth)).await).await;
     store.down.store(true, Ordering::SeqCst);
     for _ in 0..10 {
         let g = settle(p.gate(head(&auth)).await).await;
@@ -341,7 +341,7 @@ async fn a_lease_is_never_spent_after_its_global_lease_expired() {
     let (a, b) = (pipeline(store, clock), pipeline(store, clock));
     let mut admitted = vec![];
     let mut now = T0;
-    let mut at = |g: &floodgate_edge::pipeline::Gate, now: Micros| {
+    let mut at = |g: &Gate, now: Micros| {
         if status(g) == 200 {
             admitted.push(now);
         }
@@ -387,7 +387,7 @@ async fn a_region_admits_a_cold_key_on_credit_without_a_global_round_trip() {
     let p = pipeline(global, clock).with_regional(regional);
     // the configuration and the key are cached by a first request, then the key goes
     // cold for longer than any lease lives
-    settle(p.gate(head(&auth)).await).await;
+    let _ = settle(p.gate(head(&auth)).await).await;
     advance(clock, global, 10_000_000);
     *regional.now.lock().unwrap() += 10_000_000;
     let checks = global.checks.load(Ordering::SeqCst);
@@ -404,7 +404,7 @@ async fn a_region_admits_a_cold_key_on_credit_without_a_global_round_trip() {
         "the refill charges the credit, in the background"
     );
     let takes = leases_taken(global);
-    settle(d).await;
+    let _ = settle(d).await;
     assert_eq!(leases_taken(global), takes + 1);
     assert_eq!(
         regional
@@ -485,7 +485,7 @@ async fn a_bounded_policy_counts_its_local_share_refills_and_outstanding_tokens(
         advance(clock, store, 60_000);
         assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     }
-    p.flush_stats(0).await.unwrap();
+    p.flush_pending().await.unwrap();
     let sum = |field: &str| minute_sum(store, field);
     let (local, exact) = (sum("policy:b|local"), sum("policy:b|exact"));
     let (refills, outstanding) = (sum("policy:b|refills"), sum("policy:b|outstanding"));

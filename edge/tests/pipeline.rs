@@ -6,11 +6,12 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{
-    MemStore, T0, advance, head, header, mem, minute_sum, retry_after, seed, set_key_status,
-    settle, status,
+    MemStore, T0, advance, changed, head, header, mem, minute_sum, retry_after, seed,
+    set_key_status, settle, status,
 };
-use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead};
+use floodgate_edge::pipeline::{Admit, Pipeline, PipelineConfig, RequestHead};
 use floodgate_shared::apikeys::{KeyStatus, new_secret};
+use floodgate_shared::changes::Change;
 use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::time::{Clock, FakeClock, MICROS_PER_SEC};
 
@@ -162,11 +163,11 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         cold,
         "one refresh at a time: the second request started none"
     );
-    settle(first).await;
+    let _ = settle(first).await;
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
-        cold + 2,
-        "the first request's background read refreshed both"
+        cold + 1,
+        "the first request's background work read what changed: the key, not the configuration"
     );
     assert_eq!(
         status(&p.gate(head(&auth)).await.gate),
@@ -180,9 +181,10 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         .lock()
         .unwrap()
         .insert(CONFIG_KEY.into(), b"{broken".to_vec());
+    changed(store, Change::Config);
     advance(&clock, store, 60 * MICROS_PER_SEC);
     let gets = store.gets.load(Ordering::SeqCst);
-    settle(p.gate(head(&auth)).await).await;
+    let _ = settle(p.gate(head(&auth)).await).await;
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     assert_eq!(
@@ -227,20 +229,28 @@ async fn a_failed_background_refresh_is_tried_again() {
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
     advance(&clock, store, 1_500_000);
     store.down.store(true, Ordering::SeqCst);
-    settle(p.gate(head(&auth)).await).await;
-    let gets = store.gets.load(Ordering::SeqCst);
-    store.down.store(false, Ordering::SeqCst);
-    settle(p.gate(head(&auth)).await).await;
-    assert_eq!(
+    let _ = settle(p.gate(head(&auth)).await).await;
+    let (gets, checks) = (
         store.gets.load(Ordering::SeqCst),
-        gets + 2,
-        "the next request refreshed again"
+        store.rev_reads.load(Ordering::SeqCst),
     );
-    settle(p.gate(head(&auth)).await).await;
+    store.down.store(false, Ordering::SeqCst);
+    let _ = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(
+        store.rev_reads.load(Ordering::SeqCst),
+        checks + 1,
+        "the next request checked the revision again"
+    );
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
-        gets + 2,
-        "and it is fresh"
+        gets,
+        "the revision had not moved: nothing read again"
+    );
+    let _ = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(
+        store.rev_reads.load(Ordering::SeqCst),
+        checks + 1,
+        "and the records are fresh"
     );
 }
 
@@ -256,16 +266,12 @@ async fn a_store_outage_is_an_explicit_per_policy_decision() {
         let g = p.gate(head(&auth)).await.gate;
         assert_eq!(status(&g), expected, "plan {plan}");
         match g {
-            Gate::Respond { headers, body, .. } => {
-                assert!(headers.iter().any(|(k, v)| *k == "Retry-After" && v == "1"));
-                assert!(body.contains("Rate limiter unavailable"));
+            Err(reply) => {
+                assert_eq!(reply.header("Retry-After"), Some("1"));
+                assert!(reply.body.contains("Rate limiter unavailable"));
             }
-            Gate::Forward { headers, .. } => {
-                assert!(
-                    headers
-                        .iter()
-                        .any(|(k, v)| *k == "X-RateLimit-Degraded" && v == "fail-open")
-                );
+            Ok(admit) => {
+                assert_eq!(admit.header("X-RateLimit-Degraded"), Some("fail-open"));
             }
         }
     }
@@ -293,7 +299,7 @@ async fn unknown_plans_and_missing_config_are_refused_not_crashed() {
 /// After a denial the instance answers that bucket itself until the exact wait is
 /// over, then asks the store again.
 #[tokio::test]
-async fn the_deny_cache_answers_locally_until_retry_after() {
+async fn recent_429s_are_answered_locally_until_retry_after() {
     let store = mem();
     let auth = seed(store, CONFIG, "free"); // 3 per minute: one token every 20 s
     let clock = FakeClock::at(T0);
@@ -321,11 +327,11 @@ async fn the_deny_cache_answers_locally_until_retry_after() {
     assert_eq!(store.checks.load(Ordering::SeqCst), 5);
 }
 
-/// With and without the deny cache, the same requests at the same instants get the
+/// With and without answering recent 429s locally, the same requests at the same instants get the
 /// same answers: the cache never admits what the store would deny, nor denies what
 /// it would admit.
 #[test]
-fn the_deny_cache_changes_no_decision() {
+fn answering_recent_429s_locally_changes_no_decision() {
     use proptest::prelude::*;
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -354,7 +360,7 @@ fn the_deny_cache_changes_no_decision() {
                 b,
                 &cb,
                 PipelineConfig {
-                    deny_cache: false,
+                    throttle_memory: false,
                     ..PipelineConfig::default()
                 },
             );
@@ -437,9 +443,7 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     let g = p.gate(head(&auth)).await.gate;
     assert_eq!(store.checks.load(Ordering::SeqCst) - before, 6);
     assert_eq!(status(&g), 200);
-    assert!(
-        matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, _)| *k == "X-RateLimit-Limit"))
-    );
+    assert!(matches!(&g, Ok(admit) if admit.header("X-RateLimit-Limit").is_some()));
     let stats = p.breaker_stats();
     assert_eq!((stats.opened, stats.closed, stats.probes), (1, 1, 2));
     assert!(stats.degraded_us >= 2_000_000);
@@ -458,14 +462,14 @@ async fn an_outage_longer_than_the_cache_ttl_keeps_the_failure_mode() {
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     store.down.store(true, Ordering::SeqCst);
     advance(&clock, store, 10 * MICROS_PER_SEC);
-    let gets = store.gets.load(Ordering::SeqCst);
+    let reads = store.reads.load(Ordering::SeqCst);
     let g = settle(p.gate(head(&auth)).await).await;
     assert!(
-        store.gets.load(Ordering::SeqCst) > gets,
+        store.reads.load(Ordering::SeqCst) > reads,
         "the expired record was looked up again"
     );
     assert!(
-        matches!(&g, Gate::Forward { headers, .. } if headers.iter().any(|(k, v)| *k == "X-RateLimit-Degraded" && v == "fail-open")),
+        matches!(&g, Ok(admit) if admit.header("X-RateLimit-Degraded") == Some("fail-open")),
         "{g:?}"
     );
     let stranger = format!("Bearer {}", new_secret(&[9u8; 42]).1);
@@ -527,17 +531,14 @@ async fn fail_closed_is_marked_and_wins_over_the_other_modes() {
     let g = p.gate(head(&auth)).await.gate;
     assert_eq!(status(&g), 503);
     assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-closed"));
-    use floodgate_edge::pipeline::strictest;
-    use floodgate_shared::policy::FailureMode::*;
+    use floodgate_shared::policy::FailureMode::{self, *};
+    let strictest = |modes: &[FailureMode]| FailureMode::strictest(modes.iter().copied());
+    assert_eq!(strictest(&[FailOpen, LocalFallback]), LocalFallback);
     assert_eq!(
-        strictest([FailOpen, LocalFallback].into_iter()),
-        LocalFallback
-    );
-    assert_eq!(
-        strictest([LocalFallback, FailClosed, FailOpen].into_iter()),
+        strictest(&[LocalFallback, FailClosed, FailOpen]),
         FailClosed
     );
-    assert_eq!(strictest([FailOpen].into_iter()), FailOpen);
+    assert_eq!(strictest(&[FailOpen]), FailOpen);
 }
 
 /// Degraded decisions are counted per mode and per route, the breaker's outages
@@ -549,7 +550,7 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     let clock = FakeClock::at(T0);
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
-    p.flush_stats(0).await.unwrap();
+    p.flush_pending().await.unwrap();
     store.writes.lock().unwrap().clear();
     store.down.store(true, Ordering::SeqCst);
     for _ in 0..8 {
@@ -564,14 +565,14 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(json["degraded_requests"]["fail_open"], 8);
     // counters wait while the breaker is open, then go out once it closes
     advance(&clock, store, 2_500_000);
-    p.flush_stats(0).await.unwrap();
+    p.flush_pending().await.unwrap();
     assert!(
         store.writes.lock().unwrap().is_empty(),
         "nothing written while open"
     );
     store.down.store(false, Ordering::SeqCst);
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
-    p.flush_stats(0).await.unwrap();
+    p.flush_pending().await.unwrap();
     // per minute (the endpoint's outcome is also counted per 10 seconds)
     let sum = |field: &str| minute_sum(store, field);
     assert_eq!(sum("mode:fail_open"), 8);
@@ -587,7 +588,7 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
 /// which policy throttled on which route: all policies of an admitted request
 /// count `allowed` (a shadow one that would have denied, `shadow_throttled`); a
 /// throttled request counts only under the policies that denied it (also when
-/// the deny cache answers); a request decided without the store counts under
+/// recent 429s are answered locally); a request decided without the store counts under
 /// each enforced policy with the failure mode applied.
 #[tokio::test]
 async fn each_policy_counts_what_it_decided() {
@@ -604,14 +605,14 @@ async fn each_policy_counts_what_it_decided() {
     assert_eq!(
         store.checks.load(Ordering::SeqCst),
         3,
-        "the deny cache answered the 4th"
+        "the recent 429 was answered locally the 4th time"
     );
     advance(&clock, store, 60 * MICROS_PER_SEC);
     store.down.store(true, Ordering::SeqCst);
     let g = p.gate(head(&auth)).await.gate;
     assert_eq!(header(&g, "X-RateLimit-Degraded"), Some("fail-open"));
     store.down.store(false, Ordering::SeqCst);
-    p.flush_stats(0).await.unwrap();
+    p.flush_pending().await.unwrap();
     let sum = |field: &str| minute_sum(store, field);
     let counted = |policy: &str| -> Vec<(&str, u64)> {
         [
@@ -634,9 +635,9 @@ async fn each_policy_counts_what_it_decided() {
 }
 
 /// The backtest replays the sample: every decision must be in it with what the
-/// edge answered, the deny cache's 429s and the degraded answers included.
+/// edge answered, the recent 429s answered locally and the degraded answers included.
 #[tokio::test]
-async fn every_decision_is_sampled_with_its_outcome_deny_cache_and_degraded_included() {
+async fn every_decision_is_sampled_with_its_outcome_recent_429s_and_degraded_included() {
     use floodgate_shared::stats::{Endpoint, Outcome, SampleEntry};
     let store = mem();
     let auth = seed(store, CONFIG, "free"); // 3 per minute, fail_closed
@@ -647,12 +648,12 @@ async fn every_decision_is_sampled_with_its_outcome_deny_cache_and_degraded_incl
     assert_eq!(
         store.checks.load(Ordering::SeqCst),
         4,
-        "the deny cache answered the last 6"
+        "the recent 429s answered the last 6 locally"
     );
     advance(&clock, store, 60 * MICROS_PER_SEC);
     store.down.store(true, Ordering::SeqCst);
     assert_eq!(futures_statuses(&p, &auth, 2).await, [503, 503]);
-    p.flush_stats(0).await.unwrap();
+    p.flush_pending().await.unwrap();
     let writes = store.writes.lock().unwrap().clone();
     let sample: Vec<SampleEntry> = writes
         .iter()
@@ -728,17 +729,19 @@ async fn a_request_refused_for_its_in_flight_limit_costs_no_tokens() {
     let p = Pipeline::new(store, &clock, PipelineConfig::default());
     let first = settle(p.gate(head(&auth)).await).await;
     assert_eq!(header(&first, "X-RateLimit-Remaining"), Some("2"));
-    let Gate::Forward { slots, .. } = &first else {
+    let Ok(Admit { slots, .. }) = &first else {
         panic!("{first:?}")
     };
     assert_eq!(slots.len(), 1);
     for _ in 0..5 {
         let g = settle(p.gate(head(&auth)).await).await;
         assert_eq!(status(&g), 429);
-        assert!(matches!(&g, Gate::Respond { body, .. } if body.contains("in flight")));
+        assert!(matches!(&g, Err(r) if r.body.contains("in flight")));
     }
     assert_eq!(store.refunds.load(Ordering::SeqCst), 5);
-    p.release(slots).await;
+    p.release_later(slots.clone())
+        .expect("a slot to release")
+        .await;
     let g = settle(p.gate(head(&auth)).await).await;
     assert_eq!(
         header(&g, "X-RateLimit-Remaining"),

@@ -1,8 +1,8 @@
 // Serves the built Worker (build/) in workerd through Miniflare on a loopback port,
 // for the run command and the end-to-end tests. Configuration from the environment:
 //   PORT, UPSTREAM_URL, UPSTASH_REDIS_REST_URL, UPSTASH_REDIS_REST_TOKEN,
-//   CACHE_TTL_MS (default 5000); and, when set, every optional variable the Worker
-//   reads (OPTIONAL below: deadlines, timeouts, breaker, headers);
+//   CACHE_TTL_MS (default 5000); and WORKER_VARS, a JSON object of any more of the
+//   Worker's variables (deadlines, timeouts, breaker, headers, regions);
 //   SCRIPT=passthrough serves passthrough.mjs (no limiter) instead: a baseline.
 // Prints "ready <url>" once it accepts requests; SIGTERM/SIGINT stop it.
 import { Miniflare } from "miniflare";
@@ -18,31 +18,15 @@ const need = (name) => {
   }
   return v;
 };
-// The Worker's optional variables (edge/worker/src/lib.rs): passed on when set.
-const OPTIONAL = [
-  "DEADLINE_MS",
-  "DEADLINE_FLOOR_MS",
-  "DEADLINE_CEILING_MS",
-  "STARTUP_WAIT_MS",
-  "UPSTREAM_TIMEOUT_MS",
-  "BREAKER_THRESHOLD",
-  "BREAKER_COOL_DOWN_MS",
-  "KEY_HEADER",
-  "FORWARD_KEY",
-  "IDENTITY_HEADER",
-  "NEGATIVE_CACHE_TTL_MS",
-  "UNKNOWN_KEYS_PER_IP_PER_MIN",
-  "UNKNOWN_KEYS_PER_MIN",
-  "MAX_BODY_BYTES",
-  "LEASE_LIFETIME_MS",
-  "REGION",
-  "REGIONAL_REST_URLS",
-  "REGIONAL_REST_TOKENS",
-  "LOG_LEVEL",
-];
-const optional = Object.fromEntries(
-  OPTIONAL.filter((name) => process.env[name]).map((name) => [name, process.env[name]]),
-);
+// More of the Worker's variables (its settings, LOG_LEVEL, REGION, REGIONAL_*: see
+// edge/worker/src/lib.rs), as one JSON object of name to value: WORKER_VARS.
+let optional = {};
+try {
+  optional = JSON.parse(process.env.WORKER_VARS ?? "{}");
+} catch (e) {
+  console.error(`serve.mjs: WORKER_VARS must be a JSON object: ${e.message}`);
+  process.exit(2);
+}
 const passthrough = process.env.SCRIPT === "passthrough"; // the benchmark's baseline
 const mf = new Miniflare({
   modules: true,

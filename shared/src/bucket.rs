@@ -75,7 +75,7 @@ impl BucketState {
 
 /// The outcome of one decision. A denial is a value, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Admission {
     Allowed,
     /// Denied; `retry_after` is the exact wait (µs) after which the same request is
     /// admitted, or `None` when its cost exceeds the capacity and it never will be.
@@ -87,7 +87,7 @@ pub enum Outcome {
 /// What one policy decided for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
-    pub outcome: Outcome,
+    pub outcome: Admission,
     /// The bucket's capacity (`X-RateLimit-Limit`).
     pub limit: u64,
     /// Whole tokens left after this decision (`X-RateLimit-Remaining`).
@@ -100,7 +100,7 @@ pub struct Decision {
 
 impl Decision {
     pub fn allowed(&self) -> bool {
-        self.outcome == Outcome::Allowed
+        self.outcome == Admission::Allowed
     }
 
     /// `X-RateLimit-Reset`: Unix seconds, rounded up, at which the bucket is full.
@@ -112,7 +112,7 @@ impl Decision {
     /// when the request can never be admitted.
     pub fn retry_after_secs(&self) -> Option<i64> {
         match self.outcome {
-            Outcome::Denied {
+            Admission::Denied {
                 retry_after: Some(us),
             } => Some(ceil_secs(us).max(1)),
             _ => None,
@@ -145,7 +145,7 @@ pub fn decide(prev: Option<BucketState>, quota: &Quota, now: Micros, cost: u32) 
     if next - now <= burst {
         Transition {
             decision: Decision {
-                outcome: Outcome::Allowed,
+                outcome: Admission::Allowed,
                 limit: quota.capacity(),
                 remaining: tokens_after(next),
                 now,
@@ -157,7 +157,7 @@ pub fn decide(prev: Option<BucketState>, quota: &Quota, now: Micros, cost: u32) 
         let retry_after = (cost_us <= burst).then_some(next - burst - now);
         Transition {
             decision: Decision {
-                outcome: Outcome::Denied { retry_after },
+                outcome: Admission::Denied { retry_after },
                 limit: quota.capacity(),
                 remaining: tokens_after(base),
                 now,
@@ -248,8 +248,8 @@ mod tests {
             assert_eq!(d.remaining, r.remaining, "row {i}");
             assert_eq!(d.full_at - now, r.reset_in_us, "row {i}");
             match d.outcome {
-                Outcome::Allowed => assert_eq!(r.retry_after_us, None, "row {i}"),
-                Outcome::Denied { retry_after } => {
+                Admission::Allowed => assert_eq!(r.retry_after_us, None, "row {i}"),
+                Admission::Denied { retry_after } => {
                     assert_eq!(retry_after, r.retry_after_us, "row {i}")
                 }
             }
@@ -270,7 +270,7 @@ mod tests {
         // one token refills every 60 ms: Retry-After rounds 60 ms up to 1 s, never 0.
         assert_eq!(
             d.outcome,
-            Outcome::Denied {
+            Admission::Denied {
                 retry_after: Some(60_000)
             }
         );
@@ -289,7 +289,7 @@ mod tests {
         assert!(!tr.decision.allowed());
         assert_eq!(tr.write, None);
         let tr = decide(None, &quota, T0, 3);
-        assert_eq!(tr.decision.outcome, Outcome::Denied { retry_after: None });
+        assert_eq!(tr.decision.outcome, Admission::Denied { retry_after: None });
         assert_eq!(tr.decision.retry_after_secs(), None);
         assert_eq!(tr.write, None);
     }
@@ -301,7 +301,7 @@ mod tests {
         let d = decide(full, &quota, T0, 1).decision;
         assert_eq!(
             d.outcome,
-            Outcome::Denied {
+            Admission::Denied {
                 retry_after: Some(1)
             }
         );

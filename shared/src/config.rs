@@ -29,6 +29,9 @@ use crate::policy::{Dimension, Policy, PolicyError, PolicySpec, validate_name};
 use crate::routes::{Route, RouteTable};
 use crate::script::MAX_CHECKS;
 
+mod edit;
+pub use edit::{ConfigEdit, Edited};
+
 /// Where the configuration lives in Redis.
 pub const CONFIG_KEY: &str = "fg:config";
 /// The largest configuration document accepted.
@@ -126,6 +129,129 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> PolicyError {
     PolicyError::new(field, message)
 }
 
+/// Every policy of `spec`, validated, each name used once.
+fn validate_policies(spec: &ConfigSpec) -> Result<Vec<Policy>, PolicyError> {
+    if spec.policies.is_empty() || spec.policies.len() > MAX_POLICIES {
+        return Err(err(
+            "policies",
+            format!("must hold 1 to {MAX_POLICIES} policies"),
+        ));
+    }
+    let mut policies: Vec<Policy> = Vec::with_capacity(spec.policies.len());
+    for (i, p) in spec.policies.iter().enumerate() {
+        let policy = p
+            .validate()
+            .map_err(|e| err(format!("policies[{i}].{}", e.field), e.message))?;
+        if policies.iter().any(|q| q.name() == policy.name()) {
+            return Err(err(
+                format!("policies[{i}].name"),
+                format!("{:?} is used twice", policy.name()),
+            ));
+        }
+        policies.push(policy);
+    }
+    Ok(policies)
+}
+
+/// The bounds on how many plans, regions, overrides and routes a configuration
+/// holds, and on the jitter.
+fn check_sizes(spec: &ConfigSpec) -> Result<(), PolicyError> {
+    if spec.plans.is_empty() || spec.plans.len() > MAX_PLANS {
+        return Err(err("plans", format!("must hold 1 to {MAX_PLANS} plans")));
+    }
+    if spec.regions > MAX_REGIONS {
+        return Err(err(
+            "regions",
+            format!("must be between 0 and {MAX_REGIONS}, got {}", spec.regions),
+        ));
+    }
+    if spec.headers.retry_jitter_secs > 60 {
+        return Err(err(
+            "headers.retry_jitter_secs",
+            format!(
+                "must be between 0 and 60, got {}",
+                spec.headers.retry_jitter_secs
+            ),
+        ));
+    }
+    if spec.key_overrides.len() > MAX_KEY_OVERRIDES {
+        return Err(err(
+            "key_overrides",
+            format!("must hold at most {MAX_KEY_OVERRIDES} keys"),
+        ));
+    }
+    if spec.routes.len() > MAX_ROUTES {
+        return Err(err(
+            "routes",
+            format!("must hold at most {MAX_ROUTES} routes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Policies by name, for the lists that name them.
+struct Names<'p>(&'p [Policy]);
+
+impl Names<'_> {
+    /// The index of each policy `list` (at `field`) names, each fit for its use.
+    fn all(
+        &self,
+        field: &str,
+        list: &[String],
+        fit: fn(&Policy) -> Result<(), String>,
+    ) -> Result<Vec<usize>, PolicyError> {
+        list.iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let field = format!("{field}[{i}]");
+                let at = self
+                    .0
+                    .iter()
+                    .position(|p| p.name() == name)
+                    .ok_or_else(|| err(field.clone(), format!("no policy is named {name:?}")))?;
+                fit(&self.0[at]).map_err(|m| err(field, m))?;
+                Ok(at)
+            })
+            .collect()
+    }
+}
+
+/// A plan's or a key override's policy: per API key, not per endpoint.
+fn per_key(p: &Policy) -> Result<(), String> {
+    if !p.has(Dimension::ApiKey) || p.has(Dimension::Endpoint) {
+        Err(format!(
+            "policy {:?} must be keyed by api_key and not by endpoint (endpoint limits go on routes)",
+            p.name()
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A route's policy: keyed by endpoint.
+fn per_endpoint(p: &Policy) -> Result<(), String> {
+    if p.has(Dimension::Endpoint) {
+        Ok(())
+    } else {
+        Err(format!(
+            "policy {:?} must be keyed by endpoint to be attached to a route",
+            p.name()
+        ))
+    }
+}
+
+/// An address policy: keyed by client_ip alone.
+fn per_ip(p: &Policy) -> Result<(), String> {
+    if p.dimensions() == [Dimension::ClientIp] {
+        Ok(())
+    } else {
+        Err(format!(
+            "policy {:?} must be keyed by client_ip alone",
+            p.name()
+        ))
+    }
+}
+
 impl EdgeConfig {
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
         let spec: ConfigSpec = crate::policy::parse_json(text, MAX_CONFIG_JSON)?;
@@ -133,139 +259,51 @@ impl EdgeConfig {
     }
 
     pub fn new(spec: ConfigSpec) -> Result<Self, PolicyError> {
-        if spec.policies.is_empty() || spec.policies.len() > MAX_POLICIES {
-            return Err(err(
-                "policies",
-                format!("must hold 1 to {MAX_POLICIES} policies"),
-            ));
-        }
-        let mut policies: Vec<Policy> = Vec::with_capacity(spec.policies.len());
-        for (i, p) in spec.policies.iter().enumerate() {
-            let policy = p
-                .validate()
-                .map_err(|e| err(format!("policies[{i}].{}", e.field), e.message))?;
-            if policies.iter().any(|q| q.name() == policy.name()) {
-                return Err(err(
-                    format!("policies[{i}].name"),
-                    format!("{:?} is used twice", policy.name()),
-                ));
-            }
-            policies.push(policy);
-        }
-        let find = |field: String, name: &str, want: &dyn Fn(&Policy) -> Result<(), String>| {
-            let i = policies
-                .iter()
-                .position(|p| p.name() == name)
-                .ok_or_else(|| err(field.clone(), format!("no policy is named {name:?}")))?;
-            want(&policies[i]).map_err(|m| err(field, m))?;
-            Ok::<usize, PolicyError>(i)
-        };
-        if spec.plans.is_empty() || spec.plans.len() > MAX_PLANS {
-            return Err(err("plans", format!("must hold 1 to {MAX_PLANS} plans")));
-        }
-        let per_key = |p: &Policy| {
-            if !p.has(Dimension::ApiKey) || p.has(Dimension::Endpoint) {
-                Err(format!(
-                    "policy {:?} must be keyed by api_key and not by endpoint (endpoint limits go on routes)",
-                    p.name()
+        let policies = validate_policies(&spec)?;
+        let names = Names(&policies);
+        check_sizes(&spec)?;
+        let plans = spec
+            .plans
+            .iter()
+            .map(|(plan, list)| {
+                validate_name(&format!("plans.{plan}"), plan)?;
+                Ok((
+                    plan.clone(),
+                    names.all(&format!("plans.{plan}"), list, per_key)?,
                 ))
-            } else {
-                Ok(())
-            }
-        };
-        let mut plans = BTreeMap::new();
-        for (plan, names) in &spec.plans {
-            validate_name(&format!("plans.{plan}"), plan)?;
-            let idx = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| find(format!("plans.{plan}[{i}]"), n, &per_key))
-                .collect::<Result<Vec<_>, _>>()?;
-            plans.insert(plan.clone(), idx);
-        }
-        if spec.regions > MAX_REGIONS {
-            return Err(err(
-                "regions",
-                format!("must be between 0 and {MAX_REGIONS}, got {}", spec.regions),
-            ));
-        }
-        if spec.headers.retry_jitter_secs > 60 {
-            return Err(err(
-                "headers.retry_jitter_secs",
-                format!(
-                    "must be between 0 and 60, got {}",
-                    spec.headers.retry_jitter_secs
-                ),
-            ));
-        }
-        if spec.key_overrides.len() > MAX_KEY_OVERRIDES {
-            return Err(err(
-                "key_overrides",
-                format!("must hold at most {MAX_KEY_OVERRIDES} keys"),
-            ));
-        }
-        let mut overrides = BTreeMap::new();
-        for (key_id, names) in &spec.key_overrides {
-            let field = format!("key_overrides.{key_id}");
-            crate::keys::validate_key_id(key_id).map_err(|e| err(field.clone(), e.message))?;
-            if names.is_empty() {
-                return Err(err(field, "must name at least one policy"));
-            }
-            let idx = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| find(format!("{field}[{i}]"), n, &per_key))
-                .collect::<Result<Vec<_>, _>>()?;
-            overrides.insert(key_id.clone(), idx);
-        }
-        if spec.routes.len() > MAX_ROUTES {
-            return Err(err(
-                "routes",
-                format!("must hold at most {MAX_ROUTES} routes"),
-            ));
-        }
+            })
+            .collect::<Result<BTreeMap<_, _>, PolicyError>>()?;
+        let overrides = spec
+            .key_overrides
+            .iter()
+            .map(|(key_id, list)| {
+                let field = format!("key_overrides.{key_id}");
+                crate::keys::validate_key_id(key_id).map_err(|e| err(field.clone(), e.message))?;
+                if list.is_empty() {
+                    return Err(err(field, "must name at least one policy"));
+                }
+                Ok((key_id.clone(), names.all(&field, list, per_key)?))
+            })
+            .collect::<Result<BTreeMap<_, _>, PolicyError>>()?;
         let routes = RouteTable::new(
             spec.routes
                 .iter()
                 .map(|r| (r.name.clone(), r.pattern.clone()))
                 .collect(),
         )?;
-        let mut route_policies = BTreeMap::new();
-        for (i, r) in spec.routes.iter().enumerate() {
-            let per_endpoint = |p: &Policy| {
-                if p.has(Dimension::Endpoint) {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "policy {:?} must be keyed by endpoint to be attached to a route",
-                        p.name()
-                    ))
-                }
-            };
-            let idx = r
-                .policies
-                .iter()
-                .enumerate()
-                .map(|(j, n)| find(format!("routes[{i}].policies[{j}]"), n, &per_endpoint))
-                .collect::<Result<Vec<_>, _>>()?;
-            route_policies.insert(r.name.clone(), idx);
-        }
-        let per_ip = |p: &Policy| {
-            if p.dimensions() == [Dimension::ClientIp] {
-                Ok(())
-            } else {
-                Err(format!(
-                    "policy {:?} must be keyed by client_ip alone",
-                    p.name()
-                ))
-            }
-        };
-        let ip_policies = spec
-            .ip_policies
+        let route_policies = spec
+            .routes
             .iter()
             .enumerate()
-            .map(|(i, n)| find(format!("ip_policies[{i}]"), n, &per_ip))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(i, r)| {
+                let field = format!("routes[{i}].policies");
+                Ok((
+                    r.name.clone(),
+                    names.all(&field, &r.policies, per_endpoint)?,
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, PolicyError>>()?;
+        let ip_policies = names.all("ip_policies", &spec.ip_policies, per_ip)?;
         let most_route = route_policies.values().map(Vec::len).max().unwrap_or(0);
         let most_plan = plans
             .values()

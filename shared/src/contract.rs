@@ -360,7 +360,7 @@ pub fn ietf_fields(policies: &[PolicyState<'_>]) -> Option<[(&'static str, Strin
             let until = match d.outcome {
                 // denied: when the denied request fits again, so Retry-After (which
                 // takes the longest such wait, plus any jitter) is never earlier
-                crate::Outcome::Denied {
+                crate::Admission::Denied {
                     retry_after: Some(wait),
                 } => wait,
                 // admitted, or never fits: when the quota is whole again

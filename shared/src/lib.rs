@@ -9,6 +9,7 @@
 pub mod apikeys;
 pub mod audit;
 pub mod bucket;
+pub mod changes;
 pub mod config;
 pub mod contract;
 pub mod deny;
@@ -23,6 +24,6 @@ pub mod stats;
 pub mod time;
 pub mod windows;
 
-pub use bucket::{BucketState, Decision, Outcome, Transition, decide};
+pub use bucket::{Admission, BucketState, Decision, Transition, decide};
 pub use policy::{Dimension, FailureMode, Policy, PolicyError, Quota};
 pub use time::{Clock, FakeClock, Micros};

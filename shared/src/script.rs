@@ -2,7 +2,8 @@
 //! building the arguments and turning the reply into decisions. Both Redis clients
 //! (RESP and REST) are thin I/O around these two functions.
 
-use crate::bucket::{BucketState, Decision, Outcome, decide};
+use crate::bucket::{Admission, BucketState, Decision, decide};
+use crate::changes::Revision;
 use crate::keys::MAX_KEY_LEN;
 use crate::policy::{Algorithm, Quota};
 use crate::time::{MAX_INSTANT, Micros};
@@ -163,6 +164,27 @@ pub fn interpret(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, Protoco
     }
 }
 
+/// Whether a call over `checks` can read the records' revision too: the token
+/// bucket script reads it in the same `MGET` as the buckets ([`watched_reply`]).
+pub fn can_watch(checks: &[Check<'_>]) -> bool {
+    !needs_limiter(checks)
+}
+
+/// Splits a [`TOKEN_BUCKET`] reply that read the revision key (its last value) into
+/// the bucket reply and the revision.
+pub fn watched_reply(reply: &[i64]) -> Result<(&[i64], Revision), ProtocolError> {
+    if stale_reply(reply).is_some() {
+        // a stale call's `{2, now}` carries no revision
+        return Ok((reply, Revision::NotAsked));
+    }
+    match reply.split_last() {
+        Some((&rev, head)) if rev >= -1 => Ok((head, Revision::Seen(u64::try_from(rev).ok()))),
+        _ => Err(ProtocolError(format!(
+            "a watched reply ends with a revision: {reply:?}"
+        ))),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
     #[error("a call checks between 1 and {MAX_CHECKS} buckets, got {0}")]
@@ -256,6 +278,8 @@ pub struct Verdict {
     pub decisions: Vec<Decision>,
     /// Per check: a shadow bucket (its denial did not count).
     pub shadow: Vec<bool>,
+    /// The records' revision, when the call read it.
+    pub revision: Revision,
 }
 
 impl Verdict {
@@ -263,9 +287,9 @@ impl Verdict {
     /// with the longest wait; when admitted, the bucket with the fewest tokens left.
     pub fn headline(&self) -> &Decision {
         let wait = |d: &Decision| match d.outcome {
-            Outcome::Allowed => -1,
-            Outcome::Denied { retry_after: None } => Micros::MAX,
-            Outcome::Denied {
+            Admission::Allowed => -1,
+            Admission::Denied { retry_after: None } => Micros::MAX,
+            Admission::Denied {
                 retry_after: Some(w),
             } => w,
         };
@@ -379,6 +403,7 @@ pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict,
         now,
         shadow: checks.iter().map(|c| c.shadow).collect(),
         decisions,
+        revision: Revision::NotAsked,
     })
 }
 
@@ -417,6 +442,7 @@ pub fn interpret_token_bucket(
         now,
         shadow: vec![false; checks.len()],
         decisions,
+        revision: Revision::NotAsked,
     })
 }
 

@@ -5,10 +5,14 @@
 //! property test over every legal route name.
 //!
 //! Layout (`docs/failure.md` has the table and the memory bounds):
-//! - `fg:stats:<unix minute>`: per-minute [`StatsField`]s, kept [`MINUTE_TTL_SECS`];
-//! - `fg:stats10:<unix second / 10>`: the same endpoint outcome and latency fields
-//!   per 10 seconds ([`StatsField::is_fine`]), kept [`TEN_SECOND_TTL_SECS`];
-//! - `fg:keystats:<unix minute>`: per API key [`KeyField`]s, kept [`MINUTE_TTL_SECS`];
+//! - `fg:stats:<unix minute>`: one field per edge instance, `@<instance>`, holding
+//!   that instance's counts of the minute as one JSON [`MinuteCounts`] (its
+//!   per-minute [`StatsField`]s, the per-10-second ones, its per-key
+//!   [`KeyField`]s), rewritten whole by each flush: ONE command per flush,
+//!   however many fields, and a lost flush is made good by the next. Kept
+//!   [`MINUTE_TTL_SECS`]. Older edges wrote each counter as its own field
+//!   (`HINCRBY`), and the per-10-second and per-key counts to `fg:stats10:<unix
+//!   second / 10>` and `fg:keystats:<unix minute>`: [`Minute::read`] adds up both;
 //! - `fg:key_last_used`: API key id → Unix seconds of its latest decision;
 //! - `fg:sample`: the newest [`SAMPLE_KEEP`] [`SampleEntry`]s, newest first.
 //!
@@ -17,6 +21,7 @@
 //! called `mode`, `lat`, `key` or `_` is counted as itself, and unmatched traffic
 //! (`unmatched`) is never confused with a route.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -133,7 +138,7 @@ impl<'de> serde::Deserialize<'de> for Endpoint {
 pub enum Outcome {
     /// Admitted by Redis (forwarded upstream).
     Allowed,
-    /// Answered 429 (by Redis, the deny cache or the in-flight limit).
+    /// Answered 429 (by Redis, the recent 429s answered locally, or the in-flight limit).
     Throttled,
     /// Decided without Redis, by the policies' failure mode.
     Degraded,
@@ -487,6 +492,99 @@ impl FromStr for SampleEntry {
     }
 }
 
+/// The field of `fg:stats:<minute>` holding one instance's counts of the minute.
+pub fn instance_field(instance: &str) -> String {
+    format!("@{instance}")
+}
+
+/// One instance's counts of one minute: what it writes as one field of the
+/// minute's hash, as JSON. Field names are the texts of [`StatsField`] and
+/// [`KeyField`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MinuteCounts {
+    /// Per-minute fields.
+    #[serde(default, rename = "m", skip_serializing_if = "BTreeMap::is_empty")]
+    pub minute: BTreeMap<String, u64>,
+    /// Per 10-second slot (Unix seconds / 10): the fine fields.
+    #[serde(default, rename = "t", skip_serializing_if = "BTreeMap::is_empty")]
+    pub tens: BTreeMap<i64, BTreeMap<String, u64>>,
+    /// Per API key.
+    #[serde(default, rename = "k", skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, u64>,
+}
+
+impl MinuteCounts {
+    pub fn is_empty(&self) -> bool {
+        self.minute.is_empty() && self.tens.is_empty() && self.keys.is_empty()
+    }
+
+    /// How many counters it holds.
+    pub fn len(&self) -> usize {
+        self.minute.len() + self.keys.len() + self.tens.values().map(BTreeMap::len).sum::<usize>()
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    fn add_all(&mut self, other: &MinuteCounts) {
+        let add = |into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>| {
+            for (k, n) in from {
+                *into.entry(k.clone()).or_default() += n;
+            }
+        };
+        add(&mut self.minute, &other.minute);
+        add(&mut self.keys, &other.keys);
+        for (slot, fields) in &other.tens {
+            add(self.tens.entry(*slot).or_default(), fields);
+        }
+    }
+}
+
+/// A minute read back: every instance's counts added up, with what older edges
+/// wrote as separate counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Minute(pub MinuteCounts);
+
+impl Minute {
+    /// The minute from the fields of its `fg:stats:<minute>` hash: instance fields
+    /// ([`instance_field`]) hold JSON counts, any other field is an older edge's
+    /// counter; what parses as neither is skipped.
+    pub fn read(pairs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>) -> Self {
+        let mut out = MinuteCounts::default();
+        for (k, v) in pairs {
+            if k.first() == Some(&b'@') {
+                if let Ok(counts) = serde_json::from_slice::<MinuteCounts>(&v) {
+                    out.add_all(&counts);
+                }
+            } else if let Some(n) = std::str::from_utf8(&v)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+            {
+                *out.minute
+                    .entry(String::from_utf8_lossy(&k).into_owned())
+                    .or_default() += n;
+            }
+        }
+        Minute(out)
+    }
+
+    /// Adds an older edge's per-key counters of this minute
+    /// (`fg:keystats:<minute>`).
+    pub fn add_legacy_keys(&mut self, pairs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>) {
+        for (k, v) in pairs {
+            let Some(n) = std::str::from_utf8(&v)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let field = String::from_utf8_lossy(&k).into_owned();
+            *self.0.keys.entry(field).or_default() += n;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,5 +772,44 @@ mod tests {
         assert_eq!(latency_bound(250), 250);
         assert_eq!(latency_bound(251), 500);
         assert_eq!(latency_bound(20_000_000), u64::MAX);
+    }
+
+    #[test]
+    fn a_minute_adds_up_every_instance_and_the_older_counters() {
+        let one = MinuteCounts {
+            minute: [("unmatched|allowed".to_string(), 3)].into(),
+            tens: [(5, [("unmatched|allowed".to_string(), 2)].into())].into(),
+            keys: [("k1|allowed".to_string(), 3)].into(),
+        };
+        let two = MinuteCounts {
+            minute: [("unmatched|allowed".to_string(), 4)].into(),
+            ..MinuteCounts::default()
+        };
+        let pairs = vec![
+            (instance_field("a").into_bytes(), one.to_json().into_bytes()),
+            (instance_field("b").into_bytes(), two.to_json().into_bytes()),
+            (b"unmatched|allowed".to_vec(), b"10".to_vec()),
+            (b"@broken".to_vec(), b"{".to_vec()),
+            (b"junk".to_vec(), b"x".to_vec()),
+        ];
+        let mut m = Minute::read(pairs);
+        m.add_legacy_keys(vec![(b"k1|allowed".to_vec(), b"1".to_vec())]);
+        assert_eq!(m.0.minute["unmatched|allowed"], 17);
+        assert_eq!(m.0.keys["k1|allowed"], 4);
+        assert_eq!(m.0.tens[&5]["unmatched|allowed"], 2);
+        assert!(!m.0.minute.contains_key("junk"));
+    }
+
+    proptest! {
+        #[test]
+        fn minute_counts_round_trip(
+            minute in proptest::collection::btree_map("[a-z:|_]{1,20}", 0u64..1_000_000, 0..8),
+            keys in proptest::collection::btree_map("[A-Za-z0-9]{10}\\|allowed", 0u64..1000, 0..8),
+            slot in 0i64..1_000_000_000,
+        ) {
+            let c = MinuteCounts { tens: [(slot, minute.clone())].into(), minute, keys };
+            let back: MinuteCounts = serde_json::from_str(&c.to_json()).unwrap();
+            prop_assert_eq!(back, c);
+        }
     }
 }

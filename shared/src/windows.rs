@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 
-use crate::bucket::{Decision, Outcome};
+use crate::bucket::{Admission, Decision};
 use crate::time::Micros;
 
 /// The largest limit a sliding-window log accepts (entries per bucket).
@@ -59,7 +59,7 @@ pub fn fixed_window(
     if count + cost <= limit {
         let after = count + cost;
         let d = Decision {
-            outcome: Outcome::Allowed,
+            outcome: Admission::Allowed,
             limit,
             remaining: limit - after,
             now,
@@ -74,7 +74,7 @@ pub fn fixed_window(
         )
     } else {
         let d = Decision {
-            outcome: Outcome::Denied {
+            outcome: Admission::Denied {
                 retry_after: (cost <= limit).then_some(end - now),
             },
             limit,
@@ -142,7 +142,7 @@ pub fn sliding_log(s: LogSummary, limit: u64, period: Micros, now: Micros, cost:
     let cost = u64::from(cost);
     if s.count + cost <= limit {
         Decision {
-            outcome: Outcome::Allowed,
+            outcome: Admission::Allowed,
             limit,
             remaining: limit - s.count - cost,
             now,
@@ -154,7 +154,7 @@ pub fn sliding_log(s: LogSummary, limit: u64, period: Micros, now: Micros, cost:
         }
     } else {
         Decision {
-            outcome: Outcome::Denied {
+            outcome: Admission::Denied {
                 retry_after: (cost <= limit).then(|| (s.needed + period - now).max(1)),
             },
             limit,
@@ -236,7 +236,7 @@ pub fn sliding_counter(
         let after = curr + cost64;
         let left = limit as f64 - est - cost64 as f64;
         let d = Decision {
-            outcome: Outcome::Allowed,
+            outcome: Admission::Allowed,
             limit,
             remaining: left.max(0.0).floor() as u64,
             now,
@@ -268,7 +268,7 @@ pub fn sliding_counter(
             .map(|t| t - now)
         };
         let d = Decision {
-            outcome: Outcome::Denied { retry_after: retry },
+            outcome: Admission::Denied { retry_after: retry },
             limit,
             remaining: (limit as f64 - est).max(0.0).floor() as u64,
             now,
@@ -344,7 +344,7 @@ mod tests {
                 let d = log.decide(limit, period, now, cost);
                 if d.allowed() {
                     admitted.extend(std::iter::repeat_n(now, cost as usize));
-                } else if let Outcome::Denied { retry_after: Some(w) } = d.outcome {
+                } else if let Admission::Denied { retry_after: Some(w) } = d.outcome {
                     // the same request fits exactly at retry_after, not 1 µs before
                     let mut later = log.clone();
                     prop_assert!(later.decide(limit, period, now + w, cost).allowed());
@@ -376,7 +376,7 @@ mod tests {
                 if let Some(w) = w {
                     state = Some(w);
                     *per_window.entry(now / period).or_insert(0) += u64::from(cost);
-                } else if let Outcome::Denied { retry_after: Some(r) } = d.outcome {
+                } else if let Admission::Denied { retry_after: Some(r) } = d.outcome {
                     let c = FixedWindow::count_at(state, period, now + r);
                     prop_assert!(fixed_window(c, limit, period, now + r, cost).0.allowed());
                     let c = FixedWindow::count_at(state, period, now + r - 1);
@@ -402,7 +402,7 @@ mod tests {
                 if let Some(w) = w {
                     state = Some(w);
                     admitted.extend(std::iter::repeat_n(now, cost as usize));
-                } else if let Outcome::Denied { retry_after: Some(r) } = d.outcome {
+                } else if let Admission::Denied { retry_after: Some(r) } = d.outcome {
                     let at = |t: Micros| {
                         let (c, p) = SlidingCounter::aligned(state, period, t);
                         sliding_counter(c, p, limit, period, t, cost).0.allowed()

@@ -1,6 +1,6 @@
 //! Property tests of the token bucket's invariants.
 
-use floodgate_shared::bucket::{BucketState, Outcome, decide};
+use floodgate_shared::bucket::{Admission, BucketState, decide};
 use floodgate_shared::contract::RateLimitHeaders;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::time::{MICROS_PER_MS, MICROS_PER_SEC, Micros};
@@ -105,7 +105,7 @@ proptest! {
             now += dt;
             let cost = cost.max(1);
             let tr = decide(state, &q, now, cost);
-            if let Outcome::Denied { retry_after } = tr.decision.outcome {
+            if let Admission::Denied { retry_after } = tr.decision.outcome {
                 let Some(wait) = retry_after else {
                     prop_assert!(u64::from(cost) > q.capacity());
                     continue;

@@ -36,6 +36,25 @@ pub async fn start_dashboard_with(
     start_dashboard_over(&options, trusted_proxies).await
 }
 
+/// A dashboard over an empty store (no configuration, no key): the first run,
+/// told the edge's address `edge_url` (`--edge-url`).
+pub async fn start_empty_dashboard(redis: &RedisServer, edge_url: &str) -> Dashboard {
+    let options = StoreOptions::new(redis.url(), Duration::from_secs(2));
+    let store = NativeStore::connect(&options)
+        .await
+        .expect("connect to the store");
+    floodgate_dashboard::auth::ensure_operator(&store, ADMIN, ADMIN_PASSWORD)
+        .await
+        .expect("create the operator");
+    let mut core = floodgate_dashboard::state::Core::new(store);
+    core.edge_url = Some(edge_url.to_string());
+    let site_root = site_root();
+    let router =
+        floodgate_dashboard::router::router(core, site_root.to_str().expect("a UTF-8 path"));
+    let (url, stop) = crate::serve(router).await;
+    Dashboard { url, _stop: stop }
+}
+
 /// [`start_dashboard`] over any store (`rediss://`, Cluster, REST).
 pub async fn start_dashboard_over(
     options: &StoreOptions,
@@ -47,16 +66,15 @@ pub async fn start_dashboard_over(
     floodgate_edge::admin::set_config(&store, crate::DEMO_CONFIG)
         .await
         .expect("seed the config");
-    floodgate_dashboard::server::ensure_operator(&store, ADMIN, ADMIN_PASSWORD)
+    floodgate_dashboard::auth::ensure_operator(&store, ADMIN, ADMIN_PASSWORD)
         .await
         .expect("create the operator");
-    let state = floodgate_dashboard::server::app_state(
-        store,
-        site_root().to_str().expect("a UTF-8 path"),
-        false,
-    )
-    .trusting(trusted_proxies);
-    let (url, stop) = crate::serve(floodgate_dashboard::server::router(state)).await;
+    let mut core = floodgate_dashboard::state::Core::new(store);
+    core.trusted_proxies = trusted_proxies;
+    let site_root = site_root();
+    let router =
+        floodgate_dashboard::router::router(core, site_root.to_str().expect("a UTF-8 path"));
+    let (url, stop) = crate::serve(router).await;
     Dashboard { url, _stop: stop }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod dash;
+pub mod docs;
 pub mod gateway;
 pub mod http;
 pub mod process;
@@ -651,7 +652,7 @@ pub struct EdgeOptions {
     pub deadline_ms: Option<u64>,
     /// How long the upstream may take to answer (`UPSTREAM_TIMEOUT_MS` in the Worker).
     pub upstream_timeout_ms: u64,
-    /// More of the Worker's variables (its serve.mjs passes the ones it knows).
+    /// More of the Worker's variables (serve.mjs binds them all).
     pub worker_env: Vec<(String, String)>,
 }
 
@@ -732,6 +733,21 @@ pub async fn start_edge_with(
     }
 }
 
+/// The Worker's optional variables of `options`, as serve.mjs takes them (one
+/// JSON object).
+fn worker_vars(options: &EdgeOptions) -> String {
+    let mut vars = serde_json::Map::new();
+    let upstream = options.upstream_timeout_ms.to_string();
+    vars.insert("UPSTREAM_TIMEOUT_MS".into(), upstream.into());
+    if let Some(ms) = options.deadline_ms {
+        vars.insert("DEADLINE_MS".into(), ms.to_string().into());
+    }
+    for (k, v) in &options.worker_env {
+        vars.insert(k.clone(), v.clone().into());
+    }
+    serde_json::Value::Object(vars).to_string()
+}
+
 /// The built Worker in workerd (serve.mjs), against the REST endpoint at `rest_url`;
 /// stops when dropped.
 pub struct WorkerInstance {
@@ -766,15 +782,8 @@ pub async fn start_worker(
         .env("UPSTASH_REDIS_REST_URL", rest_url)
         .env("UPSTASH_REDIS_REST_TOKEN", token)
         .env("CACHE_TTL_MS", options.cache_ttl_ms.to_string())
-        .env(
-            "UPSTREAM_TIMEOUT_MS",
-            options.upstream_timeout_ms.to_string(),
-        )
+        .env("WORKER_VARS", worker_vars(options))
         .env("STOP_ON_STDIN_EOF", "1");
-    if let Some(ms) = options.deadline_ms {
-        command.env("DEADLINE_MS", ms.to_string());
-    }
-    command.envs(options.worker_env.iter().map(|(k, v)| (k, v)));
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

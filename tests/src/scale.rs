@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_edge::native_host::NativeStore;
 use floodgate_edge::pipeline::{
-    DEGRADED_HEADER, Gate, Pipeline, PipelineConfig, RequestHead, store_deadline,
+    DEGRADED_HEADER, Pipeline, PipelineConfig, RequestHead, store_deadline,
 };
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::time::{Micros, SystemClock};
@@ -592,15 +592,13 @@ pub async fn offer(
                 tokio::spawn(task);
             }
             match &decided.gate {
-                Gate::Forward { headers, .. } => Verdict {
+                Ok(admit) => Verdict {
                     admitted: true,
-                    degraded: headers.iter().any(|(h, _)| *h == DEGRADED_HEADER),
+                    degraded: admit.header(DEGRADED_HEADER).is_some(),
                 },
-                Gate::Respond {
-                    status, headers, ..
-                } => Verdict {
+                Err(reply) => Verdict {
                     admitted: false,
-                    degraded: *status != 429 || headers.iter().any(|(h, _)| *h == DEGRADED_HEADER),
+                    degraded: reply.status != 429 || reply.header(DEGRADED_HEADER).is_some(),
                 },
             }
         }
@@ -708,7 +706,7 @@ pub async fn burst(edges: &[Vec<Arc<Edge>>], secrets: &[String], each: usize) ->
                     for task in decided.background {
                         tokio::spawn(task);
                     }
-                    if matches!(decided.gate, Gate::Forward { .. }) {
+                    if decided.gate.is_ok() {
                         admitted += 1;
                     }
                 }

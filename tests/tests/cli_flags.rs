@@ -130,6 +130,11 @@ fn a_bad_value_names_the_flag_and_the_expected_form() {
             &["--trusted-proxy", "CIDR"],
         ),
         (
+            "floodgate-dashboard",
+            &["--edge-url", "edge.example:8787"],
+            &["--edge-url", "http:// or https:// URL"],
+        ),
+        (
             "floodgate-demo-upstream",
             &["--listen", "anywhere"],
             &["--listen", "address and port"],

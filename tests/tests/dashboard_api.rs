@@ -5,7 +5,9 @@
 use floodgate_dashboard::model::AppError;
 use floodgate_shared::stats::{Endpoint, Outcome, SAMPLE_KEY, SampleEntry};
 use floodgate_tests::RedisServer;
-use floodgate_tests::dash::{ADMIN, Operator, client, post_login, start_dashboard};
+use floodgate_tests::dash::{
+    ADMIN, Operator, client, post_login, start_dashboard, start_empty_dashboard,
+};
 use serde_json::Value;
 
 #[tokio::test]
@@ -21,7 +23,7 @@ async fn every_page_and_every_server_function_refuses_without_a_session() {
     let login = http.get(format!("{}/login", d.url)).send().await.unwrap();
     assert_eq!(login.status(), 200);
     assert!(login.text().await.unwrap().contains("name=\"password\""));
-    let paths = floodgate_dashboard::server::server_fn_paths();
+    let paths = floodgate_dashboard::router::server_fn_paths();
     assert!(
         paths.len() >= 20,
         "the server functions are registered: {paths:?}"
@@ -1013,4 +1015,78 @@ async fn the_traffic_page_shows_each_bounded_limits_local_share_calls_saved_and_
         ),
         "{html}"
     );
+}
+
+/// Issue 24, item 5: with nothing stored yet, each page says what to do next —
+/// store a configuration (a form, or the CLI), create a key, send a request with
+/// it (the edge's address from --edge-url), where the 429s will show — and the
+/// first-run form stores a configuration the edge takes, once.
+#[tokio::test]
+async fn the_first_run_pages_say_what_to_do_next() {
+    let redis = RedisServer::start();
+    let d = start_empty_dashboard(&redis, "https://edge.example").await;
+    let op = Operator::sign_in(&d.url).await;
+    let (status, policies) = op.page("/policies").await;
+    assert_eq!(status, 200);
+    assert!(policies.contains("id=\"no-config\""), "{policies}");
+    assert!(policies.contains("floodgate-cli config set"), "{policies}");
+    assert!(policies.contains("id=\"start-form\""), "{policies}");
+    let (_, keys) = op.page("/keys").await;
+    assert!(keys.contains("id=\"no-plans\""), "{keys}");
+    let (_, traffic) = op.page("/").await;
+    assert!(traffic.contains("id=\"no-traffic\""), "{traffic}");
+    assert!(
+        traffic.contains("curl -i -H &quot;Authorization: Bearer KEY&quot; https://edge.example/")
+            || traffic.contains("curl -i -H \"Authorization: Bearer KEY\" https://edge.example/"),
+        "the request to send: {traffic}"
+    );
+    assert!(traffic.contains("429"), "where the 429s show: {traffic}");
+    assert_eq!(
+        op.json("session", &[]).await["edge_url"],
+        "https://edge.example"
+    );
+    // the first-run form: a bad field is named, then a configuration is stored
+    let v = op
+        .refused(
+            "start_config",
+            &[
+                ("version", ""),
+                ("plan", "free"),
+                ("capacity", "x"),
+                ("period", "1m"),
+            ],
+        )
+        .await;
+    assert_eq!(invalid_field(&v), Some("quota.capacity"), "{v}");
+    let form = [
+        ("version", ""),
+        ("plan", "free"),
+        ("capacity", "100"),
+        ("period", "1m"),
+    ];
+    assert!(op.json("start_config", &form).await["Ok"].is_string());
+    let (_, policies) = op.page("/policies").await;
+    assert!(!policies.contains("id=\"no-config\""));
+    assert!(policies.contains("data-policy=\"default\""), "{policies}");
+    let version = op.version().await;
+    let again = [
+        ("version", version.as_str()),
+        ("plan", "pro"),
+        ("capacity", "5"),
+        ("period", "1m"),
+    ];
+    let v = op.refused("start_config", &again).await;
+    assert!(v.to_string().contains("stored already"), "{v}");
+    // a plan exists: the keys page asks for a key, and a key can be made on it
+    let (_, keys) = op.page("/keys").await;
+    assert!(
+        keys.contains("id=\"no-keys\"") && !keys.contains("id=\"no-plans\""),
+        "{keys}"
+    );
+    let key = op
+        .json("create_key", &[("label", "first"), ("plan", "free")])
+        .await;
+    assert!(key["secret"].as_str().unwrap().starts_with("fg_"));
+    let (_, keys) = op.page("/keys").await;
+    assert!(!keys.contains("id=\"no-keys\""), "{keys}");
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use floodgate_edge::demo_upstream::{self, Seen};
 use floodgate_tests::dash::{
     ADMIN, ADMIN_PASSWORD, post_login_from, search_statuses, site_root, start_dashboard,
+    start_empty_dashboard,
 };
 use floodgate_tests::webdriver::Browser;
 use floodgate_tests::{EdgeKind, RedisServer, serve, start_edge};
@@ -893,5 +894,100 @@ async fn an_operator_makes_a_limit_bounded_and_reads_its_figures() {
         WAIT,
     )
     .await;
+    b.quit().await;
+}
+
+/// Issue 24, item 5: the first run in a browser: with nothing stored, the pages
+/// say what to do next (axe-clean, light and dark); the first-run form stores a
+/// configuration; the key just created comes with a request to paste, naming the
+/// edge (`--edge-url`) and the key's secret, that the edge answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_run_is_told_what_to_do_next_page_by_page() {
+    bundle_is_built();
+    let _one = ONE_BROWSER.lock().await;
+    let redis = RedisServer::start();
+    let seen = Seen::default();
+    let (upstream, _stop_upstream) = serve(demo_upstream::router(seen.clone())).await;
+    let edge = start_edge(EdgeKind::Native, &redis, &upstream, 200).await;
+    let dash = start_empty_dashboard(&redis, &edge.url).await;
+    let b = Browser::start("dashboard-first-run").await;
+    sign_in(&b, &dash.url, ADMIN_PASSWORD).await;
+    b.wait_for("#user", WAIT).await;
+    hydrated(&b).await;
+    let empty = text_of(&b, "#no-traffic").await;
+    assert!(
+        empty.contains(&format!("Authorization: Bearer KEY\" {}/", edge.url))
+            && empty.contains("429"),
+        "{empty}"
+    );
+    accessible(&b, "/ (no traffic)").await;
+    b.goto(&format!("{}/keys", dash.url)).await;
+    hydrated(&b).await;
+    b.wait_for("#no-plans", WAIT).await;
+    accessible(&b, "/keys (no plan)").await;
+    b.goto(&format!("{}/policies", dash.url)).await;
+    hydrated(&b).await;
+    assert!(
+        text_of(&b, "#no-config")
+            .await
+            .contains("floodgate-cli config set")
+    );
+    accessible(&b, "/policies (no configuration)").await;
+    b.click(&b.find("#start-form button[type=submit]").await.unwrap())
+        .await;
+    b.wait_for("tr[data-policy='default']", WAIT).await;
+    b.screenshot("first-run-configured").await;
+    b.goto(&format!("{}/keys", dash.url)).await;
+    hydrated(&b).await;
+    b.wait_for("#no-keys", WAIT).await;
+    accessible(&b, "/keys (no key)").await;
+    let label = b.wait_for("#create-key input[name=label]", WAIT).await;
+    b.fill(&label, "first").await;
+    b.click(&b.find("#create-key button[type=submit]").await.unwrap())
+        .await;
+    let line = text_of(&b, "#try-key").await;
+    let secret = js(
+        &b,
+        "return document.querySelector('#new-secret .secret').dataset.secret;",
+    )
+    .await
+    .as_str()
+    .expect("the secret")
+    .to_string();
+    assert_eq!(
+        line,
+        format!(
+            "curl -i -H \"Authorization: Bearer {secret}\" {}/",
+            edge.url
+        )
+    );
+    b.wait_until(
+        "the key's row replaces the first-run note",
+        "return !document.querySelector('#no-keys');",
+        WAIT,
+    )
+    .await;
+    accessible(&b, "/keys (a key just created)").await;
+    b.screenshot("first-run-key").await;
+    // what the line sends, the edge answers (the starter limit: 100 per minute),
+    // once it has read the new configuration
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let answered = reqwest::Client::new()
+            .get(format!("{}/", edge.url))
+            .bearer_auth(&secret)
+            .send()
+            .await
+            .expect("the edge answers");
+        if answered.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge answers {}",
+            answered.status()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     b.quit().await;
 }

@@ -301,8 +301,8 @@ async fn ietf_fields_on_a_429_never_promise_room_before_retry_after(kind: EdgeKi
             .unwrap();
         assert_eq!(r.status(), StatusCode::OK);
     }
-    // the first denial comes from Redis, the second from the instance's deny cache
-    for which in ["redis", "deny cache"] {
+    // the first denial comes from Redis, the second from the instance's memory of recent 429s
+    for which in ["redis", "recent 429s"] {
         let r = c
             .get(format!("{}/tight", s.edge))
             .bearer_auth(&s.secret)

@@ -277,7 +277,7 @@ async fn the_edge_counts_decisions_by_route_and_shows_an_outage() {
     );
     assert_policy_decisions(&after, BY_POLICY);
     // every check that reached Redis is in the latency histogram (429s after the
-    // first may come from the deny cache, without a call)
+    // first may be a recent 429 answered locally, without a call)
     let count = after.get("floodgate_store_latency_seconds_count", &[]);
     assert!((6.0..=7.0).contains(&count), "{count}");
     let buckets = after.buckets("floodgate_store_latency_seconds");

@@ -21,8 +21,8 @@ use floodgate_edge::args::{LogArgs, StoreArgs, http_url};
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::forward_auth::ForwardAuth;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
-use floodgate_edge::pipeline::bounded::LeaseSettings;
-use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
+use floodgate_edge::pipeline::{Pipeline, transport_deadline};
+use floodgate_edge::settings::{EdgeSettings, Protocol};
 use floodgate_edge::store::StoreOptions;
 use floodgate_edge::store::resp::redact;
 use floodgate_edge::store::rest::RestStore;
@@ -58,68 +58,14 @@ struct Args {
     listen: String,
     #[command(flatten)]
     store: StoreArgs,
-    /// The header carrying the API key (`authorization` means `Bearer <key>`).
-    #[arg(long, env = "FLOODGATE_KEY_HEADER", default_value = "authorization")]
-    key_header: String,
-    /// Forward the client's API key upstream.
-    #[arg(long, env = "FLOODGATE_FORWARD_KEY")]
-    forward_key: bool,
-    /// The header the edge sets to the caller's key id.
-    #[arg(
-        long,
-        env = "FLOODGATE_IDENTITY_HEADER",
-        default_value = "x-floodgate-key-id"
-    )]
-    identity_header: String,
+    /// Every setting the Worker has too (its variables: these without FLOODGATE_).
+    #[command(flatten)]
+    edge: EdgeSettings,
     /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
-    /// deny lists, such as CF-IPCountry behind Cloudflare (default: none, and
+    /// block lists, such as CF-IPCountry behind Cloudflare (default: none, and
     /// country entries never match).
     #[arg(long, env = "FLOODGATE_COUNTRY_HEADER")]
     country_header: Option<String>,
-    /// How long configuration and key records are cached.
-    #[arg(long, env = "FLOODGATE_CACHE_TTL_MS", default_value_t = 5_000)]
-    cache_ttl_ms: u32,
-    /// How long a key found not to exist is remembered.
-    #[arg(
-        long,
-        env = "FLOODGATE_NEGATIVE_CACHE_TTL_MS",
-        default_value_t = 60_000
-    )]
-    negative_cache_ttl_ms: u32,
-    /// Pins the answer deadline of every store call (default: adaptive, following
-    /// each store's observed latency between the floor and the ceiling).
-    #[arg(long, env = "FLOODGATE_DEADLINE_MS", value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["deadline_floor_ms", "deadline_ceiling_ms"])]
-    deadline_ms: Option<u32>,
-    /// The shortest adaptive deadline (default 3 over RESP, 50 over REST).
-    #[arg(long, env = "FLOODGATE_DEADLINE_FLOOR_MS", value_parser = clap::value_parser!(u32).range(1..))]
-    deadline_floor_ms: Option<u32>,
-    /// The longest adaptive deadline: a reply later than this is a failure, not
-    /// slowness (default 100 over RESP, 1000 over REST).
-    #[arg(long, env = "FLOODGATE_DEADLINE_CEILING_MS", value_parser = clap::value_parser!(u32).range(1..))]
-    deadline_ceiling_ms: Option<u32>,
-    /// How long the first requests may wait for the first read of the configuration.
-    #[arg(long, env = "FLOODGATE_STARTUP_WAIT_MS", default_value_t = 2_000)]
-    startup_wait_ms: u32,
-    /// Consecutive store failures that open the circuit breaker.
-    #[arg(long, env = "FLOODGATE_BREAKER_THRESHOLD", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    breaker_threshold: u32,
-    /// How long the open breaker keeps requests off the store before a health check.
-    #[arg(long, env = "FLOODGATE_BREAKER_COOL_DOWN_MS", default_value_t = 1_000)]
-    breaker_cool_down_ms: u32,
-    /// Lookups of keys that do not exist allowed per client address per minute
-    /// before uncached keys from it are refused without a lookup (0: no limit).
-    #[arg(
-        long,
-        env = "FLOODGATE_UNKNOWN_KEYS_PER_IP_PER_MIN",
-        default_value_t = 20
-    )]
-    unknown_keys_per_ip_per_min: u32,
-    /// The same budget for the whole instance (0: no limit).
-    #[arg(long, env = "FLOODGATE_UNKNOWN_KEYS_PER_MIN", default_value_t = 600)]
-    unknown_keys_per_min: u32,
-    /// How long the upstream may take to send its response head (then 504).
-    #[arg(long, env = "FLOODGATE_UPSTREAM_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u32).range(1..))]
-    upstream_timeout_ms: u32,
     /// A request head must be complete this long after its first byte (then 408).
     #[arg(long, env = "FLOODGATE_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     header_timeout_ms: u32,
@@ -133,15 +79,6 @@ struct Args {
     /// Most client connections held at once (default: from the descriptor limit).
     #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: Option<u32>,
-    /// Largest request body in bytes (then 413; 0: no limit).
-    #[arg(long, env = "FLOODGATE_MAX_BODY_BYTES", default_value_t = 10 * 1024 * 1024)]
-    max_body_bytes: u64,
-    /// Most header bytes in one request (then 431).
-    #[arg(long, env = "FLOODGATE_MAX_HEADER_BYTES", default_value_t = 32 * 1024)]
-    max_header_bytes: usize,
-    /// Most header lines in one request (then 431).
-    #[arg(long, env = "FLOODGATE_MAX_HEADERS", default_value_t = 100)]
-    max_headers: usize,
     /// A regional Redis holding this region's pools of leased tokens (bounded
     /// consistency): redis:// or rediss:// URL, or redis+cluster://.
     #[arg(
@@ -154,9 +91,6 @@ struct Args {
     /// FLOODGATE_REGIONAL_REST_TOKEN.
     #[arg(long, env = "FLOODGATE_REGIONAL_REST_URL", value_parser = http_url)]
     regional_rest_url: Option<String>,
-    /// How long a lease (or a pool's chunk) of bounded consistency lives.
-    #[arg(long, env = "FLOODGATE_LEASE_LIFETIME_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(100..=60_000))]
-    lease_lifetime_ms: u32,
     /// Worker threads (default: the CPUs this process may run on; 1 runs everything
     /// on one thread).
     #[arg(long, env = "FLOODGATE_THREADS", value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -201,37 +135,34 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
             envoy_prefix: a.envoy_prefix.clone(),
         }),
     };
-    let header = |flag: &str, v: &str| {
-        axum::http::HeaderName::from_bytes(v.as_bytes())
-            .map(|h| h.as_str().to_string())
-            .map_err(|_| format!("{flag}: {v:?} is not a header name"))
-    };
-    host.rules.key_header = header("--key-header", &a.key_header)?;
-    host.rules.identity_header = header("--identity-header", &a.identity_header)?;
-    host.rules.forward_key = a.forward_key;
+    host.rules = a.edge.rules(&host.rules.upstream);
     host.country_header = a
         .country_header
         .as_deref()
-        .map(|v| header("--country-header", v))
+        .map(|v| {
+            axum::http::HeaderName::from_bytes(v.as_bytes())
+                .map(|h| h.as_str().to_string())
+                .map_err(|_| format!("--country-header: {v:?} is not a header name"))
+        })
         .transpose()?;
     let ms = |v: u32| Duration::from_millis(u64::from(v));
-    host.rules.timeouts.upstream = ms(a.upstream_timeout_ms);
     host.rules.timeouts.header = ms(a.header_timeout_ms);
     host.rules.timeouts.idle = ms(a.idle_timeout_ms);
     host.rules.timeouts.body = ms(a.body_timeout_ms);
-    host.rules.limits.max_body = (a.max_body_bytes > 0).then_some(a.max_body_bytes);
-    host.rules.limits.max_header_bytes = a.max_header_bytes;
-    host.rules.limits.max_headers = a.max_headers;
     host.server.header_timeout = host.rules.timeouts.header;
     host.server.idle_timeout = host.rules.timeouts.idle;
-    host.server.max_headers = a.max_headers + 28;
-    host.server.max_buf = a.max_header_bytes + 32 * 1024;
+    host.server.max_headers = a.edge.max_headers + 28;
+    host.server.max_buf = a.edge.max_header_bytes + 32 * 1024;
     if let Some(n) = a.max_connections {
         host.server.max_connections = n as usize;
     }
     host.rules.limits.max_connections = host.server.max_connections;
     host.limiter = !a.no_limit;
     Ok(host)
+}
+
+fn protocol(rest: bool) -> Protocol {
+    if rest { Protocol::Rest } else { Protocol::Resp }
 }
 
 /// The regional store, if one is configured: a Redis URL of any kind the global
@@ -243,8 +174,8 @@ async fn regional_store(a: &Args) -> Result<Option<(NativeStore, DeadlineSetting
         (None, Some(url)) => (url, "--regional-redis"),
         (None, None) => return Ok(None),
     };
-    let deadline = deadline_settings(a, a.regional_rest_url.is_some());
-    let mut options = StoreOptions::new(url.as_str(), transport(&deadline));
+    let deadline = a.edge.deadline(protocol(a.regional_rest_url.is_some()));
+    let mut options = StoreOptions::new(url.as_str(), transport_deadline(&deadline));
     options.ca_file = a.store.redis_ca_file.clone();
     if a.regional_rest_url.is_some() {
         options.rest_token = Some(
@@ -258,34 +189,12 @@ async fn regional_store(a: &Args) -> Result<Option<(NativeStore, DeadlineSetting
         .map_err(|e| format!("{flag} {}: {e}", redact(url)))
 }
 
-/// A store's answer deadline from the flags: fixed by `--deadline-ms`, else
-/// adaptive with the protocol's bounds, overridden by the floor and ceiling flags.
-fn deadline_settings(a: &Args, rest: bool) -> DeadlineSettings {
-    let ms = |v: u32| i64::from(v) * 1000;
-    if let Some(d) = a.deadline_ms {
-        return DeadlineSettings::fixed(ms(d));
-    }
-    let base = if rest {
-        DeadlineSettings::REST
-    } else {
-        DeadlineSettings::RESP
-    };
-    base.bounded(a.deadline_floor_ms.map(ms), a.deadline_ceiling_ms.map(ms))
-}
-
-/// The store's own (transport) limit: a late call runs at least to the ceiling.
-fn transport(d: &DeadlineSettings) -> Duration {
-    store_deadline(Duration::from_micros(d.ceiling as u64))
-}
-
-fn run(a: Args) -> Result<(), String> {
-    let host = host_config(&a)?;
-    // one thread: no cross-thread wake-ups (measured: +15-25 % requests/s on one
-    // core against the multi-threaded scheduler with one worker)
-    let threads = a
-        .threads
+/// The runtime: one thread means no cross-thread wake-ups (measured: +15-25 %
+/// requests/s on one core against the multi-threaded scheduler with one worker).
+fn runtime(threads: Option<u32>) -> Result<tokio::runtime::Runtime, String> {
+    let threads = threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
-    let rt = if threads <= 1 {
+    if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -295,39 +204,36 @@ fn run(a: Args) -> Result<(), String> {
             .enable_all()
             .build()
     }
-    .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        // a REST endpoint is an HTTP hop, usually remote: wider bounds
-        let deadline = deadline_settings(&a, a.store.rest_url.is_some());
-        let store = if a.no_limit {
-            // never called: the limiter is off
-            NativeStore::Rest(RestStore::new("http://127.0.0.1:9", "unused", transport(&deadline)).map_err(|e| e.to_string())?)
-        } else {
-            // the message names the URL, its password redacted
-            NativeStore::connect(&a.store.options(transport(&deadline)))
-                .await
-                .map_err(|e| e.to_string())?
-        };
-        let settings = PipelineConfig {
-            bearer: host.rules.bearer(),
-            cache_ttl: i64::from(a.cache_ttl_ms) * 1000,
-            negative_cache_ttl: i64::from(a.negative_cache_ttl_ms) * 1000,
-            deadline,
-            startup_wait: i64::from(a.startup_wait_ms) * 1000,
-            breaker_threshold: a.breaker_threshold,
-            breaker_cool_down: i64::from(a.breaker_cool_down_ms) * 1000,
-            unknown_keys_per_ip_per_min: a.unknown_keys_per_ip_per_min,
-            unknown_keys_per_min: a.unknown_keys_per_min,
-            leases: LeaseSettings {
-                lifetime: i64::from(a.lease_lifetime_ms) * 1000,
-                ..LeaseSettings::default()
-            },
-            ..PipelineConfig::default()
-        };
-        let mut pipeline = Pipeline::new(store, SystemClock, settings);
-        if let Some((regional, deadline)) = regional_store(&a).await? {
-            pipeline = pipeline.with_regional_within(regional, deadline);
-        }
+    .map_err(|e| e.to_string())
+}
+
+/// The pipeline over the global store (and the regional one, if any).
+async fn pipeline(a: &Args) -> Result<Pipeline<NativeStore, SystemClock>, String> {
+    // a REST endpoint is an HTTP hop, usually remote: wider bounds
+    let protocol = protocol(a.store.rest_url.is_some());
+    let transport = transport_deadline(&a.edge.deadline(protocol));
+    let store = if a.no_limit {
+        // never called: the limiter is off
+        NativeStore::Rest(
+            RestStore::new("http://127.0.0.1:9", "unused", transport).map_err(|e| e.to_string())?,
+        )
+    } else {
+        // the message names the URL, its password redacted
+        NativeStore::connect(&a.store.options(transport))
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    let mut pipeline = Pipeline::new(store, SystemClock, a.edge.pipeline(protocol));
+    if let Some((regional, deadline)) = regional_store(a).await? {
+        pipeline = pipeline.with_regional_within(regional, deadline);
+    }
+    Ok(pipeline)
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let host = host_config(&a)?;
+    runtime(a.threads)?.block_on(async {
+        let pipeline = pipeline(&a).await?;
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .map_err(|e| format!("--listen {}: {e}", a.listen))?;

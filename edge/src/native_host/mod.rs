@@ -10,15 +10,16 @@
 pub mod body;
 pub mod server;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use floodgate_shared::Micros;
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, USER_AGENT};
+use hyper::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
+use hyper::http::request::Parts;
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -26,13 +27,11 @@ use hyper_util::rt::TokioExecutor;
 
 use self::body::{BodyFault, Held, ProxyBody, RequestBody};
 use self::server::{Connection, ServerLimits};
+use crate::exchange::{self, Exchange, HeaderList, Subject};
 use crate::forward_auth::ForwardAuth;
 use crate::metrics::{EdgeMetrics, InstanceState, UpstreamAnswer};
-use crate::pipeline::{Gate, Pipeline, RequestHead, Slot, Task};
-use crate::proxy::{
-    HEALTH_PATH, HeadSize, METRICS_PATH, ProxyRules, REQUEST_ID_HEADER, Refusal, connection_named,
-    has_body,
-};
+use crate::pipeline::{Admit, Pipeline, Reply, Task};
+use crate::proxy::{METRICS_PATH, ProxyRules, Refusal, has_body};
 /// The store a native host talks to (in [`crate::store`], where every native
 /// binary chooses its store by URL).
 pub use crate::store::NativeStore;
@@ -48,7 +47,7 @@ pub struct HostConfig {
     /// the edge decides (see [`crate::forward_auth`]).
     pub forward_auth: Option<ForwardAuth>,
     /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
-    /// deny lists, such as `cf-ipcountry` behind Cloudflare (lower case).
+    /// block lists, such as `cf-ipcountry` behind Cloudflare (lower case).
     pub country_header: Option<String>,
 }
 
@@ -72,6 +71,71 @@ impl HostConfig {
     }
 }
 
+/// hyper's header map as the exchange reads and writes it.
+impl HeaderList for HeaderMap {
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (k, v) in self {
+            f(k.as_str(), v.as_bytes());
+        }
+    }
+
+    fn first(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.get(name).map(|v| Cow::Borrowed(v.as_bytes()))
+    }
+
+    fn with_capacity(n: usize) -> Self {
+        HeaderMap::with_capacity(n)
+    }
+
+    fn copy_from(&mut self, from: &Self, keep: &mut dyn FnMut(&str) -> bool) {
+        for (name, value) in from {
+            if keep(name.as_str()) {
+                self.append(name.clone(), value.clone());
+            }
+        }
+    }
+
+    fn retain(&mut self, keep: &mut dyn FnMut(&str) -> bool) {
+        let kept: Vec<bool> = self.keys().map(|k| keep(k.as_str())).collect();
+        if kept.iter().all(|k| *k) {
+            return;
+        }
+        let kept: Vec<HeaderName> = self
+            .keys()
+            .zip(kept)
+            .filter_map(|(k, keep)| keep.then(|| k.clone()))
+            .collect();
+        let all = std::mem::take(self);
+        for (name, value) in &all {
+            if kept.contains(name) {
+                self.append(name.clone(), value.clone());
+            }
+        }
+    }
+
+    fn set(&mut self, name: &str, value: &str) {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            self.insert(k, v);
+        }
+    }
+
+    fn texts(&self, name: &str) -> Vec<String> {
+        self.get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn size(&self) -> (usize, usize) {
+        let bytes = self.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
+        (self.len(), bytes)
+    }
+}
+
 type Upstream = Client<hyper_rustls::HttpsConnector<HttpConnector>, RequestBody>;
 type EmptyUpstream =
     Client<hyper_rustls::HttpsConnector<HttpConnector>, http_body_util::Empty<Bytes>>;
@@ -80,8 +144,6 @@ type EmptyUpstream =
 pub struct Host {
     pipeline: Pipeline<NativeStore, SystemClock>,
     config: HostConfig,
-    identity: HeaderName,
-    key_header: HeaderName,
     country_header: Option<HeaderName>,
     client: Upstream,
     /// For requests without a body (most GETs): no body wrapper to poll.
@@ -110,6 +172,9 @@ impl Host {
         let header = |name: &str| {
             HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("bad header name {name:?}"))
         };
+        for name in [&config.rules.identity_header, &config.rules.key_header] {
+            header(name)?;
+        }
         let build = || {
             Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
@@ -118,8 +183,6 @@ impl Host {
         };
         let metrics = EdgeMetrics::default();
         let host = Arc::new(Self {
-            identity: header(&config.rules.identity_header)?,
-            key_header: header(&config.rules.key_header)?,
             country_header: config.country_header.as_deref().map(header).transpose()?,
             pipeline: pipeline.with_stats_sink(metrics.stats.clone()),
             metrics,
@@ -127,23 +190,36 @@ impl Host {
             empty: build().build(connector()),
             config,
         });
-        // per-endpoint counters: one batched write per second, off the request path;
-        // the task ends once the host is gone
-        let weak = Arc::downgrade(&host);
+        host.flush_stats_periodically();
+        Ok(host)
+    }
+
+    /// The traffic counters, written off the request path as often as the
+    /// pipeline's flush interval allows; the task ends once the host is gone.
+    fn flush_stats_periodically(self: &Arc<Self>) {
+        let every = Duration::from_micros(self.pipeline.settings().stats_flush_every.max(1) as u64);
+        let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(every).await;
                 let Some(host) = weak.upgrade() else { return };
                 if host.config.limiter {
-                    let _ = host.pipeline.flush_stats(STATS_FLUSH_EVERY).await;
+                    let _ = host.pipeline.flush_stats().await;
                 }
             }
         });
-        Ok(host)
     }
 
     pub fn pipeline(&self) -> &Pipeline<NativeStore, SystemClock> {
         &self.pipeline
+    }
+
+    fn exchange(&self) -> Exchange<'_, NativeStore, SystemClock> {
+        Exchange {
+            pipeline: &self.pipeline,
+            rules: &self.config.rules,
+            limiter: self.config.limiter,
+        }
     }
 
     /// The Prometheus text served at [`METRICS_PATH`]: answered from memory, so a
@@ -157,8 +233,6 @@ impl Host {
         })
     }
 }
-
-const STATS_FLUSH_EVERY: Micros = 1_000_000;
 
 /// Serves `host` on `listener` until `shutdown` completes (then lets requests in
 /// progress finish).
@@ -184,23 +258,17 @@ pub async fn serve(
     .await
 }
 
-/// Holds a request's in-flight slots; dropping it releases them (in a spawned
-/// task). It lives as long as the response: until its body is streamed out, or
-/// the client goes away, or the request ends early.
-pub struct SlotGuard {
-    host: Arc<Host>,
-    slots: Vec<Slot>,
-}
+/// Holds the release of a request's in-flight slots; dropping it runs the release
+/// (in a spawned task). It lives as long as the response: until its body is
+/// streamed out, or the client goes away, or the request ends early.
+pub struct SlotGuard(Option<Task>);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        if self.slots.is_empty() {
-            return;
-        }
-        let slots = std::mem::take(&mut self.slots);
-        let host = self.host.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { host.pipeline.release(&slots).await });
+        if let Some(release) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(release);
         }
     }
 }
@@ -211,19 +279,12 @@ fn spawn_all(tasks: Vec<Task>) {
     }
 }
 
-/// The host's own answer (JSON or the pipeline's), holding `held` until written.
-fn answer(gate: Gate, held: Held) -> Response<ProxyBody> {
-    let Gate::Respond {
-        status,
-        headers,
-        body,
-    } = gate
-    else {
-        unreachable!("only answers are written by the host")
-    };
-    let mut resp = Response::new(ProxyBody::full(body, held));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    add_headers(resp.headers_mut(), &headers);
+/// The host's own answer, holding `held` until written.
+fn answer(reply: Reply, held: Held) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(reply.body, held));
+    *resp.status_mut() =
+        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    add_headers(resp.headers_mut(), &reply.headers);
     resp
 }
 
@@ -239,96 +300,40 @@ fn add_headers(headers: &mut HeaderMap, extra: &[(&'static str, String)]) {
     }
 }
 
-fn head_size(req: &hyper::http::request::Parts) -> HeadSize {
-    let headers = &req.headers;
-    HeadSize {
-        path: req.uri.path().len(),
-        query: req.uri.query().map_or(0, str::len),
-        header_count: headers.len(),
-        header_bytes: headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len())
-            .sum(),
-        content_length: headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok()),
-    }
-}
-
-/// What the host decides before the upstream sees anything: its own answer
-/// (health, a limit, the pipeline's refusal), or the caller to forward with the
-/// quota headers and in-flight slots.
-async fn decide(
+/// The request as the exchange sees it: in forward-auth mode, the limits apply to
+/// the original request the gateway describes.
+fn incoming<'r>(
     host: &Host,
+    parts: &'r Parts,
     peer: SocketAddr,
-    parts: &hyper::http::request::Parts,
-) -> Result<(Option<String>, Vec<(&'static str, String)>, Vec<Slot>), Gate> {
-    if parts.uri.path() == HEALTH_PATH {
-        return Err(Gate::Respond {
-            status: 200,
-            headers: vec![("Content-Type", "application/json".into())],
-            body: host.pipeline.health().to_json(),
-        });
-    }
-    if parts.uri.path() == METRICS_PATH {
-        return Err(Gate::Respond {
-            status: 200,
-            headers: vec![("Content-Type", crate::metrics::CONTENT_TYPE.into())],
-            body: host.metrics_text(),
-        });
-    }
-    host.config
-        .rules
-        .check_head(&head_size(parts))
-        .map_err(Refusal::answer)?;
-    if !host.config.limiter {
-        return Ok((None, vec![], vec![]));
-    }
-    let credentials = parts
-        .headers
-        .get(&host.key_header)
-        .map(HeaderValue::as_bytes);
+) -> exchange::Incoming<'r, HeaderMap> {
     let country = host
         .country_header
         .as_ref()
         .and_then(|h| parts.headers.get(h))
         .and_then(|v| v.to_str().ok());
-    let user_agent = parts.headers.get(USER_AGENT).map(HeaderValue::as_bytes);
-    let head = match &host.config.forward_auth {
-        None => RequestHead {
-            path: parts.uri.path(),
-            credentials,
-            client_ip: Some(peer.ip()),
-            country,
-            user_agent,
-        },
+    let path = parts.uri.path();
+    let subject = match &host.config.forward_auth {
+        None => Subject::of(path, Some(peer.ip())),
         Some(mode) => {
             let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            let original = mode
-                .original(parts.method.as_str(), target, |name| {
-                    parts.headers.get(name).map(HeaderValue::as_bytes)
-                })
-                .map_err(|e| e.answer())?;
-            RequestHead {
-                path: original.path,
-                credentials,
-                client_ip: original.client_ip,
-                country,
-                user_agent,
-            }
+            mode.original(parts.method.as_str(), target, |name| {
+                parts.headers.get(name).map(HeaderValue::as_bytes)
+            })
+            .map(|o| Subject {
+                path: o.path,
+                client_ip: o.client_ip,
+            })
+            .map_err(|e| e.answer())
         }
     };
-    let decided = host.pipeline.gate(head).await;
-    spawn_all(decided.background);
-    match decided.gate {
-        g @ Gate::Respond { .. } => Err(g),
-        Gate::Forward {
-            key_id,
-            headers,
-            slots,
-            ..
-        } => Ok((key_id, headers, slots)),
+    exchange::Incoming {
+        own_path: path,
+        query_len: parts.uri.query().map_or(0, str::len),
+        headers: &parts.headers,
+        client_ip: Some(peer.ip()),
+        country,
+        subject,
     }
 }
 
@@ -360,48 +365,6 @@ pub(crate) fn linger(body: Incoming, pause: Duration) {
     });
 }
 
-/// The upstream request's headers: the client's, filtered by the rules, with the
-/// identity, the request id and `X-Forwarded-For` the edge sets.
-fn upstream_headers(
-    host: &Host,
-    from: &HeaderMap,
-    key_id: Option<&str>,
-    peer: SocketAddr,
-    request_id: &HeaderValue,
-) -> HeaderMap {
-    let rules = &host.config.rules;
-    let named = connection_named(
-        from.get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok()),
-    );
-    let mut out = HeaderMap::with_capacity(from.len() + 2);
-    for (name, value) in from {
-        if rules.forwards_request_header(name.as_str(), &named) {
-            out.append(name.clone(), value.clone());
-        }
-    }
-    if let Some(id) = key_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-        out.insert(host.identity.clone(), id);
-    }
-    out.insert(REQUEST_ID_HEADER, request_id.clone());
-    let existing = from.get("x-forwarded-for").and_then(|v| v.to_str().ok());
-    if let Some(v) = rules
-        .forwarded_for(existing, Some(peer.ip()))
-        .and_then(|v| HeaderValue::from_str(&v).ok())
-    {
-        out.insert("x-forwarded-for", v);
-    }
-    out
-}
-
-/// The request's id ([`crate::proxy::request_id`]).
-fn request_id(headers: &HeaderMap) -> HeaderValue {
-    let client = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
-    HeaderValue::from_str(&crate::proxy::request_id(client, rand::random))
-        .expect("a well-formed id is a header value")
-}
-
 /// One request, in its span (`request_id`): every event logged while deciding and
 /// proxying it carries the id; at `debug`, one event when its answer's head is out.
 async fn handle(
@@ -411,15 +374,12 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     use tracing::Instrument;
-    let id = request_id(req.headers());
-    let span = tracing::info_span!(
-        target: "floodgate::request",
-        "request",
-        request_id = id.to_str().unwrap_or_default()
-    );
+    let id = exchange::client_request_id(req.headers(), rand::random);
+    let span =
+        tracing::info_span!(target: "floodgate::request", "request", request_id = id.as_str());
     let method = req.method().clone();
     let started = std::time::Instant::now();
-    let resp = proxied(host, peer, conn, req, id)
+    let resp = proxied(host, peer, conn, req, &id)
         .instrument(span.clone())
         .await;
     span.in_scope(|| {
@@ -432,66 +392,117 @@ async fn handle(
     resp
 }
 
+/// Decides the request, then answers it, proxies it, or (forward-auth) admits it.
 async fn proxied(
     host: Arc<Host>,
     peer: SocketAddr,
     conn: Connection,
     req: Request<Incoming>,
-    request_id: HeaderValue,
+    request_id: &str,
 ) -> Response<ProxyBody> {
     let held = Held {
         in_flight: Some(conn.in_flight()),
         slots: None,
     };
     let (parts, body) = req.into_parts();
-    let (key_id, quota_headers, slots) = match decide(&host, peer, &parts).await {
-        Ok(f) => f,
-        Err(gate) => {
+    let pause = host.config.rules.timeouts.body;
+    if parts.uri.path() == METRICS_PATH {
+        linger(body, pause);
+        let text = host.metrics_text();
+        return answer(Reply::uncached(crate::metrics::CONTENT_TYPE, text), held);
+    }
+    let req = incoming(&host, &parts, peer);
+    let mut later = vec![];
+    let decided = host.exchange().decide(&req, &mut later).await;
+    spawn_all(later);
+    let mut admit = match decided {
+        Ok(admit) => admit,
+        Err(reply) => {
             // answered without reading the body: read it out behind the answer, so
             // the client sees the answer rather than a reset
-            linger(body, host.config.rules.timeouts.body);
-            let mut r = answer(gate, held);
-            if matches!(parts.uri.path(), HEALTH_PATH | METRICS_PATH) {
-                r.headers_mut()
-                    .insert("cache-control", HeaderValue::from_static("no-store"));
-            }
-            return r;
+            linger(body, pause);
+            return answer(reply, held);
         }
     };
     let held = Held {
-        slots: Some(SlotGuard {
-            host: host.clone(),
-            slots,
-        }),
+        slots: Some(SlotGuard(host.exchange().release(&mut admit))),
         ..held
     };
     if host.config.forward_auth.is_some() {
-        // the gateway proxies: admitted, with the identity to copy upstream (the
-        // slots, if any, are given back once this answer is written)
-        linger(body, host.config.rules.timeouts.body);
-        let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
-        add_headers(r.headers_mut(), &quota_headers);
-        // always sent, empty for a caller forwarded without an identity (fail-open
-        // while keys cannot be verified): a gateway copying it then replaces any
-        // client-sent value (Caddy 2.6 keeps the client's when it is absent)
-        let id = key_id
-            .and_then(|id| HeaderValue::from_str(&id).ok())
-            .unwrap_or_else(|| HeaderValue::from_static(""));
-        r.headers_mut().insert(host.identity.clone(), id);
-        return r;
+        linger(body, pause);
+        return admitted_auth(&host, &admit, held);
     }
+    forward(&host, &parts, body, &req, &admit, held, request_id).await
+}
+
+/// Forward-auth's admission: the gateway proxies, with the quota headers and the
+/// identity to copy upstream (the slots, if any, are given back once this answer
+/// is written).
+fn admitted_auth(host: &Host, admit: &Admit, held: Held) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
+    add_headers(r.headers_mut(), &admit.headers);
+    // always sent, empty for a caller forwarded without an identity (fail-open
+    // while keys cannot be verified): a gateway copying it then replaces any
+    // client-sent value (Caddy 2.6 keeps the client's when it is absent)
+    let id = admit.key_id.as_deref().unwrap_or_default();
+    r.headers_mut().set(&host.config.rules.identity_header, id);
+    r
+}
+
+/// Sends the admitted request upstream and streams its answer back with the
+/// quota headers.
+async fn forward(
+    host: &Host,
+    parts: &Parts,
+    body: Incoming,
+    req: &exchange::Incoming<'_, HeaderMap>,
+    admit: &Admit,
+    held: Held,
+    request_id: &str,
+) -> Response<ProxyBody> {
     let rules = &host.config.rules;
     let target = rules.target(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     let Ok(uri) = target.parse::<hyper::Uri>() else {
         return refusal(Refusal::UpstreamUnavailable, held);
     };
-    let headers = upstream_headers(&host, &parts.headers, key_id.as_deref(), peer, &request_id);
-    let method = parts.method.clone();
+    let headers: HeaderMap = host.exchange().upstream_headers(req, admit, request_id);
     let fault = Arc::new(BodyFault::default());
+    let up = upstream_request(host, parts, uri, headers, body, &fault);
+    let upstream = match up.await {
+        Ok(r) => r,
+        Err(r) => return refusal(r, held),
+    };
+    let (mut out, body) = upstream.into_parts();
+    let length = out.headers.get(CONTENT_LENGTH).cloned();
+    host.exchange().response_headers(&mut out.headers, admit);
+    let body = if has_body(parts.method.as_str(), out.status.as_u16()) {
+        ProxyBody::upstream(body, held)
+    } else {
+        // no body to frame: the length a HEAD or 304 describes is the upstream's
+        if let Some(len) = length {
+            out.headers.insert(CONTENT_LENGTH, len);
+        }
+        ProxyBody::full(Bytes::new(), held)
+    };
+    Response::from_parts(out, body)
+}
+
+/// The upstream's response head, or what to answer instead (the client's body
+/// failed the request, the upstream failed or did not answer in time); counted
+/// in the metrics.
+async fn upstream_request(
+    host: &Host,
+    parts: &Parts,
+    uri: hyper::Uri,
+    headers: HeaderMap,
+    body: Incoming,
+    fault: &Arc<BodyFault>,
+) -> Result<Response<Incoming>, Refusal> {
+    let rules = &host.config.rules;
     let sent_at = std::time::Instant::now();
     let sent = if hyper::body::Body::is_end_stream(&body) {
         let mut up = Request::new(http_body_util::Empty::new());
-        *up.method_mut() = parts.method;
+        *up.method_mut() = parts.method.clone();
         *up.uri_mut() = uri;
         *up.headers_mut() = headers;
         tokio::time::timeout(rules.timeouts.upstream, host.empty.request(up)).await
@@ -503,26 +514,24 @@ async fn proxied(
             fault.clone(),
         );
         let mut up = Request::new(body);
-        *up.method_mut() = parts.method;
+        *up.method_mut() = parts.method.clone();
         *up.uri_mut() = uri;
         *up.headers_mut() = headers;
         tokio::time::timeout(rules.timeouts.upstream, host.client.request(up)).await
     };
     let took = sent_at.elapsed().as_secs_f64();
-    let upstream = match sent {
+    match sent {
         Ok(Ok(r)) => {
             host.metrics
                 .upstream(UpstreamAnswer::Status(r.status().as_u16()), took);
-            r
+            Ok(r)
         }
         // the client's body failed it, not the upstream
-        Ok(Err(_)) | Err(_) if fault.get().is_some() => {
-            return refusal(fault.get().expect("set"), held);
-        }
+        Ok(Err(_)) | Err(_) if fault.get().is_some() => Err(fault.get().expect("set")),
         Ok(Err(e)) => {
             host.metrics.upstream(UpstreamAnswer::Error, took);
             tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}");
-            return refusal(Refusal::UpstreamUnavailable, held);
+            Err(Refusal::UpstreamUnavailable)
         }
         Err(_) => {
             host.metrics.upstream(UpstreamAnswer::Timeout, took);
@@ -531,40 +540,7 @@ async fn proxied(
                 timeout_ms = rules.timeouts.upstream.as_millis() as u64,
                 "upstream timeout"
             );
-            return refusal(Refusal::UpstreamTimeout, held);
-        }
-    };
-    let (mut parts, body) = upstream.into_parts();
-    let length = parts.headers.get(CONTENT_LENGTH).cloned();
-    let named = connection_named(
-        parts
-            .headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok()),
-    );
-    let keep: Vec<bool> = parts
-        .headers
-        .iter()
-        .map(|(k, _)| rules.forwards_response_header(k.as_str(), &named))
-        .collect();
-    if keep.iter().any(|k| !k) {
-        let all = std::mem::take(&mut parts.headers);
-        for ((name, value), keep) in all.iter().zip(keep) {
-            if keep {
-                parts.headers.append(name.clone(), value.clone());
-            }
+            Err(Refusal::UpstreamTimeout)
         }
     }
-    add_headers(&mut parts.headers, &quota_headers);
-    let body = if has_body(method.as_str(), parts.status.as_u16()) {
-        ProxyBody::upstream(body, held)
-    } else {
-        // no body to frame: the length a HEAD or 304 describes is the upstream's
-        if let Some(len) = length {
-            parts.headers.insert(CONTENT_LENGTH, len);
-        }
-        ProxyBody::full(Bytes::new(), held)
-    };
-    Response::from_parts(parts, body)
 }

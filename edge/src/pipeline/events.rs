@@ -7,7 +7,7 @@
 
 use floodgate_shared::time::Micros;
 
-use crate::breaker::Transition;
+use crate::breaker::PhaseChange;
 
 /// Which store's breaker moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub enum LogEvent<'a> {
     /// The circuit breaker in front of a store changed phase.
     Breaker {
         store: StoreRole,
-        transition: &'a Transition,
+        change: &'a PhaseChange,
     },
     /// A configuration different from the one in use was read and is now used.
     ConfigLoaded {
@@ -88,7 +88,7 @@ pub const REQUEST_TARGET: &str = "floodgate::request";
 impl LogEvent<'_> {
     pub fn level(&self) -> Level {
         match self {
-            LogEvent::Breaker { transition, .. } => match transition.to {
+            LogEvent::Breaker { change, .. } => match change.to {
                 crate::breaker::Phase::Closed => Level::Info,
                 _ => Level::Warn,
             },
@@ -109,8 +109,8 @@ impl LogEvent<'_> {
     /// The human sentence.
     pub fn message(&self) -> String {
         match self {
-            LogEvent::Breaker { store, transition } => {
-                format!("{} store: {transition}", store.name())
+            LogEvent::Breaker { store, change } => {
+                format!("{} store: {change}", store.name())
             }
             LogEvent::ConfigLoaded {
                 policies,
@@ -131,12 +131,12 @@ impl LogEvent<'_> {
     pub fn fields(&self) -> Vec<(&'static str, FieldValue<'_>)> {
         use FieldValue::{Number, Text};
         match self {
-            LogEvent::Breaker { store, transition } => vec![
+            LogEvent::Breaker { store, change } => vec![
                 ("store", Text(store.name())),
-                ("from", Text(transition.from.name())),
-                ("to", Text(transition.to.name())),
-                ("at_us", Number(transition.at)),
-                ("reason", Text(&transition.reason)),
+                ("from", Text(change.from.name())),
+                ("to", Text(change.to.name())),
+                ("at_us", Number(change.at)),
+                ("reason", Text(&change.reason)),
             ],
             LogEvent::ConfigLoaded {
                 policies,
@@ -174,13 +174,13 @@ impl LogEvent<'_> {
 pub fn trace(event: &LogEvent<'_>) {
     let message = event.message();
     match *event {
-        LogEvent::Breaker { store, transition } => {
+        LogEvent::Breaker { store, change } => {
             let (store, from, to, at_us, reason) = (
                 store.name(),
-                transition.from.name(),
-                transition.to.name(),
-                transition.at,
-                transition.reason.as_str(),
+                change.from.name(),
+                change.to.name(),
+                change.at,
+                change.reason.as_str(),
             );
             if event.level() == Level::Warn {
                 tracing::warn!(target: "floodgate::breaker", store, from, to, at_us, reason, "{message}");
@@ -216,33 +216,61 @@ pub fn trace(_event: &LogEvent<'_>) {}
 /// One JSON object per event (the Worker's console line), shaped like the native
 /// `--log-format json` lines: `timestamp` (given by the host), `level`, `target`,
 /// `fields` (`message` and the event's own) and, for an event of a request
-/// (`request_id`), `span` (`name`, `request_id`). Written by hand (strings escaped
-/// by serde_json): no JSON tree in the Worker.
+/// (`request_id`), `span` (`name`, `request_id`). Serialised by serde from
+/// borrowed parts, in this order (no JSON tree is built).
 pub fn json_line(event: &LogEvent<'_>, timestamp: &str, request_id: Option<&str>) -> String {
-    let text = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     let message = event.message();
-    let fields: Vec<String> = std::iter::once(("message", FieldValue::Text(&message)))
-        .chain(event.fields())
-        .map(|(k, v)| match v {
-            FieldValue::Text(t) => format!("{}:{}", text(k), text(t)),
-            FieldValue::Number(n) => format!("{}:{n}", text(k)),
-        })
-        .collect();
-    let span = request_id
-        .map(|id| {
-            format!(
-                ",\"span\":{{\"name\":\"request\",\"request_id\":{}}}",
-                text(id)
-            )
-        })
-        .unwrap_or_default();
-    format!(
-        "{{\"timestamp\":{},\"level\":{},\"target\":{},\"fields\":{{{}}}{span}}}",
-        text(timestamp),
-        text(event.level().name()),
-        text(event.target()),
-        fields.join(",")
-    )
+    let line = JsonLine {
+        timestamp,
+        level: event.level().name(),
+        target: event.target(),
+        fields: Fields {
+            message: &message,
+            rest: event.fields(),
+        },
+        span: request_id.map(|request_id| Span {
+            name: "request",
+            request_id,
+        }),
+    };
+    serde_json::to_string(&line).unwrap_or_default()
+}
+
+#[derive(serde::Serialize)]
+struct JsonLine<'a> {
+    timestamp: &'a str,
+    level: &'a str,
+    target: &'a str,
+    fields: Fields<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    span: Option<Span<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct Span<'a> {
+    name: &'a str,
+    request_id: &'a str,
+}
+
+/// `message` first, then the event's own fields.
+struct Fields<'a> {
+    message: &'a str,
+    rest: Vec<(&'static str, FieldValue<'a>)>,
+}
+
+impl serde::Serialize for Fields<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(1 + self.rest.len()))?;
+        map.serialize_entry("message", self.message)?;
+        for (k, v) in &self.rest {
+            match v {
+                FieldValue::Text(t) => map.serialize_entry(k, t)?,
+                FieldValue::Number(n) => map.serialize_entry(k, n)?,
+            }
+        }
+        map.end()
+    }
 }
 
 #[cfg(test)]
@@ -252,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_json_line_carries_the_level_target_message_and_fields() {
-        let t = Transition {
+        let t = PhaseChange {
             from: Phase::Closed,
             to: Phase::Open,
             at: 1_500_000,
@@ -261,7 +289,7 @@ mod tests {
         let line = json_line(
             &LogEvent::Breaker {
                 store: StoreRole::Global,
-                transition: &t,
+                change: &t,
             },
             "2026-11-30T20:00:00.000Z",
             Some("req-1"),
@@ -282,14 +310,14 @@ mod tests {
                 .contains("5 consecutive")
         );
         assert_eq!(v["span"]["request_id"], "req-1");
-        let quoted = Transition {
+        let quoted = PhaseChange {
             reason: "a \"quoted\"\nline".into(),
             ..t
         };
         let line = json_line(
             &LogEvent::Breaker {
                 store: StoreRole::Regional,
-                transition: &quoted,
+                change: &quoted,
             },
             "t",
             None,

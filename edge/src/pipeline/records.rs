@@ -1,8 +1,18 @@
 //! What the pipeline keeps in memory between requests: the configuration and API
-//! key records read from the store (fresh for a TTL, then for one more TTL served
-//! stale while one background refresh runs; older, read again on the request's
-//! path, and served however old through outages; known unknown keys for longer),
-//! and the budget of lookups that found no key.
+//! key records read from the store, and the budget of lookups that found no key.
+//!
+//! A record stays good as long as the records' revision (`shared::changes`) has
+//! not moved: every decision the instance asks the store for tells the revision,
+//! and otherwise one read of it per TTL confirms every record held at once. So a
+//! record is **fresh** for a TTL after it was read or last confirmed, then
+//! **stale** for one more TTL (served while the revision is checked in the
+//! background), then **old** (read again on the request's path; served however
+//! old through outages). A moved revision names what changed, and only that is
+//! read again ([`Records::observe`]). Without a readable revision, a record is
+//! good for a TTL after it was read, as if every check said "changed". Whatever
+//! the revision says, a known key is read again `max_age` after it was read (a
+//! writer that does not bump the revision is still seen), an unknown one
+//! `negative_ttl` after.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,26 +26,36 @@ use floodgate_shared::time::Micros;
 
 use crate::sync::lock;
 
-/// A cached value: fresh until `until`, then stale (served while it is refreshed,
-/// and while the store is unreachable).
+/// A cached value, read at `read_at`, good (whatever the revision says) until
+/// `until`.
 struct Cached<T> {
     value: T,
+    read_at: Micros,
     until: Micros,
-    /// When a refresh of the stale value was claimed (one at a time).
+    /// Kept fresh by the revision's confirmations (an unknown key is not: it is
+    /// good for its own lifetime, `negative_ttl`, whatever the revision says).
+    confirmable: bool,
+    /// The records' revision it was read with, when known.
+    rev: Option<u64>,
+    /// When a read of it again was claimed (one at a time).
     claimed: Option<Micros>,
 }
 
 impl<T> Cached<T> {
-    fn new(value: T, until: Micros) -> Self {
+    fn new(value: T, read_at: Micros, until: Micros, confirmable: bool, rev: Option<u64>) -> Self {
         Self {
             value,
+            read_at,
             until,
+            confirmable,
+            rev,
             claimed: None,
         }
     }
 
-    /// Claims the refresh of a stale value: `true` for the first caller, and again
-    /// once a claim is older than `lost_after` (its refresh never came back).
+    /// Claims the read of a value past its own lifetime: `true` for the first
+    /// caller, and again once a claim is older than `lost_after` (its read never
+    /// came back).
     fn claim(&mut self, now: Micros, lost_after: Micros) -> bool {
         let free = self.claimed.is_none_or(|at| now - at >= lost_after);
         if self.until <= now && free {
@@ -50,8 +70,8 @@ impl<T> Cached<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup<T> {
     Fresh(T),
-    /// Past its TTL by less than one more TTL: serve it, and refresh it in the
-    /// background (stale-while-revalidate).
+    /// Past its freshness by less than one more TTL: serve it, and revalidate it
+    /// in the background (stale-while-revalidate).
     Stale(T),
     /// Older: read it again before answering; serve it only if the store cannot
     /// answer. (An instance idle for a while never admits on a record older than
@@ -70,78 +90,134 @@ impl<T> Lookup<T> {
     }
 }
 
-/// `c` at `now`: fresh until its expiry, then stale for `window` more, then old.
-fn look<T: Clone>(c: Option<&Cached<T>>, now: Micros, window: Micros) -> Lookup<T> {
-    match c {
-        Some(c) if c.until > now => Lookup::Fresh(c.value.clone()),
-        Some(c) if c.until + window > now => Lookup::Stale(c.value.clone()),
-        Some(c) => Lookup::Old(c.value.clone()),
-        None => Lookup::Missing,
-    }
+/// What the instance knows of the records' revision.
+#[derive(Debug, Default)]
+struct Rev {
+    /// The revision every record held is consistent with (`None`: unknown).
+    known: Option<u64>,
+    /// When the store last said the revision was still `known`.
+    confirmed_at: Option<Micros>,
+    /// A revision check, and a read of what changed, in flight (when claimed).
+    checking: Option<Micros>,
+    syncing: Option<Micros>,
+}
+
+/// What a revision the store told means for the records held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// Unchanged: every record held is confirmed.
+    Same,
+    /// Changed (or unknown) from `known`: what changed is to be read again, by
+    /// this caller ([`Records::synced`] when done, [`Records::release_sync`] on
+    /// failure).
+    Sync { known: Option<u64> },
+    /// Changed, and a read of what changed is already in flight.
+    Syncing,
 }
 
 /// The configuration and key records, cached.
 pub struct Records {
     config: Mutex<Option<Cached<Arc<EdgeConfig>>>>,
     keys: Mutex<HashMap<String, Cached<Option<KeyRecord>>>>,
+    rev: Mutex<Rev>,
     ttl: Micros,
     negative_ttl: Micros,
+    max_age: Micros,
     max_keys: usize,
 }
 
 impl Records {
-    /// Records stay fresh for `ttl`; keys found unknown for `negative_ttl`; at most
-    /// `max_keys` key records (known and unknown) are held.
-    pub fn new(ttl: Micros, negative_ttl: Micros, max_keys: usize) -> Self {
+    /// Records are fresh for `ttl` after they were read or confirmed, known keys
+    /// read again after `max_age` whatever the revision says, unknown keys after
+    /// `negative_ttl`; at most `max_keys` key records (known and unknown) are held.
+    pub fn new(ttl: Micros, negative_ttl: Micros, max_age: Micros, max_keys: usize) -> Self {
         Self {
             config: Mutex::new(None),
             keys: Mutex::new(HashMap::new()),
+            rev: Mutex::new(Rev::default()),
             ttl,
             negative_ttl,
+            max_age: max_age.max(ttl),
             max_keys: max_keys.max(1),
         }
     }
 
+    /// `c` at `now`: fresh for a TTL after it was read or confirmed (never past
+    /// its own lifetime), stale for one more TTL, then old.
+    fn look<T: Clone>(&self, c: Option<&Cached<T>>, now: Micros) -> Lookup<T> {
+        let Some(c) = c else {
+            return Lookup::Missing;
+        };
+        let fresh_until = if c.confirmable {
+            let confirmed = lock(&self.rev).confirmed_at.unwrap_or(Micros::MIN);
+            c.until.min(c.read_at.max(confirmed) + self.ttl)
+        } else {
+            c.until
+        };
+        if now < fresh_until {
+            Lookup::Fresh(c.value.clone())
+        } else if now < fresh_until + self.ttl {
+            Lookup::Stale(c.value.clone())
+        } else {
+            Lookup::Old(c.value.clone())
+        }
+    }
+
     pub fn config(&self, now: Micros) -> Lookup<Arc<EdgeConfig>> {
-        look(lock(&self.config).as_ref(), now, self.ttl)
+        self.look(lock(&self.config).as_ref(), now)
     }
 
-    pub fn set_config(&self, config: Arc<EdgeConfig>, now: Micros) {
-        *lock(&self.config) = Some(Cached::new(config, now + self.ttl));
+    /// Caches the configuration read at `now` with revision `rev`.
+    pub fn set_config(&self, config: Arc<EdgeConfig>, now: Micros, rev: Option<u64>) {
+        *lock(&self.config) = Some(Cached::new(config, now, now + self.max_age, true, rev));
     }
 
-    /// Claims the refresh of the stale configuration: `true` when this caller is
-    /// to refresh it (one refresh at a time; a claim a TTL old counts as lost).
+    /// The stored configuration was read and is unusable: the one in use stays,
+    /// good for another TTL (read again then, not on every request).
+    pub fn keep_config(&self, now: Micros, rev: Option<u64>) {
+        if let Some(c) = lock(&self.config).as_mut() {
+            c.rev = rev;
+            c.read_at = now;
+            c.until = now + self.ttl;
+            c.claimed = None;
+        }
+    }
+
+    /// Whether the configuration is past its own lifetime: read it again (not
+    /// only the revision) to revalidate it.
+    pub fn config_expired(&self, now: Micros) -> bool {
+        lock(&self.config).as_ref().is_some_and(|c| c.until <= now)
+    }
+
+    /// Claims the read of a configuration past its own lifetime (one at a time;
+    /// a claim a TTL old counts as lost).
     pub fn claim_config(&self, now: Micros) -> bool {
         lock(&self.config)
             .as_mut()
             .is_some_and(|c| c.claim(now, self.ttl))
     }
 
-    /// The stored configuration was read and is unusable: the one in use stays,
-    /// fresh for another TTL (read again then, not on every request).
-    pub fn keep_config(&self, now: Micros) {
-        if let Some(c) = lock(&self.config).as_mut() {
-            c.until = now + self.ttl;
-            c.claimed = None;
-        }
-    }
-
-    /// The configuration's refresh failed: the next stale lookup tries again.
+    /// The configuration's read failed: the next stale lookup tries again.
     pub fn release_config(&self) {
         if let Some(c) = lock(&self.config).as_mut() {
             c.claimed = None;
         }
     }
 
-    /// Claims the refresh of a stale key record, like [`Records::claim_config`].
+    /// Whether the key record of `hash` is past its own lifetime.
+    pub fn key_expired(&self, hash: &str, now: Micros) -> bool {
+        lock(&self.keys).get(hash).is_some_and(|c| c.until <= now)
+    }
+
+    /// Claims the read of a key record past its own lifetime, like
+    /// [`Records::claim_config`].
     pub fn claim_key(&self, hash: &str, now: Micros) -> bool {
         lock(&self.keys)
             .get_mut(hash)
             .is_some_and(|c| c.claim(now, self.ttl))
     }
 
-    /// A key record's refresh failed: the next stale lookup tries again.
+    /// A key record's read failed: the next stale lookup tries again.
     pub fn release_key(&self, hash: &str) {
         if let Some(c) = lock(&self.keys).get_mut(hash) {
             c.claimed = None;
@@ -151,12 +227,15 @@ impl Records {
     /// The record of the key whose secret hashes to `hash` (`Some(None)`: known to
     /// be no key).
     pub fn key(&self, hash: &str, now: Micros) -> Lookup<Option<KeyRecord>> {
-        look(lock(&self.keys).get(hash), now, self.ttl)
+        self.look(lock(&self.keys).get(hash), now)
     }
 
-    pub fn set_key(&self, hash: String, record: Option<KeyRecord>, now: Micros) {
-        let ttl = if record.is_some() {
-            self.ttl
+    /// Caches the key record of `hash` (`None`: no such key) read at `now` with
+    /// revision `rev`.
+    pub fn set_key(&self, hash: String, record: Option<KeyRecord>, now: Micros, rev: Option<u64>) {
+        let known = record.is_some();
+        let life = if known {
+            self.max_age
         } else {
             self.negative_ttl
         };
@@ -167,7 +246,72 @@ impl Records {
                 keys.clear();
             }
         }
-        keys.insert(hash, Cached::new(record, now + ttl));
+        keys.insert(hash, Cached::new(record, now, now + life, known, rev));
+    }
+
+    /// The hashes of the key records held (known and unknown keys) not read with
+    /// revision `rev`.
+    pub fn keys_behind(&self, rev: Option<u64>) -> Vec<String> {
+        lock(&self.keys)
+            .iter()
+            .filter(|(_, c)| rev.is_none() || c.rev != rev)
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
+    /// Whether a configuration is held that was not read with revision `rev`.
+    pub fn config_behind(&self, rev: Option<u64>) -> bool {
+        lock(&self.config)
+            .as_ref()
+            .is_some_and(|c| rev.is_none() || c.rev != rev)
+    }
+
+    /// The store said the revision is `seen` (`None`: missing or unreadable) at
+    /// `now`. Unchanged: every record held is confirmed. Otherwise the caller is
+    /// to read what changed ([`Observed::Sync`]) unless another one is.
+    pub fn observe(&self, seen: Option<u64>, now: Micros) -> Observed {
+        let mut rev = lock(&self.rev);
+        if seen.is_some() && seen == rev.known {
+            rev.confirmed_at = Some(now);
+            return Observed::Same;
+        }
+        if rev.syncing.is_some_and(|at| now - at < self.ttl) {
+            return Observed::Syncing;
+        }
+        rev.syncing = Some(now);
+        Observed::Sync { known: rev.known }
+    }
+
+    /// What changed was read again: the records are consistent with revision
+    /// `now_rev` (confirmed at `now` when it is a number).
+    pub fn synced(&self, now_rev: Option<u64>, now: Micros) {
+        let mut rev = lock(&self.rev);
+        rev.known = now_rev;
+        rev.confirmed_at = now_rev.map(|_| now);
+        rev.syncing = None;
+    }
+
+    /// A read of what changed failed: the next observation tries again.
+    pub fn release_sync(&self) {
+        lock(&self.rev).syncing = None;
+    }
+
+    /// Claims the background check of the revision, due when the records were
+    /// last confirmed more than a TTL ago (one check at a time; a claim a TTL old
+    /// counts as lost).
+    pub fn claim_check(&self, now: Micros) -> bool {
+        let mut rev = lock(&self.rev);
+        let due = rev.confirmed_at.is_none_or(|at| now - at >= self.ttl);
+        let free = rev.checking.is_none_or(|at| now - at >= self.ttl);
+        if due && free {
+            rev.checking = Some(now);
+        }
+        due && free
+    }
+
+    /// The revision check is over (answered or failed).
+    pub fn release_check(&self) {
+        lock(&self.rev).checking = None;
     }
 }
 
@@ -227,8 +371,8 @@ impl UnknownKeyBudget {
             .payers(ip)
             .filter_map(
                 |(p, q)| match decide(spent.get(&p).copied(), q, now, 1).decision.outcome {
-                    floodgate_shared::Outcome::Allowed => None,
-                    floodgate_shared::Outcome::Denied { retry_after } => {
+                    floodgate_shared::Admission::Allowed => None,
+                    floodgate_shared::Admission::Denied { retry_after } => {
                         Some(retry_after.unwrap_or(1))
                     }
                 },
@@ -264,9 +408,9 @@ mod tests {
 
     #[test]
     fn records_are_fresh_then_stale_and_unknown_keys_live_longer() {
-        let r = Records::new(5 * SEC, 60 * SEC, 10);
+        let r = Records::new(5 * SEC, 60 * SEC, 5 * SEC, 10);
         assert_eq!(r.key("h", T0), Lookup::Missing);
-        r.set_key("h".into(), None, T0);
+        r.set_key("h".into(), None, T0, None);
         assert_eq!(r.key("h", T0 + 59 * SEC), Lookup::Fresh(None));
         assert_eq!(r.key("h", T0 + 61 * SEC), Lookup::Stale(None));
         assert_eq!(
@@ -278,7 +422,7 @@ mod tests {
             r#"{"policies":[{"name":"p","dimensions":["api_key"],"quota":{"capacity":1,"period":"1s"},"failure_mode":"fail_open"}],"plans":{"free":["p"]}}"#,
         )
         .unwrap());
-        r.set_config(config.clone(), T0);
+        r.set_config(config.clone(), T0, None);
         assert!(matches!(r.config(T0 + SEC), Lookup::Fresh(_)));
         assert!(matches!(r.config(T0 + 6 * SEC), Lookup::Stale(_)));
         assert!(matches!(r.config(T0 + 10 * SEC), Lookup::Old(_)));
@@ -286,16 +430,16 @@ mod tests {
 
     #[test]
     fn one_refresh_of_a_stale_record_at_a_time_until_it_is_lost_or_released() {
-        let r = Records::new(5 * SEC, 60 * SEC, 10);
+        let r = Records::new(5 * SEC, 60 * SEC, 5 * SEC, 10);
         assert!(!r.claim_key("h", T0), "nothing cached: nothing to refresh");
-        r.set_key("h".into(), None, T0);
+        r.set_key("h".into(), None, T0, None);
         assert!(!r.claim_key("h", T0 + SEC), "fresh");
         assert!(r.claim_key("h", T0 + 61 * SEC));
         assert!(!r.claim_key("h", T0 + 62 * SEC), "one at a time");
         r.release_key("h");
         assert!(r.claim_key("h", T0 + 62 * SEC), "released after a failure");
         assert!(r.claim_key("h", T0 + 67 * SEC), "a claim a TTL old is lost");
-        r.set_key("h".into(), None, T0 + 68 * SEC);
+        r.set_key("h".into(), None, T0 + 68 * SEC, None);
         assert!(!r.claim_key("h", T0 + 69 * SEC), "refreshed");
         assert!(!r.claim_config(T0));
         let config = Arc::new(
@@ -304,7 +448,7 @@ mod tests {
             )
             .unwrap(),
         );
-        r.set_config(config, T0);
+        r.set_config(config, T0, None);
         assert!(!r.claim_config(T0 + SEC));
         assert!(r.claim_config(T0 + 6 * SEC));
         assert!(!r.claim_config(T0 + 7 * SEC));
@@ -314,9 +458,9 @@ mod tests {
 
     #[test]
     fn the_key_cache_is_bounded() {
-        let r = Records::new(5 * SEC, 5 * SEC, 3);
+        let r = Records::new(5 * SEC, 5 * SEC, 5 * SEC, 3);
         for i in 0..10 {
-            r.set_key(format!("k{i}"), None, T0);
+            r.set_key(format!("k{i}"), None, T0, None);
         }
         let held = (0..10)
             .filter(|i| r.key(&format!("k{i}"), T0) != Lookup::Missing)

@@ -38,6 +38,98 @@ pub const MAX_ATTEMPTS: u32 = 6;
 /// node); the whole call stays bounded by 6 deadlines anyway.
 pub const MAX_RETRIES: u32 = 32;
 
+/// What a cluster URL says: TLS or not, the credentials, the seed nodes.
+struct ClusterUrl<'u> {
+    tls: bool,
+    userinfo: Option<&'u str>,
+    seeds: Vec<String>,
+}
+
+/// Why `url` is not a cluster URL.
+fn bad_url(url: &str, why: &str) -> StoreError {
+    StoreError::protocol(format!(
+        "bad Redis Cluster URL {:?}: {why} (expected redis+cluster://[user:password@]host:port[,host:port])",
+        super::resp::redact(url)
+    ))
+}
+
+fn parse_url(url: &str) -> Result<ClusterUrl<'_>, StoreError> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("rediss+cluster://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("redis+cluster://") {
+        (false, r)
+    } else {
+        (false, url)
+    };
+    let rest = rest.trim_end_matches('/');
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+        })
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("{scheme}://{s}/"))
+        .collect();
+    if seeds.is_empty() {
+        return Err(bad_url(url, "no cluster node given"));
+    }
+    Ok(ClusterUrl {
+        tls,
+        userinfo,
+        seeds,
+    })
+}
+
+/// The cluster client of `options`: its seeds, credentials, TLS, timeouts and
+/// retries.
+fn client(options: &StoreOptions) -> Result<redis::cluster::ClusterClient, StoreError> {
+    let url = &options.url;
+    let parsed = parse_url(url)?;
+    let mut b = redis::cluster::ClusterClientBuilder::new(parsed.seeds)
+        .connection_timeout(options.deadline.max(Duration::from_secs(1)))
+        .response_timeout(options.deadline)
+        .overall_response_timeout(Some(options.deadline * MAX_ATTEMPTS))
+        .retries(MAX_RETRIES)
+        .min_retry_wait(2)
+        .max_retry_wait(32);
+    if let Some(userinfo) = parsed.userinfo {
+        let decode = |s: &str| {
+            String::from_utf8(floodgate_shared::routes::percent_decode(s.as_bytes()))
+                .map_err(|_| bad_url(url, "credentials are not UTF-8"))
+        };
+        let (user, pass) = userinfo.split_once(':').unwrap_or(("", userinfo));
+        if !user.is_empty() {
+            b = b.username(decode(user)?);
+        }
+        if !pass.is_empty() {
+            b = b.password(decode(pass)?);
+        }
+    }
+    match (parsed.tls, options.ca_pem()?) {
+        (true, ca) => {
+            b = b.tls(redis::TlsMode::Secure).certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: ca,
+            })
+        }
+        (false, Some(_)) => {
+            return Err(bad_url(
+                url,
+                "a CA file is given but the URL is not rediss+cluster://",
+            ));
+        }
+        (false, None) => {}
+    }
+    b.build().map_err(|e| bad_url(url, &e.to_string()))
+}
+
 /// A Redis Cluster. Cheap to clone; clones share connections and the slot map.
 #[derive(Clone)]
 pub struct ClusterStore {
@@ -55,73 +147,7 @@ impl ClusterStore {
 
     pub async fn connect_with(options: &StoreOptions) -> Result<Self, StoreError> {
         let url = &options.url;
-        let (tls, rest) = if let Some(r) = url.strip_prefix("rediss+cluster://") {
-            (true, r)
-        } else if let Some(r) = url.strip_prefix("redis+cluster://") {
-            (false, r)
-        } else {
-            (false, url.as_str())
-        };
-        let bad = |why: &str| {
-            StoreError::protocol(format!(
-                "bad Redis Cluster URL {:?}: {why} (expected redis+cluster://[user:password@]host:port[,host:port])",
-                super::resp::redact(url)
-            ))
-        };
-        let rest = rest.trim_end_matches('/');
-        let (userinfo, hosts) = match rest.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, rest),
-        };
-        let scheme = if tls { "rediss" } else { "redis" };
-        let seeds: Vec<String> = hosts
-            .split(',')
-            .map(|s| {
-                s.trim()
-                    .trim_start_matches("redis://")
-                    .trim_end_matches('/')
-            })
-            .filter(|s| !s.is_empty())
-            .map(|s| format!("{scheme}://{s}/"))
-            .collect();
-        if seeds.is_empty() {
-            return Err(bad("no cluster node given"));
-        }
-        let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
-            .connection_timeout(options.deadline.max(Duration::from_secs(1)))
-            .response_timeout(options.deadline)
-            .overall_response_timeout(Some(options.deadline * MAX_ATTEMPTS))
-            .retries(MAX_RETRIES)
-            .min_retry_wait(2)
-            .max_retry_wait(32);
-        if let Some(userinfo) = userinfo {
-            let decode = |s: &str| {
-                String::from_utf8(floodgate_shared::routes::percent_decode(s.as_bytes()))
-                    .map_err(|_| bad("credentials are not UTF-8"))
-            };
-            let (user, pass) = userinfo.split_once(':').unwrap_or(("", userinfo));
-            if !user.is_empty() {
-                b = b.username(decode(user)?);
-            }
-            if !pass.is_empty() {
-                b = b.password(decode(pass)?);
-            }
-        }
-        match (tls, options.ca_pem()?) {
-            (true, ca) => {
-                b = b.tls(redis::TlsMode::Secure).certs(redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: ca,
-                })
-            }
-            (false, Some(_)) => {
-                return Err(bad(
-                    "a CA file is given but the URL is not rediss+cluster://",
-                ));
-            }
-            (false, None) => {}
-        }
-        let client = b.build().map_err(|e| bad(&e.to_string()))?;
+        let client = client(options)?;
         let limit = options.deadline.max(Duration::from_secs(1)) * 2;
         let connected = async {
             let conn = tokio::time::timeout(limit, client.get_async_connection())
@@ -178,6 +204,10 @@ impl ClusterStore {
 }
 
 impl Store for ClusterStore {
+    fn one_slot(&self) -> bool {
+        false
+    }
+
     async fn run(
         &self,
         script: &LuaScript,

@@ -19,8 +19,8 @@ use std::time::Duration;
 use floodgate_shared::Micros;
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, Taken, leases_key};
 use floodgate_shared::script::{
-    CallError, Check, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale, Verdict, When, interpret,
-    refund_call, script_call, stale_reply,
+    CallError, Check, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale, Verdict, When, can_watch,
+    interpret, refund_call, script_call, stale_reply, watched_reply,
 };
 
 #[cfg(any(feature = "native", feature = "rest"))]
@@ -440,6 +440,37 @@ pub trait Store: MaybeSync {
         }
     }
 
+    /// [`Store::check`], reading the records' revision counter `rev_key` in the
+    /// same call when the call's script can ([`can_watch`]) and the store is one
+    /// slot ([`Store::one_slot`]): the verdict's `revision` says what it read.
+    fn check_watching(
+        &self,
+        checks: &[Check<'_>],
+        when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + MaybeSend {
+        async move {
+            if !(self.one_slot() && can_watch(checks)) {
+                return self.check(checks, when).await;
+            }
+            let (script, args) = script_call(checks, when)?;
+            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+            keys.push(rev_key);
+            let reply = self.run_ints(script, &keys, &args).await?;
+            let (reply, revision) = watched_reply(&reply)?;
+            Ok(Verdict {
+                revision,
+                ..verdict(checks, reply)?
+            })
+        }
+    }
+
+    /// Whether any keys may go together in one script call (`false`: Redis
+    /// Cluster, where a call's keys must share a slot).
+    fn one_slot(&self) -> bool {
+        true
+    }
+
     /// Gives back what an admitted `verdict` over `checks` consumed
     /// (`lua/refund.lua`), for a request refused after all.
     fn refund(
@@ -530,21 +561,37 @@ pub trait Store: MaybeSync {
     }
 
     /// The values of several string keys (`None` when absent or not a string), in
-    /// ONE round trip.
+    /// ONE round trip: one `MGET` (one billed command, read atomically), or under
+    /// Redis Cluster a pipeline of `GET`s (the keys may span slots).
     fn get_many(
         &self,
         keys: &[&str],
     ) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, StoreError>> + MaybeSend {
-        let commands: Vec<Vec<Vec<u8>>> = keys
+        let one_slot = self.one_slot();
+        let mget = words(&[&["MGET"][..], keys].concat());
+        let gets: Vec<Vec<Vec<u8>>> = keys
             .iter()
             .map(|k| vec![b"GET".to_vec(), k.as_bytes().to_vec()])
             .collect();
+        let n = keys.len();
         async move {
-            self.pipeline(&commands)
-                .await?
-                .into_iter()
-                .map(|v| string_or_none(v.ok()))
-                .collect()
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            let values = if one_slot {
+                let refs: Vec<&[u8]> = mget.iter().map(Vec::as_slice).collect();
+                match self.command(&refs).await?.ok()? {
+                    Value::Array(items) if items.len() == n => items,
+                    other => {
+                        return Err(StoreError::protocol(format!(
+                            "unexpected MGET reply {other:?}"
+                        )));
+                    }
+                }
+            } else {
+                self.pipeline(&gets).await?
+            };
+            values.into_iter().map(|v| string_or_none(v.ok())).collect()
         }
     }
 

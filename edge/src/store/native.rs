@@ -174,4 +174,8 @@ impl Store for NativeStore {
             Self::Cluster(s) => s.pipeline(commands).await,
         }
     }
+
+    fn one_slot(&self) -> bool {
+        !matches!(self, Self::Cluster(_))
+    }
 }

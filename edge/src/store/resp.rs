@@ -449,36 +449,18 @@ fn direct_client(url: &str, ca: Option<Vec<u8>>) -> Result<redis::Client, StoreE
     }
 }
 
-/// `[user:password@]host:port[,host:port...]/<master>[?sentinel_username=..&sentinel_password=..]`.
-fn sentinel_client(
-    rest: &str,
-    tls: bool,
-    ca: Option<Vec<u8>>,
-    url: &str,
-) -> Result<SentinelClient, StoreError> {
-    let bad = |why: &str| {
-        bad_url(
-            url,
-            format!(
-                "{why} (expected redis+sentinel://[user:password@]host:port[,host:port]/master)"
-            ),
-        )
-    };
-    let decode = |s: &str| {
-        String::from_utf8(floodgate_shared::routes::percent_decode(s.as_bytes()))
-            .map_err(|_| bad("credentials are not UTF-8"))
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
-    let master = master.trim_end_matches('/');
-    if master.is_empty() || master.contains(['/', ' ']) {
-        return Err(bad("no master name"));
-    }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let addrs = hosts
+/// Why a Sentinel URL is not one.
+fn bad_sentinel(url: &str, why: &str) -> StoreError {
+    bad_url(
+        url,
+        format!("{why} (expected redis+sentinel://[user:password@]host:port[,host:port]/master)"),
+    )
+}
+
+/// The Sentinels' addresses of `hosts` (`host:port,host:port`).
+fn sentinel_addrs(hosts: &str, tls: bool, url: &str) -> Result<Vec<ConnectionAddr>, StoreError> {
+    let bad = |why: &str| bad_sentinel(url, why);
+    hosts
         .split(',')
         .map(|h| {
             let (host, port) = h
@@ -505,7 +487,32 @@ fn sentinel_client(
                 ConnectionAddr::Tcp(host, port)
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect()
+}
+
+/// `[user:password@]host:port[,host:port...]/<master>[?sentinel_username=..&sentinel_password=..]`.
+fn sentinel_client(
+    rest: &str,
+    tls: bool,
+    ca: Option<Vec<u8>>,
+    url: &str,
+) -> Result<SentinelClient, StoreError> {
+    let bad = |why: &str| bad_sentinel(url, why);
+    let decode = |s: &str| {
+        String::from_utf8(floodgate_shared::routes::percent_decode(s.as_bytes()))
+            .map_err(|_| bad("credentials are not UTF-8"))
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
+    let master = master.trim_end_matches('/');
+    if master.is_empty() || master.contains(['/', ' ']) {
+        return Err(bad("no master name"));
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let addrs = sentinel_addrs(hosts, tls, url)?;
     let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
         .map_err(|e| bad_url(url, e))?;
     if let Some(userinfo) = userinfo {
@@ -526,21 +533,36 @@ fn sentinel_client(
             other => return Err(bad(&format!("unknown parameter {other:?}"))),
         }
     }
-    if tls {
-        b = b
-            .set_client_to_redis_tls_mode(TlsMode::Secure)
-            .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-        if let Some(ca) = ca {
-            b = b
-                .set_client_to_redis_certificates(certificates(Some(ca.clone())))
-                .set_client_to_sentinel_certificates(certificates(Some(ca)));
-        }
-    } else if ca.is_some() {
-        return Err(bad(
-            "a CA file is given but the URL is not rediss+sentinel:// (TLS)",
-        ));
+    sentinel_tls(b, tls, ca, url)?
+        .build()
+        .map_err(|e| bad_url(url, e))
+}
+
+/// TLS to the Sentinels and the master, trusting `ca` when given.
+fn sentinel_tls(
+    b: SentinelClientBuilder,
+    tls: bool,
+    ca: Option<Vec<u8>>,
+    url: &str,
+) -> Result<SentinelClientBuilder, StoreError> {
+    if !tls {
+        return match ca {
+            Some(_) => Err(bad_sentinel(
+                url,
+                "a CA file is given but the URL is not rediss+sentinel:// (TLS)",
+            )),
+            None => Ok(b),
+        };
     }
-    b.build().map_err(|e| bad_url(url, e))
+    let b = b
+        .set_client_to_redis_tls_mode(TlsMode::Secure)
+        .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+    Ok(match ca {
+        Some(ca) => b
+            .set_client_to_redis_certificates(certificates(Some(ca.clone())))
+            .set_client_to_sentinel_certificates(certificates(Some(ca))),
+        None => b,
+    })
 }
 
 #[cfg(test)]

@@ -7,15 +7,22 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use floodgate_edge::pipeline::{Decided, Gate, RequestHead};
+use floodgate_edge::pipeline::{Admit, Decided, Reply, RequestHead};
+
+/// What the pipeline decided about a request.
+pub type Gate = Result<Admit, Reply>;
 use floodgate_edge::store::{MaybeSend, Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
+use floodgate_shared::changes::{Change, Entry, LOG_KEY, REV_KEY, Revision, parse_rev};
 use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::lease::{
     Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
 };
-use floodgate_shared::script::{Check, LuaScript, Verdict, When, interpret_token_bucket};
+use floodgate_shared::script::{
+    Check, LuaScript, Verdict, When, can_watch, interpret_token_bucket,
+};
+use floodgate_shared::stats::Minute;
 use floodgate_shared::time::{FakeClock, Micros};
 
 pub const T0: Micros = 1_764_000_000_000_000;
@@ -26,6 +33,12 @@ pub struct MemStore {
     pub records: Mutex<HashMap<String, Vec<u8>>>,
     pub buckets: Mutex<HashMap<String, BucketState>>,
     pub gets: AtomicUsize,
+    /// Reads of the records' revision.
+    pub rev_reads: AtomicUsize,
+    /// Reads of several records in one call.
+    pub reads: AtomicUsize,
+    /// The change log, newest first (`shared::changes`).
+    pub log: Mutex<Vec<String>>,
     pub checks: AtomicUsize,
     pub refunds: AtomicUsize,
     pub down: AtomicBool,
@@ -188,8 +201,44 @@ impl Store for &MemStore {
         Ok(Value::Array(ints.into_iter().map(Value::Int).collect()))
     }
 
-    async fn command(&self, _: &[&[u8]]) -> Result<Value, StoreError> {
-        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    /// The change log's `LRANGE` and the revision's `SET ... NX`, in memory.
+    async fn command(&self, args: &[&[u8]]) -> Result<Value, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        match text
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            ["LRANGE", key, "0", stop] if *key == LOG_KEY => {
+                let n = stop.parse::<usize>().unwrap() + 1;
+                let log = self.log.lock().unwrap();
+                let items = log
+                    .iter()
+                    .take(n)
+                    .map(|e| Value::Bulk(e.clone().into_bytes()));
+                Ok(Value::Array(items.collect()))
+            }
+            ["SET", key, value, "NX"] if *key == REV_KEY => {
+                let mut records = self.records.lock().unwrap();
+                let fresh = !records.contains_key(REV_KEY);
+                if fresh {
+                    records.insert(REV_KEY.into(), value.as_bytes().to_vec());
+                }
+                Ok(if fresh {
+                    Value::Status("OK".into())
+                } else {
+                    Value::Nil
+                })
+            }
+            _ => Err(StoreError::new(StoreErrorKind::Protocol, "not in memory")),
+        }
     }
 
     async fn pipeline(&self, _: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
@@ -238,6 +287,7 @@ impl Store for &MemStore {
                 now,
                 decisions,
                 shadow: checks.iter().map(|c| c.shadow).collect(),
+                revision: Default::default(),
             });
         }
         let all = checks
@@ -254,6 +304,25 @@ impl Store for &MemStore {
         let mut reply = vec![i64::from(all), now];
         reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
         Ok(interpret_token_bucket(checks, &reply).unwrap())
+    }
+
+    /// The token bucket script's twin reading the records' revision too.
+    async fn check_watching(
+        &self,
+        checks: &[Check<'_>],
+        when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+    ) -> Result<Verdict, StoreError> {
+        let verdict = self.check(checks, when).await?;
+        let raw = self.records.lock().unwrap().get(rev_key).cloned();
+        let revision = match can_watch(checks) {
+            true => Revision::Seen(parse_rev(raw.as_deref())),
+            false => Revision::NotAsked,
+        };
+        Ok(Verdict {
+            revision,
+            ..verdict
+        })
     }
 
     async fn acquire_slot(
@@ -298,6 +367,7 @@ impl Store for &MemStore {
     }
 
     async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
             out.push(self.get(k).await?);
@@ -311,7 +381,13 @@ impl Store for &MemStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
+        // records read (the revision, read with them or alone, is counted apart)
+        let counter = if key == REV_KEY {
+            &self.rev_reads
+        } else {
+            &self.gets
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::new(StoreErrorKind::Connect, "down"));
         }
@@ -331,6 +407,7 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     };
     let mut r = store.records.lock().unwrap();
     r.insert(CONFIG_KEY.into(), config.as_bytes().to_vec());
+    r.insert(REV_KEY.into(), b"1".to_vec());
     r.insert(
         record_key(&hash_secret(&secret)),
         record.to_json().into_bytes(),
@@ -339,28 +416,65 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     format!("Bearer {secret}")
 }
 
-/// Sets the status of the one API key `seed` stored.
+/// Sets the status of the one API key `seed` stored, and says so in the change
+/// log as the admin functions do.
 pub fn set_key_status(store: &MemStore, status: KeyStatus) {
-    let mut records = store.records.lock().unwrap();
-    let key = records
-        .keys()
-        .find(|k| k.starts_with("fg:apikey:"))
-        .cloned()
-        .expect("a seeded key");
-    let mut rec = KeyRecord::from_json(&records[&key]).unwrap();
-    rec.status = status;
-    records.insert(key, rec.to_json().into_bytes());
+    let key = {
+        let mut records = store.records.lock().unwrap();
+        let key = records
+            .keys()
+            .find(|k| k.starts_with("fg:apikey:"))
+            .cloned()
+            .expect("a seeded key");
+        let mut rec = KeyRecord::from_json(&records[&key]).unwrap();
+        rec.status = status;
+        records.insert(key.clone(), rec.to_json().into_bytes());
+        key
+    };
+    let hash = key.trim_start_matches("fg:apikey:").to_string();
+    changed(store, Change::Key(hash));
 }
 
-/// What the flushes wrote to `field` of the per-minute stats hashes, summed.
-pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
+/// Bumps the records' revision and logs `change`, as `lua/changed.lua` does.
+pub fn changed(store: &MemStore, change: Change) -> u64 {
+    let mut records = store.records.lock().unwrap();
+    let rev = parse_rev(records.get(REV_KEY).map(Vec::as_slice)).unwrap_or(0) + 1;
+    records.insert(REV_KEY.into(), rev.to_string().into_bytes());
     store
-        .writes
+        .log
         .lock()
         .unwrap()
-        .iter()
-        .filter(|c| c[0] == "HINCRBY" && c[1].starts_with("fg:stats:") && c[2] == field)
-        .map(|c| c[3].parse::<u64>().unwrap())
+        .insert(0, Entry { rev, change }.to_string());
+    rev
+}
+
+/// What the flushes wrote to `field` of the per-minute stats hashes, read back as
+/// the dashboard reads them (each instance's field of a minute is rewritten whole
+/// by each flush: the last write counts), summed over the minutes.
+pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
+    let mut last: HashMap<(String, String), String> = HashMap::new();
+    for c in store.writes.lock().unwrap().iter() {
+        if c[0] == "HSET" && c[1].starts_with("fg:stats:") {
+            last.insert((c[1].clone(), c[2].clone()), c[3].clone());
+        }
+    }
+    let mut minutes: HashMap<String, Vec<(Vec<u8>, Vec<u8>)>> = HashMap::new();
+    for ((hash, f), v) in last {
+        minutes
+            .entry(hash)
+            .or_default()
+            .push((f.into_bytes(), v.into_bytes()));
+    }
+    minutes
+        .into_values()
+        .map(|pairs| {
+            Minute::read(pairs)
+                .0
+                .minute
+                .get(field)
+                .copied()
+                .unwrap_or(0)
+        })
         .sum()
 }
 
@@ -383,29 +497,23 @@ pub fn head(auth: &str) -> RequestHead<'_> {
 /// The status the client sees (200 for a forwarded request).
 pub fn status(g: &Gate) -> u16 {
     match g {
-        Gate::Respond { status, .. } => *status,
-        Gate::Forward { .. } => 200,
+        Err(reply) => reply.status,
+        Ok(_) => 200,
     }
 }
 
 pub fn retry_after(g: &Gate) -> Option<i64> {
     match g {
-        Gate::Respond { headers, .. } => headers
-            .iter()
-            .find(|(k, _)| *k == "Retry-After")
-            .map(|(_, v)| v.parse().unwrap()),
-        Gate::Forward { .. } => None,
+        Err(reply) => reply.header("Retry-After").map(|v| v.parse().unwrap()),
+        Ok(_) => None,
     }
 }
 
 pub fn header<'a>(g: &'a Gate, name: &str) -> Option<&'a str> {
-    let headers = match g {
-        Gate::Respond { headers, .. } | Gate::Forward { headers, .. } => headers,
-    };
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
+    match g {
+        Err(reply) => reply.header(name),
+        Ok(admit) => admit.header(name),
+    }
 }
 
 /// Runs what the pipeline left for after the answer (the hosts spawn it).

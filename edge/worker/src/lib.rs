@@ -1,24 +1,20 @@
 //! Floodgate's edge in a Cloudflare Worker: wiring only. The decision is the
 //! host-free pipeline in `floodgate-edge` over the Upstash REST store; what a
-//! client observes of the proxying is `floodgate_edge::proxy`'s rules, shared with
-//! the native host. This file is their I/O through workerd's `fetch`.
+//! client observes of the exchange (the edge's own answers, the headers sent
+//! upstream and back) is `floodgate_edge::exchange`, shared with the native host.
+//! This file is their I/O through workerd's `fetch`.
 //!
 //! Bindings (wrangler.toml): secrets `UPSTASH_REDIS_REST_URL`,
-//! `UPSTASH_REDIS_REST_TOKEN`; var `UPSTREAM_URL`; optional vars (defaults in
-//! brackets): `DEADLINE_FLOOR_MS` (50) and `DEADLINE_CEILING_MS` (1000): the bounds
-//! of the adaptive answer deadline of one Redis call, following the store's
-//! observed latency (see `floodgate_edge::deadline`); `DEADLINE_MS` (unset) pins
-//! it instead; `STARTUP_WAIT_MS` (2000: how long an isolate's first requests may
-//! wait for its first configuration read), `UPSTREAM_TIMEOUT_MS` (30000), `CACHE_TTL_MS` (5000), `NEGATIVE_CACHE_TTL_MS`
-//! (60000), `BREAKER_THRESHOLD` (5), `BREAKER_COOL_DOWN_MS` (1000), `KEY_HEADER`
-//! (authorization), `FORWARD_KEY` (false), `IDENTITY_HEADER` (x-floodgate-key-id),
-//! `UNKNOWN_KEYS_PER_IP_PER_MIN` (20), `UNKNOWN_KEYS_PER_MIN` (600),
-//! `MAX_BODY_BYTES` (10485760), `LEASE_LIFETIME_MS` (2000), `LOG_LEVEL` (info;
-//! `debug` adds one line per answered request). Breaker transitions and
-//! configuration loads go to the console log as JSON lines, each with the id of the
-//! request it happened in (`span.request_id`: the client's `X-Request-Id` when
-//! well-formed, else a new one; passed upstream as `X-Request-Id`, like the native
-//! host).
+//! `UPSTASH_REDIS_REST_TOKEN`; var `UPSTREAM_URL`. Every other setting is one of
+//! `floodgate_edge::settings::EdgeSettings` — the native host's flag variable
+//! without `FLOODGATE_` (`DEADLINE_MS`, `CACHE_TTL_MS`, `MAX_BODY_BYTES`, …), with
+//! the same default, bounds and meaning, parsed by the same code; an invalid one
+//! makes every answer a 500 naming it. `LOG_LEVEL` (error, warn, info, debug,
+//! trace; default info; `debug` adds one line per answered request): breaker
+//! transitions and configuration loads go to the console log as JSON lines, each
+//! with the id of the request it happened in (`span.request_id`: the client's
+//! `X-Request-Id` when well-formed, else a new one; passed upstream as
+//! `X-Request-Id`, like the native host).
 //!
 //! Regional pools (bounded consistency): `REGIONAL_REST_URLS`, a JSON object from a
 //! region name to the REST URL of that region's Upstash database, and the secret
@@ -27,24 +23,23 @@
 //! when set (or when Cloudflare gives none); a region without a URL uses instance
 //! leases only.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context as TaskContext, Poll};
-use std::time::Duration;
 
-use floodgate_edge::deadline::DeadlineSettings;
-use floodgate_edge::pipeline::bounded::LeaseSettings;
+use floodgate_edge::exchange::{self, Exchange, HeaderList, Incoming, Subject};
 use floodgate_edge::pipeline::events::{self, Level, LogEvent};
-use floodgate_edge::pipeline::{Gate, Pipeline, PipelineConfig, RequestHead, store_deadline};
-use floodgate_edge::proxy::{
-    HEALTH_PATH, HeadSize, ProxyRules, REQUEST_ID_HEADER, Refusal, connection_named, has_body,
-    request_id,
-};
+use floodgate_edge::pipeline::{Admit, Pipeline, Reply, Task, transport_deadline};
+use floodgate_edge::proxy::{ProxyRules, REQUEST_ID_HEADER, Refusal, has_body};
+use floodgate_edge::settings::{EdgeSettings, LogLevel, Protocol};
 use floodgate_edge::store::rest::RestStore;
 use floodgate_edge::timer::{Raced, race};
 use floodgate_shared::time::{Clock, Micros};
+use wasm_bindgen::JsCast;
+use wasm_bindgen::prelude::Closure;
 use worker::{
     AbortController, Context, Env, Fetch, Headers, Method, Request, RequestInit, Response,
     ResponseBuilder, Result, event,
@@ -61,18 +56,28 @@ impl Clock for WorkerClock {
 
 type EdgePipeline = Pipeline<RestStore, WorkerClock>;
 
-/// One per isolate, so its caches, breaker and deny cache outlive a request.
+/// One per isolate, so its caches, breaker and recent 429s outlive a request.
 struct Edge {
     pipeline: EdgePipeline,
     rules: ProxyRules,
+}
+
+impl Edge {
+    fn exchange(&self) -> Exchange<'_, RestStore, WorkerClock> {
+        Exchange {
+            pipeline: &self.pipeline,
+            rules: &self.rules,
+            limiter: true,
+        }
+    }
 }
 
 thread_local! {
     static EDGE: RefCell<Option<Rc<Edge>>> = const { RefCell::new(None) };
     /// The id of the request whose future is being polled (see [`InRequest`]).
     static REQUEST_ID: RefCell<Option<Rc<str>>> = const { RefCell::new(None) };
-    /// `LOG_LEVEL=debug`: answered requests are logged too.
-    static DEBUG: Cell<bool> = const { Cell::new(false) };
+    /// `LOG_LEVEL`: the most detailed events logged.
+    static LOG_LEVEL: Cell<LogLevel> = const { Cell::new(LogLevel::Info) };
 }
 
 /// A request's future (or one of its `wait_until` tasks) with the request's id
@@ -104,6 +109,48 @@ impl<F: Future> Future for InRequest<F> {
     }
 }
 
+/// workerd's `Headers` as the exchange reads and writes them.
+struct WorkerHeaders(Headers);
+
+impl HeaderList for WorkerHeaders {
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (k, v) in self.0.entries() {
+            f(&k, v.as_bytes());
+        }
+    }
+
+    fn first(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.0
+            .get(name)
+            .ok()
+            .flatten()
+            .map(|v| Cow::Owned(v.into_bytes()))
+    }
+
+    fn with_capacity(_: usize) -> Self {
+        WorkerHeaders(Headers::new())
+    }
+
+    fn copy_from(&mut self, from: &Self, keep: &mut dyn FnMut(&str) -> bool) {
+        for (k, v) in from.0.entries() {
+            if keep(&k) {
+                let _ = self.0.append(&k, &v);
+            }
+        }
+    }
+
+    fn retain(&mut self, keep: &mut dyn FnMut(&str) -> bool) {
+        let dropped: Vec<String> = self.0.keys().filter(|k| !keep(k)).collect();
+        for k in dropped {
+            let _ = self.0.delete(&k);
+        }
+    }
+
+    fn set(&mut self, name: &str, value: &str) {
+        let _ = self.0.set(name, value);
+    }
+}
+
 /// 128 bits for a new request id (`Math.random`: ids need to be unique, not secret).
 fn fresh_id() -> u128 {
     let word = || (worker::js_sys::Math::random() * 4_294_967_296.0) as u128;
@@ -122,7 +169,7 @@ fn var(env: &Env, name: &str) -> Option<String> {
 fn regional_store(
     env: &Env,
     region: &str,
-    deadline: Duration,
+    deadline: std::time::Duration,
 ) -> std::result::Result<Option<RestStore>, String> {
     let Some(urls) = var(env, "REGIONAL_REST_URLS") else {
         return Ok(None);
@@ -144,6 +191,7 @@ fn regional_store(
         .map_err(|e| format!("the regional store of {region:?}: {e}"))
 }
 
+/// This isolate's edge, made on its first request.
 fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, String> {
     if let Some(e) = EDGE.with(|e| e.borrow().clone()) {
         return Ok(e);
@@ -152,124 +200,60 @@ fn edge(env: &Env, region: Option<String>) -> std::result::Result<Rc<Edge>, Stri
     let url = var(env, "UPSTASH_REDIS_REST_URL").ok_or("UPSTASH_REDIS_REST_URL is not set")?;
     let token =
         var(env, "UPSTASH_REDIS_REST_TOKEN").ok_or("UPSTASH_REDIS_REST_TOKEN is not set")?;
-    let num = |name: &str, default: u64| -> std::result::Result<u64, String> {
-        match var(env, name) {
-            None => Ok(default),
-            Some(v) => v
-                .trim()
-                .parse()
-                .map_err(|_| format!("{name} must be a whole number, got {v:?}")),
-        }
+    let settings = EdgeSettings::from_lookup(|name| var(env, name))?;
+    let level = match var(env, "LOG_LEVEL") {
+        None => LogLevel::default(),
+        Some(v) => LogLevel::parse(&v).map_err(|e| format!("LOG_LEVEL: {e}"))?,
     };
-    let ms = |name: &str, default: u64| num(name, default).map(|v| v as i64 * 1000);
-    let opt_ms = |name: &str| -> std::result::Result<Option<i64>, String> {
-        var(env, name).map(|_| ms(name, 0)).transpose()
-    };
-    let deadline = match opt_ms("DEADLINE_MS")? {
-        Some(d) => DeadlineSettings::fixed(d),
-        None => DeadlineSettings::REST
-            .bounded(opt_ms("DEADLINE_FLOOR_MS")?, opt_ms("DEADLINE_CEILING_MS")?),
-    };
-    // a late call runs on at least to the ceiling, to teach the deadline
-    let transport = store_deadline(Duration::from_micros(deadline.ceiling as u64));
+    LOG_LEVEL.with(|l| l.set(level));
+    let mut config = settings.pipeline(Protocol::Rest);
+    config.log = console_log;
+    let transport = transport_deadline(&config.deadline);
     let store = RestStore::new(&url, &token, transport).map_err(|e| e.to_string())?;
-    let mut rules = ProxyRules::new(&upstream);
-    if let Some(h) = var(env, "KEY_HEADER") {
-        rules.key_header = h.trim().to_ascii_lowercase();
-    }
-    if let Some(h) = var(env, "IDENTITY_HEADER") {
-        rules.identity_header = h.trim().to_ascii_lowercase();
-    }
-    rules.forward_key = var(env, "FORWARD_KEY").as_deref() == Some("true");
-    rules.timeouts.upstream = Duration::from_millis(num("UPSTREAM_TIMEOUT_MS", 30_000)?);
-    rules.limits.max_body = Some(num("MAX_BODY_BYTES", 10 * 1024 * 1024)?);
-    let settings = PipelineConfig {
-        bearer: rules.bearer(),
-        deadline,
-        startup_wait: ms("STARTUP_WAIT_MS", 2_000)?,
-        cache_ttl: ms("CACHE_TTL_MS", 5_000)?,
-        negative_cache_ttl: ms("NEGATIVE_CACHE_TTL_MS", 60_000)?,
-        breaker_threshold: num("BREAKER_THRESHOLD", 5)?.clamp(1, u32::MAX as u64) as u32,
-        breaker_cool_down: ms("BREAKER_COOL_DOWN_MS", 1_000)?,
-        unknown_keys_per_ip_per_min: num("UNKNOWN_KEYS_PER_IP_PER_MIN", 20)?.min(u32::MAX as u64)
-            as u32,
-        unknown_keys_per_min: num("UNKNOWN_KEYS_PER_MIN", 600)?.min(u32::MAX as u64) as u32,
-        leases: LeaseSettings {
-            lifetime: ms("LEASE_LIFETIME_MS", 2_000)?.max(1_000),
-            ..LeaseSettings::default()
-        },
-        log: console_log,
-        ..PipelineConfig::default()
-    };
-    match var(env, "LOG_LEVEL").as_deref().map(str::trim) {
-        None | Some("info") => {}
-        Some("debug") => DEBUG.with(|d| d.set(true)),
-        Some(other) => return Err(format!("LOG_LEVEL must be info or debug, got {other:?}")),
-    }
-    let mut pipeline = Pipeline::new(store, WorkerClock, settings);
+    let mut pipeline = Pipeline::new(store, WorkerClock, config);
     let region = var(env, "REGION").or(region);
     if let Some(r) = &region
         && let Some(regional) = regional_store(env, r, transport)?
     {
         pipeline = pipeline.with_regional(regional);
     }
-    let e = Rc::new(Edge { pipeline, rules });
+    let e = Rc::new(Edge {
+        pipeline,
+        rules: settings.rules(&upstream),
+    });
     EDGE.with(|slot| *slot.borrow_mut() = Some(e.clone()));
     Ok(e)
 }
 
 /// The pipeline's events as JSON lines on the console (what `wrangler tail` and
 /// Workers Logs show), shaped like the native host's `--log-format json`.
-/// Debug events only with `LOG_LEVEL=debug`.
 fn console_log(event: &LogEvent<'_>) {
     let id = REQUEST_ID.with(|r| r.borrow().clone());
     log_line(event, id.as_deref());
 }
 
-/// `event` as a JSON line on the console, as part of request `id`.
+/// `event` as a JSON line on the console, as part of request `id`, when
+/// `LOG_LEVEL` logs events of its level.
 fn log_line(event: &LogEvent<'_>, id: Option<&str>) {
-    if event.level() == Level::Debug && !DEBUG.with(Cell::get) {
+    let level = match event.level() {
+        Level::Debug => LogLevel::Debug,
+        Level::Info => LogLevel::Info,
+        Level::Warn => LogLevel::Warn,
+    };
+    if level > LOG_LEVEL.with(Cell::get) {
         return;
     }
     let now = worker::js_sys::Date::new_0().to_iso_string();
     worker::console_log!("{}", events::json_line(event, &String::from(now), id));
 }
 
-/// One of the pipeline's or the rules' answers.
-fn answer(gate: Gate) -> Result<Response> {
-    let Gate::Respond {
-        status,
-        headers,
-        body,
-    } = gate
-    else {
-        return Err("only answers are written here".into());
-    };
-    let mut r = Response::ok(body)?.with_status(status);
-    for (k, v) in headers {
+/// One of the edge's own answers.
+fn answer(reply: Reply) -> Result<Response> {
+    let mut r = Response::ok(reply.body)?.with_status(reply.status);
+    for (k, v) in reply.headers {
         r.headers_mut().set(k, &v)?;
     }
     Ok(r)
-}
-
-fn head_size(req: &Request, url: &worker::Url) -> HeadSize {
-    let (mut header_count, mut header_bytes) = (0, 0);
-    for (k, v) in req.headers().entries() {
-        header_count += 1;
-        header_bytes += k.len() + v.len();
-    }
-    HeadSize {
-        path: url.path().len(),
-        query: url.query().map_or(0, str::len),
-        header_count,
-        header_bytes,
-        content_length: req
-            .headers()
-            .get("content-length")
-            .ok()
-            .flatten()
-            .and_then(|v| v.parse().ok()),
-    }
 }
 
 /// Each request in its id's scope ([`InRequest`]); at debug, one line once its
@@ -277,7 +261,7 @@ fn head_size(req: &Request, url: &worker::Url) -> HeadSize {
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     let client = req.headers().get(REQUEST_ID_HEADER)?;
-    let id: Rc<str> = request_id(client.as_deref(), fresh_id).into();
+    let id: Rc<str> = floodgate_edge::proxy::request_id(client.as_deref(), fresh_id).into();
     let method = req.method();
     let started = worker::Date::now().as_millis();
     let scoped = InRequest::new(id.clone(), serve(req, env, ctx, id.clone()));
@@ -291,143 +275,196 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> Result<Response> {
     resp
 }
 
+/// Hands the pipeline's background work to `wait_until`, in the request's scope.
+fn later(ctx: &Context, id: &Rc<str>, tasks: impl IntoIterator<Item = Task>) {
+    for task in tasks {
+        ctx.wait_until(InRequest::new(id.clone(), task));
+    }
+}
+
 async fn serve(req: Request, env: Env, ctx: Context, id: Rc<str>) -> Result<Response> {
     let continent = req.cf().and_then(|cf| cf.continent());
     let edge = match edge(&env, continent) {
         Ok(e) => e,
-        Err(e) => return answer(Gate::json(500, "Floodgate is misconfigured", Some(&e))),
+        Err(e) => return answer(Reply::json(500, "Floodgate is misconfigured", Some(&e))),
     };
     let url = req.url()?;
-    if url.path() == HEALTH_PATH {
-        // this isolate's breaker and degraded totals (see docs/failure.md)
-        let mut r = Response::ok(edge.pipeline.health().to_json())?;
-        r.headers_mut().set("content-type", "application/json")?;
-        r.headers_mut().set("cache-control", "no-store")?;
-        return Ok(r);
-    }
-    if let Err(r) = edge.rules.check_head(&head_size(&req, &url)) {
-        return answer(r.answer());
-    }
-    let credentials = req.headers().get(&edge.rules.key_header)?;
+    // the same JS object (the client's headers are only read)
+    let headers = WorkerHeaders(Headers(req.headers().0.clone()));
     let client_ip = req
         .headers()
         .get("cf-connecting-ip")?
         .and_then(|v| v.parse().ok());
     let country = req.cf().and_then(|cf| cf.country());
-    let user_agent = req.headers().get("user-agent")?;
-    let head = RequestHead {
-        path: url.path(),
-        credentials: credentials.as_deref().map(str::as_bytes),
+    let incoming = Incoming {
+        own_path: url.path(),
+        query_len: url.query().map_or(0, str::len),
+        headers: &headers,
         client_ip,
         country: country.as_deref(),
-        user_agent: user_agent.as_deref().map(str::as_bytes),
+        subject: Subject::of(url.path(), client_ip),
     };
-    let decided = edge.pipeline.gate(head).await;
-    for task in decided.background {
-        ctx.wait_until(InRequest::new(id.clone(), task));
-    }
-    // per-endpoint counters: written in one batch at most once a second, after the
-    // response (waitUntil), never delaying it
+    let mut tasks = vec![];
+    let decided = edge.exchange().decide(&incoming, &mut tasks).await;
+    later(&ctx, &id, tasks);
+    // the traffic counters: written in one batch at most as often as the flush
+    // interval, after the response (waitUntil), never delaying it
     let flusher = edge.clone();
     ctx.wait_until(async move {
-        let _ = flusher.pipeline.flush_stats(1_000_000).await;
+        let _ = flusher.pipeline.flush_stats().await;
     });
-    let (key_id, quota, slots) = match decided.gate {
-        g @ Gate::Respond { .. } => return answer(g),
-        Gate::Forward {
-            key_id,
-            headers,
-            slots,
-            ..
-        } => (key_id, headers, slots),
+    let mut admit = match decided {
+        Ok(admit) => admit,
+        Err(reply) => return answer(reply),
     };
-
-    let rules = &edge.rules;
-    let named = connection_named(req.headers().get("connection")?.as_deref());
-    let out = Headers::new();
-    for (k, v) in req.headers().entries() {
-        if rules.forwards_request_header(&k, &named) {
-            out.append(&k, &v)?;
+    let release = edge.exchange().release(&mut admit);
+    let forwarded = forward(&edge, &ctx, &req, &url, &incoming, &admit, &id).await;
+    let resp = match forwarded {
+        Ok(r) => r,
+        Err(refusal) => {
+            later(&ctx, &id, release);
+            return answer(refusal.answer());
         }
+    };
+    respond(&edge, &ctx, &id, resp, &req.method(), &admit, release)
+}
+
+/// A request body bounded in bytes as it streams (the native host's 413 for a
+/// body past `MAX_BODY_BYTES` without a `Content-Length` saying so): piped through
+/// a transform that counts each chunk and errors the stream once past `max`.
+struct BoundedBody {
+    readable: web_sys::ReadableStream,
+    /// Set when the body went past the limit.
+    exceeded: Rc<Cell<bool>>,
+}
+
+impl BoundedBody {
+    /// The bounded body, and the work that keeps its counter alive until the
+    /// client's body has been piped through (or failed): for `wait_until`.
+    fn new(body: web_sys::ReadableStream, max: u64) -> Result<(Self, impl Future<Output = ()>)> {
+        let js = |e: wasm_bindgen::JsValue| worker::Error::JsError(format!("{e:?}"));
+        let exceeded = Rc::new(Cell::new(false));
+        let (flag, seen) = (exceeded.clone(), Cell::new(0u64));
+        let count = Closure::<dyn FnMut(_, _)>::new(
+            move |chunk: wasm_bindgen::JsValue, c: web_sys::TransformStreamDefaultController| {
+                let len = chunk
+                    .dyn_ref::<worker::js_sys::Uint8Array>()
+                    .map_or(0, |a| u64::from(a.length()));
+                seen.set(seen.get() + len);
+                if seen.get() > max {
+                    flag.set(true);
+                    c.error_with_reason(&Refusal::BodyTooLarge.message().into());
+                } else {
+                    let _ = c.enqueue_with_chunk(&chunk);
+                }
+            },
+        );
+        let transformer = worker::js_sys::Object::new();
+        worker::js_sys::Reflect::set(&transformer, &"transform".into(), count.as_ref()).map_err(js)?;
+        let stream = web_sys::TransformStream::new_with_transformer(&transformer).map_err(js)?;
+        let piped = wasm_bindgen_futures::JsFuture::from(body.pipe_to(&stream.writable()));
+        let done = async move {
+            let _ = piped.await;
+            drop(count);
+        };
+        let readable = stream.readable();
+        Ok((Self { readable, exceeded }, done))
     }
-    if let Some(id) = &key_id {
-        out.set(&rules.identity_header, id)?;
-    }
-    out.set(REQUEST_ID_HEADER, &id)?;
-    if let Some(xff) =
-        rules.forwarded_for(req.headers().get("x-forwarded-for")?.as_deref(), client_ip)
-    {
-        out.set("x-forwarded-for", &xff)?;
-    }
+}
+
+/// Sends the admitted request upstream: its response, or the refusal to answer
+/// instead (the body past the limit, the upstream failed or timed out).
+async fn forward(
+    edge: &Edge,
+    ctx: &Context,
+    req: &Request,
+    url: &worker::Url,
+    incoming: &Incoming<'_, WorkerHeaders>,
+    admit: &Admit,
+    id: &str,
+) -> std::result::Result<Response, Refusal> {
+    let rules = &edge.rules;
+    let out = exchange::upstream_headers(rules, incoming, admit, id);
     let target = rules.target(&format!(
         "{}{}",
         url.path(),
         url.query().map(|q| format!("?{q}")).unwrap_or_default()
     ));
     let method = req.method();
-    let controller = AbortController::default();
     let mut init = RequestInit::new();
-    init.with_method(method.clone()).with_headers(out);
+    init.with_method(method.clone()).with_headers(out.0);
+    let mut bounded = None;
     if !matches!(method, Method::Get | Method::Head)
         && let Some(body) = req.inner().body()
     {
-        init.with_body(Some(body.into()));
+        let stream = match rules.limits.max_body {
+            None => body,
+            Some(max) => {
+                let (b, done) =
+                    BoundedBody::new(body, max).map_err(|_| Refusal::UpstreamUnavailable)?;
+                ctx.wait_until(done);
+                let readable = b.readable.clone();
+                bounded = Some(b);
+                readable
+            }
+        };
+        init.with_body(Some(stream.into()));
     }
-    let upstream_req = Request::new_with_init(&target, &init)?;
+    let upstream_req =
+        Request::new_with_init(&target, &init).map_err(|_| Refusal::UpstreamUnavailable)?;
+    let controller = AbortController::default();
     let signal = controller.signal();
     let sent = race(
         Box::pin(async move { Fetch::Request(upstream_req).send_with_signal(&signal).await }),
         rules.timeouts.upstream,
     )
     .await;
-    let release = |edge: &Rc<Edge>, slots: Vec<floodgate_edge::pipeline::Slot>| {
-        let edge = edge.clone();
-        async move { edge.pipeline.release(&slots).await }
-    };
-    let resp = match sent {
-        Raced::Done(Ok(r)) => r,
-        Raced::Done(Err(_)) => {
-            ctx.wait_until(release(&edge, slots));
-            return answer(Refusal::UpstreamUnavailable.answer());
-        }
+    let too_large = || bounded.as_ref().is_some_and(|b| b.exceeded.get());
+    match sent {
+        Raced::Done(Ok(r)) => Ok(r),
+        Raced::Done(Err(_)) if too_large() => Err(Refusal::BodyTooLarge),
+        Raced::Done(Err(_)) => Err(Refusal::UpstreamUnavailable),
         Raced::Late(_) => {
             controller.abort();
-            ctx.wait_until(release(&edge, slots));
-            return answer(Refusal::UpstreamTimeout.answer());
+            Err(Refusal::UpstreamTimeout)
         }
-    };
+    }
+}
+
+/// The upstream's answer with the client's headers, its body streamed through;
+/// the slots are released once the body is out.
+fn respond(
+    edge: &Rc<Edge>,
+    ctx: &Context,
+    id: &Rc<str>,
+    resp: Response,
+    method: &Method,
+    admit: &Admit,
+    release: Option<Task>,
+) -> Result<Response> {
     let status = resp.status_code();
     let from: web_sys::Response = resp.into();
-    let named = connection_named(from.headers().get("connection").ok().flatten().as_deref());
-    let headers = Headers::new();
-    for (k, v) in Headers(from.headers()).entries() {
-        if rules.forwards_response_header(&k, &named) {
-            headers.append(&k, &v)?;
-        }
-    }
-    for (k, v) in quota {
-        headers.set(k, &v)?;
-    }
+    let mut headers = WorkerHeaders(Headers(from.headers()));
+    edge.exchange().response_headers(&mut headers, admit);
     let builder = ResponseBuilder::new()
         .with_status(status)
-        .with_headers(headers);
+        .with_headers(headers.0);
     let body = from.body().filter(|_| has_body(method.as_ref(), status));
     let Some(body) = body else {
-        ctx.wait_until(release(&edge, slots));
+        later(ctx, id, release);
         return Ok(builder.empty());
     };
-    if slots.is_empty() {
+    let Some(release) = release else {
         // the upstream's own stream: its length and its failures reach the client
         return Ok(builder.stream(body));
-    }
+    };
     // slots go back once the body is out: pipe it through, release when done
     let pass =
         web_sys::TransformStream::new().map_err(|e| worker::Error::JsError(format!("{e:?}")))?;
     let piped = wasm_bindgen_futures::JsFuture::from(body.pipe_to(&pass.writable()));
-    let edge2 = edge.clone();
-    ctx.wait_until(async move {
+    ctx.wait_until(InRequest::new(id.clone(), async move {
         let _ = piped.await;
-        edge2.pipeline.release(&slots).await;
-    });
+        release.await;
+    }));
     Ok(builder.stream(pass.readable()))
 }

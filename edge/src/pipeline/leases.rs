@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use floodgate_shared::bucket::{Decision, Outcome};
+use floodgate_shared::bucket::{Admission, Decision};
 use floodgate_shared::lease::{LeaseConfig, LocalLease, Mode, ModeSwitch, Taken};
 use floodgate_shared::policy::{Consistency, Policy, Quota};
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
@@ -471,7 +471,7 @@ fn view(quota: &Quota, at_hand: u64, global: Option<GlobalView>, now: Micros) ->
         None => (0, now + (cap.saturating_sub(at_hand) as i64) * t),
     };
     Decision {
-        outcome: Outcome::Allowed,
+        outcome: Admission::Allowed,
         limit: cap,
         remaining: (at_hand + global_left).min(cap),
         now,

@@ -1,0 +1,195 @@
+//! The exact check: ONE call to the global store decides every bucket of the
+//! request, all or nothing (a denial consumes nothing). A store that cannot
+//! answer in time gets the request's failure mode — fail-open, fail-closed or a
+//! local share (local fallback) — marked and counted; a late reply that admitted
+//! a request the client was refused is refunded, so a refused request costs no
+//! quota.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use floodgate_shared::changes::{REV_KEY, Revision};
+use floodgate_shared::contract::Answer;
+use floodgate_shared::policy::{Consistency, FailureMode, Quota};
+use floodgate_shared::script::{Verdict, When};
+use floodgate_shared::time::{Clock, Micros};
+
+use super::guarded::{Called, drain};
+use super::limits::{Limits, OwnedCheck, as_checks};
+use super::{Admit, BoxFuture, DEGRADED_HEADER, Pipeline, Reply, Task, boxed};
+use crate::stats::Outcome;
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError};
+
+/// What the exact check found.
+pub struct Checked {
+    pub verdict: Verdict,
+    /// The call's latency (µs).
+    pub latency: Option<u64>,
+    /// The checks, for a refund if the request is refused after all.
+    pub owned: Arc<Vec<OwnedCheck>>,
+}
+
+impl<S, C> Pipeline<S, C>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+    C: Clock,
+{
+    /// The last instant (Redis' clock) at which a call sent at `sent` with
+    /// `deadline` is still awaited: the stale-call guard follows the deadline the
+    /// call is raced against.
+    pub(super) fn until(&self, sent: Micros, deadline: Micros) -> When {
+        self.offset
+            .to_redis(sent + deadline)
+            .map_or(When::Redis, When::RedisUntil)
+    }
+
+    /// The verdict of every bucket in ONE global call; a throttled verdict is
+    /// counted here, an admitted one once its slots are settled. `Err`: the store
+    /// could not decide, and the failure mode answered (an admission by
+    /// fail-open or a local share, or a refusal).
+    pub(super) async fn check(
+        &self,
+        limits: &Limits<'_>,
+        later: &mut Vec<Task>,
+    ) -> Result<Checked, Result<Admit, Reply>> {
+        let owned = Arc::new(limits.checks());
+        let sent = self.clock.now();
+        let deadline = self.global.deadline(sent);
+        let when = self.until(sent, deadline);
+        let store = self.global.store.clone();
+        let calls = owned.clone();
+        let fut = boxed(async move {
+            let checks = as_checks(&calls);
+            store.check_watching(&checks, when, REV_KEY).await
+        });
+        let called = self.global.call(&self.clock, deadline, fut).await;
+        let finished = self.clock.now();
+        let latency = u64::try_from(finished - sent).ok();
+        match called {
+            Called::Done(verdict) => {
+                self.learn(limits, &verdict, sent, finished);
+                if let Revision::Seen(seen) = verdict.revision {
+                    self.revision_seen(seen, later);
+                }
+                if !verdict.admitted {
+                    self.count(limits, Outcome::Throttled, latency);
+                    self.count_throttled(limits, &verdict);
+                }
+                Ok(Checked {
+                    verdict,
+                    latency,
+                    owned,
+                })
+            }
+            Called::Failed(e, late) => {
+                self.leases.global_answered(false);
+                let answer = self.failure_mode(limits, &e);
+                match late {
+                    // the call may still admit in Redis: give that back
+                    Some(late) if answer.is_err() => later.push(self.refund_late(late, owned)),
+                    late => later.extend(late.map(drain)),
+                }
+                Err(answer)
+            }
+        }
+    }
+
+    /// What a verdict teaches: Redis' clock, the buckets' state for leased
+    /// answers, the buckets to answer locally until they admit again, and the
+    /// shadow policies that would have throttled.
+    fn learn(&self, limits: &Limits<'_>, verdict: &Verdict, sent: Micros, finished: Micros) {
+        self.leases.global_answered(true);
+        self.offset.observe(verdict.now, finished);
+        for ((k, p), d) in limits.policies.iter().zip(&verdict.decisions) {
+            if p.consistency() != Consistency::Exact {
+                self.leases.observe(k, d, finished);
+            }
+        }
+        if self.settings.throttle_memory && !verdict.admitted {
+            self.remember_throttled(limits, verdict, sent, finished);
+        }
+        if verdict.shadow_denied() && verdict.admitted {
+            self.stats
+                .record_shadow(finished, limits.route_name(), &limits.record.id);
+        }
+    }
+
+    /// The answer to a store that could not decide: the strictest failure mode of
+    /// the request's policies, marked and counted. `Err`: the client is refused
+    /// (so a late admission must be refunded).
+    fn failure_mode(&self, limits: &Limits<'_>, e: &StoreError) -> Result<Admit, Reply> {
+        let mode = limits.mode();
+        let route = limits.route_name();
+        match mode {
+            FailureMode::FailClosed => Err(self.degraded_refusal(
+                Some(limits),
+                route,
+                &format!("rate limit state unavailable: {e}"),
+            )),
+            FailureMode::FailOpen => {
+                self.degraded(Some(limits), mode, route);
+                Ok(Admit::caller(&limits.record.id, route, vec![], vec![])
+                    .with_header(DEGRADED_HEADER, "fail-open"))
+            }
+            FailureMode::LocalFallback => {
+                self.degraded(Some(limits), mode, route);
+                self.local_share(limits)
+            }
+        }
+    }
+
+    /// Local fallback: each enforced policy's local share of its quota, decided in
+    /// this instance's memory.
+    fn local_share(&self, limits: &Limits<'_>) -> Result<Admit, Reply> {
+        let local: Vec<(&str, &Quota, u32)> = limits
+            .enforced()
+            .filter_map(|(k, p)| p.local_quota().map(|q| (k.as_str(), q, p.cost())))
+            .collect();
+        let verdict = self.local.check(&local, self.clock.now());
+        match Answer::for_decision(verdict.headline()) {
+            Answer::Forward { headers } => Ok(Admit::caller(
+                &limits.record.id,
+                limits.route_name(),
+                headers.pairs(),
+                vec![],
+            )
+            .with_header(DEGRADED_HEADER, "local-fallback")),
+            Answer::Reject { headers, .. } => {
+                Err(Reply::rate_limited(&headers).with_header(DEGRADED_HEADER, "local-fallback"))
+            }
+        }
+    }
+
+    /// Settles a check that missed its deadline after its request was refused:
+    /// if Redis admitted it after all, its tokens are given back.
+    fn refund_late(
+        &self,
+        late: BoxFuture<'static, Result<Verdict, StoreError>>,
+        owned: Arc<Vec<OwnedCheck>>,
+    ) -> Task {
+        let store = self.global.store.clone();
+        let totals = self.totals.clone();
+        boxed(async move {
+            if let Ok(v) = late.await
+                && v.admitted
+            {
+                let checks = as_checks(&owned);
+                if store.refund(&checks, &v).await.is_ok() {
+                    totals.refunds.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    }
+
+    /// Gives back an admitted verdict's tokens (its request was refused after all).
+    pub(super) fn refund(&self, checked: Checked) -> Task {
+        let store = self.global.store.clone();
+        let totals = self.totals.clone();
+        boxed(async move {
+            let checks = as_checks(&checked.owned);
+            if store.refund(&checks, &checked.verdict).await.is_ok() {
+                totals.refunds.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    }
+}

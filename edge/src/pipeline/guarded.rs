@@ -1,0 +1,242 @@
+//! One store as the pipeline calls it — the global store or the regional one —
+//! behind its circuit breaker and within its answer deadline ([`Lane`]), named by
+//! its role in logs and metrics. Every store call of a request goes through
+//! [`Guarded::call`].
+//!
+//! Open breaker: the store is not called at all. Half-open: this request
+//! health-checks the store first (`PING`). A call that misses the deadline is
+//! handed back still running ([`Called::Failed`] with the call); it counts as a
+//! breaker failure only when nothing came from the store since it was sent, and
+//! its reply, when it comes, teaches the deadline (see [`super::lane`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use floodgate_shared::time::{Clock, Micros};
+
+use super::events::{LogEvent, StoreRole};
+use super::health::Totals;
+use super::lane::{DeadlineStats, Lane};
+use super::{BoxFuture, Task, boxed};
+use crate::breaker::{BreakerStats, Permit, Phase, PhaseChange};
+use crate::stats::{Stats, StatsField};
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
+use crate::timer::{Raced, Stopwatch, race};
+
+/// A store call's fate under the breaker and the answer deadline.
+pub enum Called<T> {
+    Done(T),
+    /// Refused, skipped (breaker open) or late; a late call is still running.
+    Failed(
+        StoreError,
+        Option<BoxFuture<'static, Result<T, StoreError>>>,
+    ),
+}
+
+/// A store behind its breaker and deadline (cheap to clone: background tasks
+/// take their own).
+pub struct Guarded<S> {
+    pub store: S,
+    lane: Arc<Lane>,
+    role: StoreRole,
+    log: fn(&LogEvent<'_>),
+    stats: Arc<Stats>,
+    totals: Arc<Totals>,
+}
+
+impl<S: Clone> Clone for Guarded<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            lane: self.lane.clone(),
+            role: self.role,
+            log: self.log,
+            stats: self.stats.clone(),
+            totals: self.totals.clone(),
+        }
+    }
+}
+
+fn late_error(limit: Duration) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        format!("no reply within {limit:?}"),
+    )
+}
+
+fn skipped() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Connect,
+        "circuit breaker open: the store is not called",
+    )
+}
+
+/// Awaits a late call only to let its reply teach the deadline.
+pub fn drain<T: 'static>(late: BoxFuture<'static, Result<T, StoreError>>) -> Task {
+    boxed(async move {
+        let _ = late.await;
+    })
+}
+
+impl<S> Guarded<S>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+{
+    pub fn new(
+        store: S,
+        lane: Lane,
+        role: StoreRole,
+        log: fn(&LogEvent<'_>),
+        stats: Arc<Stats>,
+        totals: Arc<Totals>,
+    ) -> Self {
+        Self {
+            store,
+            lane: Arc::new(lane),
+            role,
+            log,
+            stats,
+            totals,
+        }
+    }
+
+    /// The answer deadline of a call sent at `now` (µs).
+    pub fn deadline(&self, now: Micros) -> Micros {
+        self.lane.deadline(now)
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.lane.breaker.phase()
+    }
+
+    pub fn breaker_stats(&self, now: Micros) -> BreakerStats {
+        self.lane.breaker.stats(now)
+    }
+
+    pub fn deadline_stats(&self, now: Micros) -> DeadlineStats {
+        self.lane.stats(now)
+    }
+
+    pub fn role(&self) -> StoreRole {
+        self.role
+    }
+
+    /// Logs a breaker phase change, if there was one, and counts new outages.
+    fn logged(&self, moved: Option<PhaseChange>) {
+        if let Some(t) = moved {
+            (self.log)(&LogEvent::Breaker {
+                store: self.role,
+                change: &t,
+            });
+            if (t.from, t.to) == (Phase::Closed, Phase::Open) {
+                self.stats.bump(t.at, StatsField::BreakerOpened, 1);
+            }
+        }
+    }
+
+    /// [`Guarded::call`] within the deadline of a call sent now.
+    pub async fn call_now<T: 'static>(
+        &self,
+        clock: &impl Clock,
+        fut: BoxFuture<'static, Result<T, StoreError>>,
+    ) -> Called<T> {
+        let deadline = self.deadline(clock.now());
+        self.call(clock, deadline, fut).await
+    }
+
+    /// Runs one call under the breaker, waiting `deadline` µs at most.
+    pub async fn call<T: 'static>(
+        &self,
+        clock: &impl Clock,
+        deadline: Micros,
+        fut: BoxFuture<'static, Result<T, StoreError>>,
+    ) -> Called<T> {
+        let limit = Duration::from_micros(deadline.max(1) as u64);
+        let (permit, moved) = self.lane.breaker.permit(clock.now());
+        self.logged(moved);
+        match permit {
+            Permit::Skip => return Called::Failed(skipped(), None),
+            Permit::Probe => {
+                if let Err(e) = self.probe(clock, limit).await {
+                    return Called::Failed(e, None);
+                }
+            }
+            Permit::Call => {}
+        }
+        let mark = self.lane.mark();
+        let sent = clock.now();
+        let watch = Stopwatch::start();
+        match race(fut, limit).await {
+            Raced::Done(Ok(v)) => {
+                let now = clock.now();
+                self.lane
+                    .answered(watch.elapsed().as_micros() as Micros, now);
+                self.logged(self.lane.breaker.success(now));
+                Called::Done(v)
+            }
+            Raced::Done(Err(e)) if e.kind == StoreErrorKind::Stale => {
+                // the store answered: slow, not down (no breaker failure)
+                let latency = watch.elapsed().as_micros() as Micros;
+                self.lane.stale(latency, deadline, clock.now());
+                Called::Failed(e, None)
+            }
+            Raced::Done(Err(e)) => {
+                if e.is_retryable() {
+                    self.logged(self.lane.breaker.failure(clock.now(), &e));
+                }
+                Called::Failed(e, None)
+            }
+            Raced::Late(still) => {
+                let e = late_error(limit);
+                self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
+                if !self.lane.expired(mark) {
+                    // silent since the send: the store may be down
+                    self.logged(self.lane.breaker.failure(clock.now(), &e));
+                }
+                Called::Failed(e, Some(self.observed(still, watch, sent)))
+            }
+        }
+    }
+
+    /// The health check of a half-open breaker: any failure reopens it.
+    async fn probe(&self, clock: &impl Clock, limit: Duration) -> Result<(), StoreError> {
+        let store = self.store.clone();
+        let ping = race(boxed(async move { store.ping().await }), limit).await;
+        let failed = match ping {
+            Raced::Done(Ok(())) => None,
+            Raced::Done(Err(e)) => Some(e),
+            Raced::Late(_) => Some(late_error(limit)),
+        };
+        let now = clock.now();
+        match failed {
+            Some(e) => {
+                self.logged(self.lane.breaker.probe_failed(now, &e));
+                Err(e)
+            }
+            None => {
+                self.logged(self.lane.breaker.probe_succeeded(now));
+                Ok(())
+            }
+        }
+    }
+
+    /// A late call whose reply, when it comes, teaches the deadline (anything but
+    /// a lost connection is the store answering).
+    fn observed<T: 'static>(
+        &self,
+        still: BoxFuture<'static, Result<T, StoreError>>,
+        watch: Stopwatch,
+        sent: Micros,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let lane = self.lane.clone();
+        boxed(async move {
+            let reply = still.await;
+            let latency = watch.elapsed().as_micros() as Micros;
+            if !matches!(&reply, Err(e) if e.kind == StoreErrorKind::Connect) {
+                lane.late_reply(latency, sent + latency);
+            }
+            reply
+        })
+    }
+}

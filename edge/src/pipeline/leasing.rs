@@ -1,0 +1,295 @@
+//! Bounded consistency on the request's path: a request whose policies are all
+//! leased (`bounded`, or `auto` and hot here) is decided from tokens at hand —
+//! this instance's leases, or its region's pool in ONE regional call — and
+//! admitted without a global round trip. Leases and pools are refilled ahead, in
+//! the background. What is leased, and how the bound holds, is [`super::leases`].
+
+use std::sync::atomic::Ordering;
+
+use floodgate_shared::bucket::Decision;
+use floodgate_shared::lease::{
+    LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
+};
+use floodgate_shared::policy::{Consistency, Policy};
+use floodgate_shared::script::Verdict;
+use floodgate_shared::time::{Clock, Micros};
+
+use super::guarded::{Called, Guarded, drain};
+use super::leases::{GiveBack, LeaseSettings, Refill};
+use super::limits::Limits;
+use super::{Admit, Pipeline, Task, boxed};
+use crate::breaker::Phase;
+use crate::stats::{Leasing, Outcome, StatsField};
+use crate::store::{MaybeSend, MaybeSync, Store};
+use crate::timer::Stopwatch;
+
+/// A pool chunk dies this long before its global lease, for clocks that read in
+/// whole milliseconds (the Worker) and the hop to the regional store.
+const POOL_MARGIN: Micros = 50_000;
+
+impl<S, C> Pipeline<S, C>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+    C: Clock,
+{
+    /// The admission of a request decided from leased tokens, or `None`: the exact
+    /// path decides (tokens not at hand, an exact, shadow or in-flight-limited
+    /// policy, the regional store unreachable). Counted per bounded policy as
+    /// decided locally or exactly.
+    pub(super) async fn leased(&self, limits: &Limits<'_>, later: &mut Vec<Task>) -> Option<Admit> {
+        let admit = self.try_leased(limits, later).await;
+        for g in self.leases.take_given_back() {
+            later.push(self.give_back(g));
+        }
+        let how = if admit.is_some() {
+            Leasing::Local
+        } else {
+            Leasing::Exact
+        };
+        let fields = limits
+            .policies
+            .iter()
+            .filter(|(_, p)| p.consistency() != Consistency::Exact)
+            .map(|(_, p)| StatsField::Leasing(p.name().to_string(), how));
+        self.stats.bump_each(limits.started, fields);
+        admit
+    }
+
+    async fn try_leased(&self, limits: &Limits<'_>, later: &mut Vec<Task>) -> Option<Admit> {
+        let now = limits.started;
+        if limits.policies.iter().any(|(_, p)| {
+            p.shadow() || p.max_in_flight().is_some() || p.consistency() == Consistency::Exact
+        }) {
+            return None;
+        }
+        // every policy is asked: `auto` ones record the request for their rate
+        let leased = limits
+            .policies
+            .iter()
+            .filter(|(k, p)| self.leases.leased(k, p, now))
+            .count();
+        if leased < limits.policies.len() {
+            return None;
+        }
+        let buckets: Vec<(&str, &Policy)> = limits
+            .policies
+            .iter()
+            .map(|(k, p)| (k.as_str(), *p))
+            .collect();
+        let regions = limits.config.regions();
+        let decisions = match &self.regional {
+            None => {
+                self.refill_leases(&buckets, regions, now, later);
+                self.leases.spend(&buckets, now)
+            }
+            Some(region) => self.pool_take(region, &buckets, regions, later).await,
+        };
+        let Some(decisions) = decisions else {
+            self.totals.lease_misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        if self.global.phase() != Phase::Closed || self.leases.global_failing() {
+            self.totals
+                .leased_while_down
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let verdict = Verdict {
+            admitted: true,
+            now,
+            shadow: vec![false; decisions.len()],
+            decisions,
+            revision: Default::default(),
+        };
+        let headers = limits.answer(&verdict).ok()?;
+        self.count(limits, Outcome::Allowed, None);
+        self.count_admitted(limits, None);
+        Some(Admit::caller(
+            &limits.record.id,
+            limits.route_name(),
+            headers,
+            vec![],
+        ))
+    }
+
+    /// Starts the instance-lease refills now due, in the background.
+    fn refill_leases(
+        &self,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        now: Micros,
+        later: &mut Vec<Task>,
+    ) {
+        for r in self.leases.refills_due(buckets, regions, now) {
+            if let Some((_, p)) = buckets.iter().find(|(k, _)| *k == r.key) {
+                self.count_refill(&r.key, p);
+                later.push(self.lease_refill(r, p, regions));
+            }
+        }
+    }
+
+    /// Gives a cooled `auto` key's lease back to the global bucket, in the
+    /// background (Redis' clock: the lease's times are Redis').
+    fn give_back(&self, g: GiveBack) -> Task {
+        let store = self.global.store.clone();
+        boxed(async move {
+            let args = [
+                String::new(),
+                g.emission.to_string(),
+                g.member,
+                g.unused.to_string(),
+            ];
+            let _ = store.return_lease(&g.key, &args).await;
+        })
+    }
+
+    /// Counts a refill of `key` of `policy` about to be sent, with the tokens its
+    /// leases had outstanding when last heard of.
+    fn count_refill(&self, key: &str, policy: &Policy) {
+        let now = self.clock.now();
+        let name = policy.name().to_string();
+        self.stats
+            .bump(now, StatsField::Leasing(name.clone(), Leasing::Refills), 1);
+        let outstanding = self.leases.outstanding(key);
+        self.stats.bump(
+            now,
+            StatsField::Leasing(name, Leasing::Outstanding),
+            outstanding,
+        );
+    }
+
+    /// Spends every bucket's cost from the region's pools in one call: the
+    /// decisions, or `None` (a pool lacked tokens, or the regional store did not
+    /// answer in time). Pools that ran low are refilled by this caller when it got
+    /// their lock.
+    async fn pool_take(
+        &self,
+        region: &Guarded<S>,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        later: &mut Vec<Task>,
+    ) -> Option<Vec<Decision>> {
+        let now = self.clock.now();
+        let (mut keys, mut locks, mut credits) = (vec![], vec![], vec![]);
+        for (k, _) in buckets {
+            let [pool, lock, credit] = pool_keys(k);
+            keys.push(pool);
+            locks.push(lock);
+            credits.push(credit);
+        }
+        keys.extend(locks);
+        keys.extend(credits);
+        let asks: Vec<PoolAsk> = buckets
+            .iter()
+            .map(|(_, p)| PoolAsk {
+                cost: u64::from(p.cost()),
+                low: LeaseSettings::pool_target(p, regions) / 2 + 1,
+                credit: LeaseSettings::credit(p, regions),
+            })
+            .collect();
+        let lock_ms = (self.settings.leases.lifetime / 2_000).max(1) as u64;
+        // the regional store's own clock: a pool take it runs late spends tokens of
+        // a request the exact path then decided (a shortfall, never an overshoot)
+        let args = pool_take_args(String::new(), &asks, lock_ms);
+        let store = region.store.clone();
+        let fut = boxed(async move {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            store.run_ints(&POOL_TAKE, &refs, &args).await
+        });
+        let reply = match region.call_now(&self.clock, fut).await {
+            Called::Done(r) => r,
+            Called::Failed(_, late) => {
+                later.extend(late.map(drain));
+                return None;
+            }
+        };
+        let taken = PoolTaken::from_reply(&reply, buckets.len())
+            .ok()
+            .flatten()?;
+        for (i, (k, p)) in buckets.iter().enumerate() {
+            if taken.refill[i] {
+                self.count_refill(k, p);
+                let r =
+                    self.leases
+                        .pool_refill(k, p, regions, &taken.retire[i], taken.unconfirmed[i]);
+                later.push(self.pool_refill(region, r, p, regions));
+            }
+        }
+        taken
+            .admitted
+            .then(|| self.leases.pool_decisions(buckets, &taken.left, now))
+    }
+
+    /// Takes a lease for this instance from the global bucket (cost 0), retiring
+    /// the spent ones, in the background.
+    fn lease_refill(&self, r: Refill, policy: &Policy, regions: u32) -> Task {
+        let store = self.global.store.clone();
+        let leases = self.leases.clone();
+        let cfg = self.settings.leases.for_policy(policy, regions);
+        let q = *policy.quota();
+        let sent = self.clock.now();
+        boxed(async move {
+            let args = cfg.take_args(
+                None,
+                q.burst_window(),
+                q.emission_interval(),
+                0,
+                r.want,
+                &r.id,
+                Some(&r.retire),
+            );
+            let got = store.take_lease(&r.key, &args).await.ok();
+            let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
+            leases.refilled(&r, got.as_ref(), sent, full_at, true);
+        })
+    }
+
+    /// Refills a regional pool from the global bucket, in the background: ONE global
+    /// call charges what the region admitted on credit (into debt if need be),
+    /// retires the pool's spent chunks and leases more; then the chunk is added to
+    /// the pool, spendable until the global lease expires as reckoned from the send,
+    /// and the charged credit taken off.
+    fn pool_refill(&self, region: &Guarded<S>, r: Refill, policy: &Policy, regions: u32) -> Task {
+        let (global, regional) = (self.global.store.clone(), region.store.clone());
+        let leases = self.leases.clone();
+        let cfg = LeaseConfig {
+            max_lease: r.want,
+            ..self.settings.leases.for_policy(policy, regions)
+        };
+        let q = *policy.quota();
+        let sent = self.clock.now();
+        boxed(async move {
+            let watch = Stopwatch::start();
+            let args = cfg.charge_args(
+                q.burst_window(),
+                q.emission_interval(),
+                r.charge,
+                r.want,
+                &r.id,
+                Some(&r.retire),
+            );
+            let got = global.take_lease(&r.key, &args).await.ok();
+            let life = cfg.lifetime - watch.elapsed().as_micros() as i64 - POOL_MARGIN;
+            let (member, tokens) = match &got {
+                Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
+                _ => (String::new(), 0),
+            };
+            let [pool, lock, credit] = pool_keys(&r.key);
+            // charged when the global store answered; all the region's charged credit
+            // is released once the bucket is out of debt (else it stays used)
+            let charged = if got.is_some() { r.charge } else { 0 };
+            let clear = got.is_some_and(|t| t.full_at - t.now <= q.burst_window());
+            let args = [
+                member,
+                tokens.to_string(),
+                life.max(0).to_string(),
+                charged.to_string(),
+                if clear { "1" } else { "0" }.to_string(),
+            ];
+            let _ = regional
+                .run_ints(&POOL_ADD, &[&pool, &lock, &credit], &args)
+                .await;
+            let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
+            leases.refilled(&r, got.as_ref(), sent, full_at, false);
+        })
+    }
+}

@@ -1,0 +1,182 @@
+//! Recent 429s: the buckets the store throttled a moment ago, answered here until
+//! they can admit again. When the store denies a bucket with an exact wait `w`, the
+//! bucket cannot admit the same request before `now + w` (a denial changes no
+//! state, and only time refills), so until then the instance answers that bucket
+//! with a 429 itself. It only ever refuses, and only while the store would too: it
+//! never admits a request the store would have denied, and it stops no later than
+//! the instant the store would admit again (anchored at the call's start on this
+//! instance's clock, so at most one round trip early, never late).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use floodgate_shared::bucket::{Admission, Decision};
+use floodgate_shared::contract::{PolicyState, RateLimitHeaders, ietf_fields, jittered};
+use floodgate_shared::policy::Policy;
+use floodgate_shared::script::Verdict;
+use floodgate_shared::stats::PolicyOutcome;
+use floodgate_shared::time::{Clock, Micros, ceil_secs};
+
+use super::limits::{Limits, jitter_seed};
+use super::{Pipeline, Reply};
+use crate::stats::Outcome;
+use crate::store::{MaybeSend, MaybeSync, Store};
+use crate::sync::lock;
+
+/// One bucket the store throttled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttled {
+    /// Local instant at which the bucket admits the request again.
+    pub until: Micros,
+    /// Local instant at which the bucket is full again (`X-RateLimit-Reset`).
+    pub full_at: Micros,
+    pub limit: u64,
+}
+
+/// The buckets throttled recently, until they admit again.
+#[derive(Default)]
+pub struct ThrottleMemory {
+    until: Mutex<HashMap<String, Throttled>>,
+}
+
+/// Bound on remembered buckets; expired ones are dropped first.
+const MAX_REMEMBERED: usize = 100_000;
+
+impl ThrottleMemory {
+    /// The buckets still throttled at `now` among `keys`, with each one's index.
+    pub fn lookup<'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a str>,
+        now: Micros,
+    ) -> Vec<(usize, Throttled)> {
+        let map = lock(&self.until);
+        if map.is_empty() {
+            return vec![];
+        }
+        keys.into_iter()
+            .enumerate()
+            .filter_map(|(i, k)| map.get(k).filter(|d| d.until > now).map(|d| (i, *d)))
+            .collect()
+    }
+
+    pub fn remember(&self, key: &str, throttled: Throttled, now: Micros) {
+        let mut map = lock(&self.until);
+        if map.len() >= MAX_REMEMBERED {
+            map.retain(|_, d| d.until > now);
+            if map.len() >= MAX_REMEMBERED {
+                return;
+            }
+        }
+        map.insert(key.to_string(), throttled);
+    }
+}
+
+impl<S, C> Pipeline<S, C>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+    C: Clock,
+{
+    /// A bucket the store throttled a moment ago is answered here, with the quota
+    /// headers (and IETF fields) of the throttling policies, until it can admit
+    /// the request again.
+    pub(super) fn recently_throttled(&self, limits: &Limits<'_>) -> Result<(), Reply> {
+        if !self.settings.throttle_memory {
+            return Ok(());
+        }
+        let now = limits.started;
+        let hits = self
+            .throttled
+            .lookup(limits.enforced().map(|(k, _)| k.as_str()), now);
+        let Some((_, worst)) = hits.iter().max_by_key(|(_, d)| d.until) else {
+            return Ok(());
+        };
+        self.count(limits, Outcome::Throttled, None);
+        let names: Vec<&str> = hits
+            .iter()
+            .filter_map(|(i, _)| limits.enforced().nth(*i).map(|(_, p)| p.name()))
+            .collect();
+        self.count_policies(limits, |_, p| {
+            (!p.shadow() && names.contains(&p.name())).then_some(PolicyOutcome::Throttled)
+        });
+        let wait = ceil_secs(worst.until - now).max(1);
+        let headers = RateLimitHeaders {
+            limit: worst.limit,
+            remaining: 0,
+            reset: ceil_secs(worst.full_at.max(now)),
+            retry_after: Some(jittered(
+                wait,
+                limits.config.headers().retry_jitter_secs,
+                jitter_seed(&limits.record.id, now),
+            )),
+        };
+        let reply = Reply::rate_limited(&headers);
+        if !limits.config.headers().ietf {
+            return Err(reply);
+        }
+        Err(reply.with_headers(remembered_ietf(limits, &hits, now)))
+    }
+
+    /// Remembers the throttling buckets of `verdict` until they admit again.
+    pub(super) fn remember_throttled(
+        &self,
+        limits: &Limits<'_>,
+        verdict: &Verdict,
+        sent: Micros,
+        finished: Micros,
+    ) {
+        for ((key, _), d) in limits
+            .policies
+            .iter()
+            .zip(&verdict.decisions)
+            .filter(|((_, p), _)| !p.shadow())
+        {
+            if let Admission::Denied {
+                retry_after: Some(wait),
+            } = d.outcome
+            {
+                // Redis decided somewhere between `sent` and `finished` on our
+                // clock; anchoring at `sent` can only end the local answer early
+                // (the store then decides), never late.
+                let throttled = Throttled {
+                    until: sent + wait,
+                    full_at: sent + (d.full_at - d.now),
+                    limit: d.limit,
+                };
+                self.throttled.remember(key, throttled, finished);
+            }
+        }
+    }
+}
+
+/// The IETF fields of the remembered buckets `hits`, as their denials said.
+fn remembered_ietf(
+    limits: &Limits<'_>,
+    hits: &[(usize, Throttled)],
+    now: Micros,
+) -> Vec<(&'static str, String)> {
+    let enforced: Vec<&(String, &Policy)> = limits.enforced().collect();
+    let decisions: Vec<(&Policy, Decision)> = hits
+        .iter()
+        .map(|(i, d)| {
+            let decision = Decision {
+                outcome: Admission::Denied {
+                    retry_after: Some(d.until - now),
+                },
+                limit: d.limit,
+                remaining: 0,
+                now,
+                full_at: d.full_at.max(now),
+            };
+            (enforced[*i].1, decision)
+        })
+        .collect();
+    let states: Vec<PolicyState<'_>> = decisions
+        .iter()
+        .map(|(p, d)| PolicyState {
+            name: p.name(),
+            quota: p.quota(),
+            decision: d,
+        })
+        .collect();
+    ietf_fields(&states).map(Vec::from).unwrap_or_default()
+}
