@@ -28,8 +28,6 @@ pub mod forward_auth;
 pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native_host;
-#[cfg(feature = "native")]
-pub mod rest_endpoint;
 
 /// Completes on Ctrl-C or SIGTERM: the native servers stop gracefully on either.
 #[cfg(feature = "native")]

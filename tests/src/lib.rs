@@ -380,28 +380,26 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub async fn start(redis: &RedisServer, token: &str) -> Self {
-        Self::start_with(floodgate_edge::rest_endpoint::EndpointConfig::new(
-            redis.url(),
-            token,
-        ))
-        .await
+        Self::start_with(floodgate_rest::EndpointConfig::new(redis.url(), token)).await
     }
 
-    pub async fn start_with(config: floodgate_edge::rest_endpoint::EndpointConfig) -> Self {
+    pub async fn start_with(config: floodgate_rest::EndpointConfig) -> Self {
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .expect("bind loopback");
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let router = floodgate_edge::rest_endpoint::router(&config)
+        let router = floodgate_rest::router(&config)
             .await
             .expect("endpoint connects to redis");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = config.clone();
         tokio::spawn(async move {
-            axum_serve(listener, router, serving, async {
+            let stop = async {
                 let _ = stopped.await;
-            })
-            .await
+            };
+            floodgate_rest::serve(listener, router, &serving, stop)
+                .await
+                .expect("endpoint serves")
         });
         Endpoint {
             url,
@@ -409,17 +407,6 @@ impl Endpoint {
             stop: Some(stop),
         }
     }
-}
-
-async fn axum_serve(
-    listener: tokio::net::TcpListener,
-    router: floodgate_edge::rest_endpoint::Router,
-    config: floodgate_edge::rest_endpoint::EndpointConfig,
-    stop: impl Future<Output = ()> + Send + 'static,
-) {
-    floodgate_edge::rest_endpoint::serve_router(listener, router, &config, stop)
-        .await
-        .expect("endpoint serves");
 }
 
 impl Drop for Endpoint {
@@ -514,9 +501,7 @@ pub const DEMO_CONFIG: &str = include_str!("../../config/demo.json");
 
 /// Serves a router in-process on a free loopback port (with peer addresses), until
 /// the returned guard is dropped. Returns the base URL.
-pub async fn serve(
-    router: floodgate_edge::rest_endpoint::Router,
-) -> (String, tokio::sync::oneshot::Sender<()>) {
+pub async fn serve(router: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .await
         .expect("bind loopback");

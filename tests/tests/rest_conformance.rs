@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use floodgate_edge::rest_endpoint::EndpointConfig;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_edge::store::{RedisErrorKind, Store, StoreErrorKind, Value};
+use floodgate_rest::EndpointConfig;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_tests::{Endpoint, RedisServer, args, commands, node_modules, unique_key};

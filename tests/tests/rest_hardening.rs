@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use floodgate_edge::rest_endpoint::EndpointConfig;
+use floodgate_rest::EndpointConfig;
 use floodgate_tests::http::{closed_within, connect, exchange, read_response};
 use floodgate_tests::{Endpoint, RedisServer, unique_key};
 use serde_json::{Value, json};

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use floodgate_edge::admin::{self, AdminError, Basis};
-use floodgate_edge::rest_endpoint::EndpointConfig;
 use floodgate_edge::store::{NativeStore, SetOptions, Store, StoreOptions};
+use floodgate_rest::EndpointConfig;
 use floodgate_shared::apikeys::KeyStatus;
 use floodgate_shared::lease::LeaseConfig;
 use floodgate_shared::policy::Quota;

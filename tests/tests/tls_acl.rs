@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use floodgate_edge::admin;
 use floodgate_edge::demo_upstream::{self, Seen};
-use floodgate_edge::rest_endpoint::EndpointConfig;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_edge::store::{NativeStore, Store, StoreErrorKind, StoreOptions};
+use floodgate_rest::EndpointConfig;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Check;
 use floodgate_tests::dash::{Operator, start_dashboard_over};

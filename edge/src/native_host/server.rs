@@ -7,7 +7,9 @@
 //!   the one that has spent longest sending an unfinished request head (it gets a
 //!   408). Only when every held connection is inside a request does a new one get
 //!   `503 {"error":"Too many connections"}`. So clients that hold connections
-//!   without finishing requests can never lock normal clients out.
+//!   without finishing requests can never lock normal clients out. (Or, with
+//!   [`AtCapacity::Wait`], new connections wait in the listen backlog until one
+//!   closes: floodgate-rest's choice.)
 //! - **Header timeout**: a request head must be complete within
 //!   [`ServerLimits::header_timeout`] of its first byte: `408` JSON, then closed.
 //! - **Idle timeout**: a connection with no request in progress is closed after
@@ -33,7 +35,7 @@ use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::proxy::Refusal;
 use crate::sync::lock;
@@ -51,6 +53,20 @@ pub struct ServerLimits {
     /// header lines and the read buffer (bytes).
     pub max_headers: usize,
     pub max_buf: usize,
+    /// What a new connection meets while `max_connections` are open.
+    pub at_capacity: AtCapacity,
+}
+
+/// What the server does with a new connection while it holds
+/// [`ServerLimits::max_connections`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AtCapacity {
+    /// Accept it, closing a connection that does nothing to make room (see the
+    /// module's documentation); `503` when every one is inside a request.
+    #[default]
+    MakeRoom,
+    /// Accept none until one closes: new connections wait in the listen backlog.
+    Wait,
 }
 
 impl Default for ServerLimits {
@@ -61,6 +77,7 @@ impl Default for ServerLimits {
             idle_timeout: Duration::from_secs(60),
             max_headers: 128,
             max_buf: 64 * 1024,
+            at_capacity: AtCapacity::MakeRoom,
         }
     }
 }
@@ -347,11 +364,13 @@ where
         .max_buf_size(limits.max_buf.max(8192));
     let mut shutdown = std::pin::pin!(shutdown);
     let (done_tx, mut done_rx) = tokio::sync::watch::channel(());
+    let room = (limits.at_capacity == AtCapacity::Wait)
+        .then(|| Arc::new(Semaphore::new(limits.max_connections.max(1))));
     loop {
-        let accepted = tokio::select! {
+        let (permit, accepted) = tokio::select! {
             biased;
             _ = &mut shutdown => break,
-            a = listener.accept() => a,
+            a = admit(room.as_ref(), &listener) => a,
         };
         let (stream, peer) = match accepted {
             Ok(a) => a,
@@ -410,7 +429,7 @@ where
                 }
             };
             lock(&registry).conns.remove(&id);
-            drop(done);
+            drop((done, permit));
         });
     }
     // stop: no new connections; those in progress finish their requests
@@ -421,6 +440,22 @@ where
     let _ = tokio::time::timeout(limits.idle_timeout, drain).await;
     reaper.abort();
     Ok(())
+}
+
+/// The next connection, once there is room for it: with [`AtCapacity::Wait`],
+/// after a place (the permit the connection holds while open) is free.
+async fn admit(
+    room: Option<&Arc<Semaphore>>,
+    listener: &TcpListener,
+) -> (
+    Option<OwnedSemaphorePermit>,
+    io::Result<(TcpStream, std::net::SocketAddr)>,
+) {
+    let permit = match room {
+        Some(room) => room.clone().acquire_owned().await.ok(),
+        None => None,
+    };
+    (permit, listener.accept().await)
 }
 
 /// Closes connections past their timeouts.

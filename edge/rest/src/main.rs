@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use floodgate_edge::args::{LogArgs, socket_addr};
-use floodgate_edge::rest_endpoint::{EndpointConfig, app, endpoint, metrics_app, serve_router};
 use floodgate_edge::store::{StoreError, StoreOptions};
+use floodgate_rest::{EndpointConfig, app, endpoint, metrics_app, serve};
 
 /// A local Upstash-compatible REST endpoint in front of Redis. Its bearer token
 /// comes from FLOODGATE_REST_TOKEN (never from the command line, where other users
@@ -91,6 +91,8 @@ enum RestError {
     Store(#[from] StoreError),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
 }
 
 fn main() -> ExitCode {
@@ -139,18 +141,21 @@ fn run(args: Args) -> Result<(), RestError> {
             })?;
         let at = listener.local_addr().map_err(RestError::Runtime)?;
         let ep = endpoint(&config).await?;
-        let ep2 = ep.clone();
         if let Some(m) = args.metrics_listen {
             let metrics = tokio::net::TcpListener::bind(m)
                 .await
                 .map_err(|error| RestError::Bind { listen: m, error })?;
             tracing::info!(metrics = %m, "floodgate-rest: metrics on http://{m}/metrics");
+            let (routes, settings) = (metrics_app(ep.clone()), config.clone());
+            // served until the process ends
             tokio::spawn(async move {
-                let _ = axum::serve(metrics, metrics_app(ep2)).await;
+                serve(metrics, routes, &settings, std::future::pending()).await
             });
         }
         let redis = floodgate_edge::store::resp::redact(&config.redis.url);
         tracing::info!(listen = %at, redis = %redis, "floodgate-rest: listening on http://{at} (Redis {redis})");
-        Ok(serve_router(listener, app(ep), &config, floodgate_edge::shutdown_signal()).await?)
+        serve(listener, app(ep), &config, floodgate_edge::shutdown_signal())
+            .await
+            .map_err(RestError::Serve)
     })
 }
