@@ -284,6 +284,7 @@ impl Connection {
     }
 }
 
+#[derive(Default)]
 struct Registry {
     next: u64,
     conns: HashMap<u64, Arc<ConnState>>,
@@ -346,22 +347,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let epoch = Epoch(Instant::now());
-    let registry = Arc::new(Mutex::new(Registry {
-        next: 0,
-        conns: HashMap::new(),
-    }));
+    let registry = Arc::new(Mutex::new(Registry::default()));
     let reaper = tokio::spawn(reap(registry.clone(), limits, epoch));
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        // hyper's own timer bounds the wait for a request head from its start
-        // (connection open or previous response); ours, finer, runs from its
-        // first byte (header) and between requests (idle)
-        .header_read_timeout(limits.idle_timeout + limits.header_timeout)
-        .half_close(true)
-        .keep_alive(true)
-        .max_headers(limits.max_headers)
-        .max_buf_size(limits.max_buf.max(8192));
+    let builder = http1_builder(&limits);
     let mut shutdown = std::pin::pin!(shutdown);
     let (done_tx, mut done_rx) = tokio::sync::watch::channel(());
     let room = (limits.at_capacity == AtCapacity::Wait)
@@ -375,33 +363,14 @@ where
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // out of descriptors (or another transient error): make room, back off
-                lock(&registry).make_room();
-                if !matches!(e.raw_os_error(), Some(23 | 24)) {
-                    tracing::warn!(target: "floodgate::server", error = %e, "accept failed: {e}");
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                accept_failed(&registry, &e).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::new(ConnState::new(epoch.ms()));
-        let id = {
-            let mut reg = lock(&registry);
-            if reg.conns.len() >= limits.max_connections && !reg.make_room() {
-                state.shut(CLOSE_503);
-                drop(reg);
-                drop(Watched {
-                    stream,
-                    state,
-                    epoch,
-                });
-                continue;
-            }
-            let id = reg.next;
-            reg.next += 1;
-            reg.conns.insert(id, state.clone());
-            id
+        let Some((stream, id)) = register(&registry, &limits, stream, &state, epoch) else {
+            continue;
         };
         let io = TokioIo::new(Watched {
             stream,
@@ -440,6 +409,56 @@ where
     let _ = tokio::time::timeout(limits.idle_timeout, drain).await;
     reaper.abort();
     Ok(())
+}
+
+/// Out of descriptors (or another transient error): make room, back off.
+async fn accept_failed(registry: &Mutex<Registry>, e: &io::Error) {
+    lock(registry).make_room();
+    if !matches!(e.raw_os_error(), Some(23 | 24)) {
+        tracing::warn!(target: "floodgate::server", error = %e, "accept failed: {e}");
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+fn http1_builder(limits: &ServerLimits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        // hyper's own timer bounds the wait for a request head from its start
+        // (connection open or previous response); ours, finer, runs from its
+        // first byte (header) and between requests (idle)
+        .header_read_timeout(limits.idle_timeout + limits.header_timeout)
+        .half_close(true)
+        .keep_alive(true)
+        .max_headers(limits.max_headers)
+        .max_buf_size(limits.max_buf.max(8192));
+    builder
+}
+
+/// Registers a new connection under its id, or refuses it (`None`: 503 and
+/// close) when the server is at capacity and no idle connection can make room.
+fn register(
+    registry: &Mutex<Registry>,
+    limits: &ServerLimits,
+    stream: TcpStream,
+    state: &Arc<ConnState>,
+    epoch: Epoch,
+) -> Option<(TcpStream, u64)> {
+    let mut reg = lock(registry);
+    if reg.conns.len() >= limits.max_connections && !reg.make_room() {
+        state.shut(CLOSE_503);
+        drop(reg);
+        drop(Watched {
+            stream,
+            state: state.clone(),
+            epoch,
+        });
+        return None;
+    }
+    let id = reg.next;
+    reg.next += 1;
+    reg.conns.insert(id, state.clone());
+    Some((stream, id))
 }
 
 /// The next connection, once there is room for it: with [`AtCapacity::Wait`],
