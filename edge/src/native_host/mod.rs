@@ -103,7 +103,8 @@ impl HeaderList for HeaderMap {
         let kept: Vec<HeaderName> = self
             .keys()
             .zip(kept)
-            .filter_map(|(k, keep)| keep.then(|| k.clone()))
+            .filter(|(_, keep)| *keep)
+            .map(|(k, _)| k.clone())
             .collect();
         let all = std::mem::take(self);
         for (name, value) in &all {

@@ -458,7 +458,8 @@ pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
             last.insert((c[1].clone(), c[2].clone()), c[3].clone());
         }
     }
-    let mut minutes: HashMap<String, Vec<(Vec<u8>, Vec<u8>)>> = HashMap::new();
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+    let mut minutes: HashMap<String, Fields> = HashMap::new();
     for ((hash, f), v) in last {
         minutes
             .entry(hash)
