@@ -360,7 +360,8 @@ impl BoundedBody {
             },
         );
         let transformer = worker::js_sys::Object::new();
-        worker::js_sys::Reflect::set(&transformer, &"transform".into(), count.as_ref()).map_err(js)?;
+        worker::js_sys::Reflect::set(&transformer, &"transform".into(), count.as_ref())
+            .map_err(js)?;
         let stream = web_sys::TransformStream::new_with_transformer(&transformer).map_err(js)?;
         let piped = wasm_bindgen_futures::JsFuture::from(body.pipe_to(&stream.writable()));
         let done = async move {
