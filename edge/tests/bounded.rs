@@ -250,7 +250,12 @@ async fn auto_turns_bounded_only_for_a_hot_key() {
 #[tokio::test]
 async fn a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool() {
     let (global, regional) = (mem(), mem());
-    let auth = seed(global, CONFIG, "bounded");
+    // a bound of 40: pool chunks of 10 tokens, sub-leases of up to 5
+    let roomy = CONFIG
+        .replace(r#""capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8"#,
+            r#""capacity":100,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":40"#);
+    assert_ne!(roomy, CONFIG);
+    let auth = seed(global, &roomy, "bounded");
     *regional.now.lock().unwrap() = T0;
     let clock = clock();
     let instances: Vec<_> = (0..3)
@@ -277,10 +282,21 @@ async fn a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool() 
         assert_eq!(status(&g), 200, "request {i}");
     }
     let global_calls = global.checks.load(Ordering::SeqCst) + leases_taken(global);
-    assert!(waited <= 12, "{waited} requests waited for the regional store");
-    assert!(pool_takes() <= 120, "{} pool takes for 300 requests", pool_takes());
     assert!(
-        global_calls <= 90,
+        waited <= 12,
+        "{waited} requests waited for the regional store"
+    );
+    // ~5.5 requests/s per instance: sub-leases of a few tokens, drawn from
+    // chunks up to a lifetime old (a sub-lease ends with its chunk), so about one
+    // background pool call per two or three requests at this low rate
+    assert!(
+        pool_takes() <= 150,
+        "{} pool takes for 300 requests",
+        pool_takes()
+    );
+    // pool refills of 10 tokens, a chunk living 2 s: ~99 here
+    assert!(
+        global_calls <= 150,
         "{global_calls} global calls for 300 requests"
     );
 }

@@ -92,7 +92,8 @@ impl LeaseSettings {
     /// half of one pool refill (so instances share a pool), at least 1.
     pub fn sub_lease_size(&self, policy: &Policy, regions: u32, per_sec: u64) -> u64 {
         let max = (Self::pool_target(policy, regions) / 2).max(1);
-        let half = (u128::from(per_sec) * self.lifetime as u128 / 2 / MICROS_PER_SEC as u128) as u64;
+        let half =
+            (u128::from(per_sec) * self.lifetime as u128 / 2 / MICROS_PER_SEC as u128) as u64;
         half.clamp(1, max)
     }
 
@@ -123,6 +124,9 @@ struct Held {
     /// Sub-leases this instance is done with (chunk member, tokens granted):
     /// reported by the next pool take.
     done: Vec<(String, u64)>,
+    /// No background sub-lease take before then: the last one found the pool
+    /// without free tokens (its refill is on the way).
+    sub_retry_at: Micros,
     switch: ModeSwitch,
     global: Option<GlobalView>,
     /// Tokens out on leases, all holders, as the last take reported.
@@ -145,7 +149,8 @@ impl Held {
         let (live, dead): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.live(now));
         self.leases = live;
         if sub {
-            self.done.extend(dead.into_iter().map(|l| (l.member, l.granted)));
+            self.done
+                .extend(dead.into_iter().map(|l| (l.member, l.granted)));
         }
     }
 
@@ -169,7 +174,8 @@ impl Held {
         }
         let (spent, live): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.tokens == 0);
         if sub {
-            self.done.extend(spent.into_iter().map(|l| (l.member, l.granted)));
+            self.done
+                .extend(spent.into_iter().map(|l| (l.member, l.granted)));
         } else {
             self.retire.extend(spent.into_iter().map(|l| l.member));
         }
@@ -422,7 +428,13 @@ impl Leases {
     /// The sub-lease a request's or a refill's pool take asks for `key` of
     /// `policy` now, with the sub-leases this instance is done with (taken: they
     /// go with the call; [`Leases::restore_done`] when it fails).
-    pub fn sub_ask(&self, key: &str, policy: &Policy, regions: u32, now: Micros) -> (u64, Vec<(String, u64)>) {
+    pub fn sub_ask(
+        &self,
+        key: &str,
+        policy: &Policy,
+        regions: u32,
+        now: Micros,
+    ) -> (u64, Vec<(String, u64)>) {
         self.with(key, now, |h| {
             h.drop_dead(now, true);
             let per_sec = h.switch.meter.per_sec(now);
@@ -439,15 +451,25 @@ impl Leases {
     /// The buckets among `buckets` whose sub-leases run low (less than one
     /// sub-lease's worth at hand for the next quarter of a lifetime), each marked
     /// as refilling until [`Leases::sub_leased`].
-    pub fn sub_refills_due(&self, buckets: &[(&str, &Policy)], regions: u32, now: Micros) -> Vec<String> {
+    pub fn sub_refills_due(
+        &self,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        now: Micros,
+    ) -> Vec<String> {
         let mut due = vec![];
         for (k, p) in buckets {
             let soon = now + self.settings.lifetime / 4;
             let low = self.with(k, now, |h| {
                 let per_sec = h.switch.meter.per_sec(now);
                 let size = self.settings.sub_lease_size(p, regions, per_sec);
-                let lasting: u64 = h.leases.iter().filter(|l| l.live(soon)).map(|l| l.tokens).sum();
-                if h.refilling || lasting >= size {
+                let lasting: u64 = h
+                    .leases
+                    .iter()
+                    .filter(|l| l.live(soon))
+                    .map(|l| l.tokens)
+                    .sum();
+                if h.refilling || lasting >= size || now < h.sub_retry_at {
                     return false;
                 }
                 h.refilling = true;
@@ -462,10 +484,15 @@ impl Leases {
 
     /// A pool take sent at `sent` handed this instance the sub-lease `parts` of
     /// `key` (none when it failed or the pool held too few): spendable until `sent`
-    /// plus each part's life. Ends a refill in flight.
+    /// plus each part's life. Ends a refill in flight; a take that got nothing
+    /// pauses the background ones for an eighth of a lifetime.
     pub fn sub_leased(&self, key: &str, parts: &[SubLease], sent: Micros) {
+        let pause = self.settings.lifetime / 8;
         self.with(key, sent, |h| {
             h.refilling = false;
+            if parts.is_empty() {
+                h.sub_retry_at = sent + pause;
+            }
             h.leases.extend(parts.iter().map(|p| LocalLease {
                 member: p.chunk.clone(),
                 tokens: p.tokens,

@@ -226,10 +226,16 @@ where
             .collect();
         let pools = self.pools(region, regions);
         later.push(boxed(async move {
-            let buckets: Vec<(&str, &Policy)> = owned.iter().map(|(k, p)| (k.as_str(), p)).collect();
+            let buckets: Vec<(&str, &Policy)> =
+                owned.iter().map(|(k, p)| (k.as_str(), p)).collect();
             let (keys, args, done) = pools.ask(&buckets, false, now);
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let reply = pools.region.store.run_ints(&POOL_TAKE, &refs, &args).await.ok();
+            let reply = pools
+                .region
+                .store
+                .run_ints(&POOL_TAKE, &refs, &args)
+                .await
+                .ok();
             let (_, refills) = pools.settle(&buckets, reply.as_deref(), done, now);
             for r in refills {
                 r.await;
@@ -268,7 +274,11 @@ fn count_refill(stats: &Stats, leases: &Leases, now: Micros, key: &str, policy: 
     let name = policy.name().to_string();
     stats.bump(now, StatsField::Leasing(name.clone(), Leasing::Refills), 1);
     let outstanding = leases.outstanding(key);
-    stats.bump(now, StatsField::Leasing(name, Leasing::Outstanding), outstanding);
+    stats.bump(
+        now,
+        StatsField::Leasing(name, Leasing::Outstanding),
+        outstanding,
+    );
 }
 
 /// What a call to a region's pools needs, owned: a request's own call and the

@@ -165,7 +165,8 @@ impl MemStore {
             for (k, p) in keys.iter().zip(taken) {
                 pools.insert(k.to_string(), p);
             }
-            let member = |m: &str| -> Vec<i64> { m.split(':').map(|v| v.parse().unwrap()).collect() };
+            let member =
+                |m: &str| -> Vec<i64> { m.split(':').map(|v| v.parse().unwrap()).collect() };
             let mut reply = vec![i64::from(got.admitted), got.now];
             for i in 0..n {
                 reply.push(got.left[i] as i64);
