@@ -7,13 +7,15 @@
 -- would have been full (wasting refill) from `base` on, so every token of time
 -- elapsed past `base` is one fewer to give back.
 --
--- KEYS[1]  the bucket;  KEYS[2]  its leases
+-- KEYS[1]  the bucket;  KEYS[2]  its lease book (lua/lease_take.lua)
 -- ARGV[1]  now in microseconds, or "" for Redis TIME
 -- ARGV[2]  T (microseconds per token)
 -- ARGV[3]  the lease's member as take recorded it: "<id>:<tokens>:<base>"
 -- ARGV[4]  unused tokens
 --
 -- Returns {refunded, now, full_at}.
+--
+-- Commands run: TIME, one MGET, at most two writes.
 
 if #KEYS ~= 2 or #ARGV ~= 4 then
   return redis.error_reply('ERR floodgate: lease return expects 2 keys and 4 arguments')
@@ -32,15 +34,33 @@ local t, unused = tonumber(ARGV[2]), tonumber(ARGV[4])
 if not (t and unused and t >= 1 and unused >= 0) then
   return redis.error_reply('ERR floodgate: bad lease return arguments')
 end
-local _, _, granted, base = string.find(ARGV[3], '^[^:]*:(%d+):(%d+)$')
-local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
-redis.call('ZREM', KEYS[2], ARGV[3])
+local _, _, granted, base = string.find(ARGV[3], '^[^:@]*:(%d+):(%d+)$')
+local raws = redis.call('MGET', KEYS[1], KEYS[2])
+-- the lease leaves the book whatever happens to its tokens
+local expires, rest, found = nil, {}, false
+if type(raws[2]) == 'string' then
+  for entry in string.gmatch(raws[2], '%S+') do
+    local member, at = string.match(entry, '^(.*)@(%d+)$')
+    if member == ARGV[3] and not found then
+      expires, found = tonumber(at), true
+    else
+      rest[#rest + 1] = entry
+    end
+  end
+end
+if found then
+  if #rest == 0 then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('SET', KEYS[2], table.concat(rest, ' '), 'KEEPTTL')
+  end
+end
 local full_at = 0
-local raw = redis.pcall('GET', KEYS[1])
+local raw = raws[1]
 if type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
   full_at = tonumber(raw)
 end
-if not granted or not expires or tonumber(expires) <= now then
+if not granted or not expires or expires <= now then
   return {0, now, full_at}
 end
 local refund = math.min(unused, tonumber(granted))

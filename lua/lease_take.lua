@@ -5,19 +5,20 @@
 --
 -- Tokens out on leases are the overshoot: a lease spent later than it was taken can
 -- push the admissions of a window past capacity + refill x window by at most the
--- tokens outstanding. KEYS[2] records every live lease (sorted set, score = expiry,
--- member = "<id>:<tokens>:<base>"), and no lease is granted past ARGV[6] tokens
--- outstanding in total, so the overshoot bound is enforced here, whatever the
--- number of edge instances.
+-- tokens outstanding. KEYS[2], the book, records every live lease in one string —
+-- "<member>@<expires_at> ..." with member = "<id>:<tokens>:<base>" — and no lease
+-- is granted past ARGV[6] tokens outstanding in total, so the overshoot bound is
+-- enforced here, whatever the number of edge instances and regions.
 --
--- KEYS[1]  the bucket;  KEYS[2]  its leases (same hash tag: same cluster slot)
+-- KEYS[1]  the bucket;  KEYS[2]  its lease book (same hash tag: same cluster slot)
 -- ARGV[1]  now in microseconds, or "" for Redis TIME
 -- ARGV[2]  burst window (capacity x T);  ARGV[3]  T (microseconds per token)
 -- ARGV[4]  cost of this request in tokens (0: only lease)
 -- ARGV[5]  tokens wanted for the lease;  ARGV[6]  bound on tokens outstanding
 -- ARGV[7]  lease lifetime in microseconds;  ARGV[8]  lease id
 -- ARGV[9]  the members of the caller's previous leases now spent to the last
---          token, separated by spaces ("" for none): no longer outstanding
+--          token (or spent out by its sub-leases), separated by spaces ("" for
+--          none): no longer outstanding
 -- ARGV[10] optional, "1": charge the cost even without room (the bucket goes into
 --          debt, repaid by later denials; admitted is then 0): a region confirming
 --          requests it admitted on its credit (lua/pool_take.lua); a lease is then
@@ -28,6 +29,13 @@
 -- (0 when none fit), Redis' instant, the bucket's full_at after the call, the
 -- lease's expiry (Redis clock) and the tokens outstanding on live leases after the
 -- call (0 on a denial).
+--
+-- A book that does not parse counts as the whole bound outstanding (no lease is
+-- granted) until it expires (its TTL is the lifetime and a second): nothing is
+-- ever minted from corrupt state.
+--
+-- Commands run: TIME, one MGET, at most two SETs (what a bill counts besides the
+-- EVALSHA itself).
 
 local MAX_WINDOW = 34560000000000
 local MAX_INSTANT = 4503599627370496
@@ -53,8 +61,9 @@ if not (burst and t and cost and want and bound and life and burst >= 1 and burs
   return redis.error_reply('ERR floodgate: bad lease arguments')
 end
 
+local raws = redis.call('MGET', KEYS[1], KEYS[2])
 local full_at = 0
-local raw = redis.pcall('GET', KEYS[1])
+local raw = raws[1]
 if type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
   full_at = tonumber(raw)
   if full_at > now + MAX_WINDOW then full_at = 0 end
@@ -68,20 +77,30 @@ if not fits and not forced then
 end
 
 -- Live leases only: an expired lease's holder has stopped spending it, and a
--- spent one has nothing left to spend.
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-for member in string.gmatch(ARGV[9], '%S+') do redis.call('ZREM', KEYS[2], member) end
--- A member that does not parse counts as the whole bound (its tokens are unknown)
--- until its expiry; one expiring implausibly late (past 100 lifetimes) is dropped.
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '(' .. string.format('%d', now + 100 * life), '+inf')
-local outstanding = 0
-for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  local _, _, n = string.find(m, '^[^:]*:(%d+):')
-  if n and #n <= 15 then
-    outstanding = outstanding + tonumber(n)
-  else
-    outstanding = outstanding + bound
+-- retired one has nothing left to spend. One expiring implausibly late (past 100
+-- lifetimes) is dropped.
+local retired = {}
+for member in string.gmatch(ARGV[9], '%S+') do retired[member] = true end
+local book, outstanding, corrupt, changed = {}, 0, false, false
+if type(raws[2]) == 'string' then
+  for entry in string.gmatch(raws[2], '%S+') do
+    local member, n, expires = string.match(entry, '^([^:@]*:(%d+):%d+)@(%d+)$')
+    if member == nil or #n > 15 or #expires > 16 then
+      corrupt = true
+    else
+      expires = tonumber(expires)
+      if expires <= now or expires > now + 100 * life or retired[member] then
+        changed = true
+      else
+        book[#book + 1] = entry
+        outstanding = outstanding + tonumber(n)
+      end
+    end
   end
+end
+if corrupt then
+  outstanding = bound
+  changed = false
 end
 local extra = math.min(want, room - cost, bound - outstanding)
 if extra < 0 then extra = 0 end
@@ -98,8 +117,16 @@ end
 if extra > 0 then
   expires_at = now + life
   -- base: where the bucket would be without this lease's tokens (see lease_return.lua)
-  redis.call('ZADD', KEYS[2], expires_at,
-    ARGV[8] .. ':' .. extra .. ':' .. string.format('%d', full_at - extra * t))
-  redis.call('PEXPIRE', KEYS[2], math.ceil(life / 1000) + 1000)
+  book[#book + 1] = ARGV[8] .. ':' .. extra .. ':' .. string.format('%d', full_at - extra * t)
+    .. '@' .. string.format('%d', expires_at)
+  changed = true
+end
+if changed then
+  if #book == 0 then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('SET', KEYS[2], table.concat(book, ' '),
+      'PX', string.format('%d', math.ceil(life / 1000) + 1000))
+  end
 end
 return {fits and 1 or 0, extra, now, full_at, expires_at, outstanding + extra}

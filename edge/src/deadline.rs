@@ -23,7 +23,15 @@
 //!   factor; the raise halves every [`BOOST_HALF_LIFE`] µs, so one stall is
 //!   forgotten within seconds while a store that keeps answering late keeps it up
 //!   (and its late replies, being samples, soon move the p99 itself).
-//! - A fixed deadline is floor = ceiling ([`DeadlineSettings::fixed`]).
+//! - **A far store**: [`FAR_AFTER`] replies in a row after the ceiling, none on
+//!   time between them, are a store that answers but is further away than the
+//!   ceiling allows (a global Redis across an ocean behind a RESP default of
+//!   100 ms), not a stalled one (a stall is one late reply among timely ones):
+//!   the ceiling rises to the smallest of them × factor, at most [`FAR_CEILING`].
+//!   A store that never answers never raises it, so a dead one is still found
+//!   out at the floor.
+//! - A fixed deadline is floor = ceiling ([`DeadlineSettings::fixed`]); it never
+//!   moves.
 
 use floodgate_shared::time::Micros;
 
@@ -33,6 +41,11 @@ pub const RING: usize = 1024;
 pub const MIN_SAMPLES: usize = 16;
 /// A late reply's raise halves this often (µs).
 pub const BOOST_HALF_LIFE: Micros = 1_000_000;
+
+/// Replies in a row after the ceiling that show a far store (see the module).
+pub const FAR_AFTER: u32 = 3;
+/// The most a far store's replies raise the ceiling to (µs).
+pub const FAR_CEILING: Micros = 2_000_000;
 
 /// The bounds and the shape of an adaptive deadline (all µs but `factor`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -124,6 +137,9 @@ pub struct Estimator {
     seen: u64,
     /// A late reply's raise: (instant, deadline then).
     boost: Option<(Micros, Micros)>,
+    /// Replies after the ceiling since the last one within it, and the smallest
+    /// of their latencies.
+    too_late: (u32, Micros),
     /// The last percentile computed: (instant, replies seen then, deadline).
     cached: Option<(Micros, u64, Micros)>,
 }
@@ -139,6 +155,7 @@ impl Estimator {
             next: 0,
             seen: 0,
             boost: None,
+            too_late: (0, 0),
             cached: None,
         }
     }
@@ -161,11 +178,12 @@ impl Estimator {
         }
         self.next = (self.next + 1) % RING;
         self.seen += 1;
+        self.too_late = (0, 0);
     }
 
     /// A reply that came after its call's deadline, `latency` after it was sent.
     pub fn late(&mut self, latency: Micros, now: Micros) -> Lateness {
-        if latency > self.settings.ceiling {
+        if latency > self.settings.ceiling && !self.far(latency) {
             return Lateness::TooLate;
         }
         self.observe(latency, now);
@@ -176,6 +194,29 @@ impl Estimator {
             }
         }
         Lateness::Slow
+    }
+
+    /// A reply after the ceiling: whether it, with the ones before it, shows a
+    /// far store — then the ceiling was raised to take it.
+    fn far(&mut self, latency: Micros) -> bool {
+        let s = &mut self.settings;
+        if s.is_fixed() || s.ceiling >= FAR_CEILING {
+            return false;
+        }
+        let (run, least) = self.too_late;
+        let least = if run == 0 {
+            latency
+        } else {
+            least.min(latency)
+        };
+        self.too_late = (run + 1, least);
+        if run + 1 < FAR_AFTER {
+            return false;
+        }
+        let raised = (least as f64 * s.factor).ceil() as Micros;
+        s.ceiling = raised.clamp(s.ceiling, FAR_CEILING);
+        self.cached = None;
+        latency <= s.ceiling
     }
 
     /// The deadline of a call sent at `now`.
@@ -296,6 +337,44 @@ mod tests {
         let (mut e, now) = fed(&[500; 50], MS);
         assert_eq!(e.late(101 * MS, now), Lateness::TooLate);
         assert_eq!(e.deadline(now), 3 * MS);
+        // stalls among timely replies never add up to a far store
+        for i in 0..10 {
+            assert_eq!(e.late(300 * MS, now + i), Lateness::TooLate);
+            e.observe(500, now + i);
+        }
+        assert_eq!(e.settings().ceiling, 100 * MS);
+    }
+
+    #[test]
+    fn a_far_store_raises_the_ceiling_a_dead_one_never_does() {
+        // a global Redis 60 ms away, one way: every reply after the 100 ms ceiling
+        let mut e = Estimator::new(DeadlineSettings::RESP);
+        let mut now = 1_000_000;
+        for _ in 1..FAR_AFTER {
+            now += 10 * MS;
+            assert_eq!(e.late(125 * MS, now), Lateness::TooLate);
+        }
+        assert_eq!(e.late(121 * MS, now + MS), Lateness::Slow, "far, not down");
+        assert_eq!(e.settings().ceiling, 363 * MS, "3 × the least of them");
+        assert!(e.deadline(now + MS) >= 121 * MS);
+        // its replies now come in time and teach the deadline as any store's do
+        for i in 0..40 {
+            e.observe(120 * MS + i * 100, now + 2 * MS + i);
+        }
+        let d = e.deadline(now + 100 * MS);
+        assert!((360 * MS..=363 * MS).contains(&d), "{d}");
+        // at most FAR_CEILING, whatever the replies say
+        let mut e = Estimator::new(DeadlineSettings::RESP);
+        for i in 0..FAR_AFTER as i64 {
+            e.late(5_000 * MS, i);
+        }
+        assert_eq!(e.settings().ceiling, FAR_CEILING);
+        // a fixed deadline never moves
+        let mut e = Estimator::new(DeadlineSettings::fixed(50 * MS));
+        for i in 0..10 {
+            assert_eq!(e.late(200 * MS, i), Lateness::TooLate);
+        }
+        assert_eq!(e.settings().ceiling, 50 * MS);
     }
 
     #[test]
@@ -365,15 +444,25 @@ mod tests {
             let s = DeadlineSettings { floor, ceiling: floor + span, ..DeadlineSettings::RESP };
             let mut e = Estimator::new(s);
             let mut now = 0;
+            // replies after the ceiling in a row: only FAR_AFTER of them raise it
+            let mut run = 0;
             for (gap, latency, late) in events {
                 now += gap;
+                let before = e.settings().ceiling;
                 if late {
+                    run = if latency > before { run + 1 } else { 0 };
                     e.late(latency, now);
                 } else {
+                    run = 0;
                     e.observe(latency, now);
                 }
+                let ceiling = e.settings().ceiling;
+                if ceiling != before {
+                    prop_assert!(run >= FAR_AFTER && ceiling > before && ceiling <= FAR_CEILING);
+                    run = 0;
+                }
                 let d = e.deadline(now);
-                prop_assert!(d >= floor && d <= floor + span, "{d} outside [{floor}, {}]", floor + span);
+                prop_assert!(d >= floor && d <= ceiling, "{d} outside [{floor}, {ceiling}]");
             }
         }
     }

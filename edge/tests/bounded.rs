@@ -244,32 +244,59 @@ async fn auto_turns_bounded_only_for_a_hot_key() {
     assert_eq!(returns(), given, "nothing more to give back");
 }
 
+/// Three instances of a region: a warm key is decided from the sub-leases each
+/// drew from the region's pool, in memory; the pool is called ahead, in the
+/// background, about once per sub-lease, and only a cold instance waits for it.
 #[tokio::test]
-async fn a_region_decides_from_its_pool_in_one_regional_call() {
+async fn a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool() {
     let (global, regional) = (mem(), mem());
-    let auth = seed(global, CONFIG, "bounded");
+    // a bound of 40: pool chunks of 10 tokens, sub-leases of up to 5
+    let roomy = CONFIG
+        .replace(r#""capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8"#,
+            r#""capacity":100,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":40"#);
+    assert_ne!(roomy, CONFIG);
+    let auth = seed(global, &roomy, "bounded");
     *regional.now.lock().unwrap() = T0;
     let clock = clock();
     let instances: Vec<_> = (0..3)
         .map(|_| pipeline(global, clock).with_regional(regional))
         .collect();
+    let pool_takes = || {
+        regional
+            .runs
+            .lock()
+            .unwrap()
+            .get(POOL_TAKE.sha1)
+            .copied()
+            .unwrap_or(0)
+    };
+    let mut waited = 0;
     for i in 0..300 {
         advance(clock, global, 60_000);
         *regional.now.lock().unwrap() += 60_000;
-        let g = settle(instances[i % 3].gate(head(&auth)).await).await;
+        let before = pool_takes();
+        let d = instances[i % 3].gate(head(&auth)).await;
+        // a pool take made before the answer was one the request waited for
+        waited += pool_takes() - before;
+        let g = settle(d).await;
         assert_eq!(status(&g), 200, "request {i}");
     }
-    let pool_takes = regional
-        .runs
-        .lock()
-        .unwrap()
-        .get(POOL_TAKE.sha1)
-        .copied()
-        .unwrap_or(0);
     let global_calls = global.checks.load(Ordering::SeqCst) + leases_taken(global);
-    assert_eq!(pool_takes, 300, "one regional call per request");
     assert!(
-        global_calls <= 90,
+        waited <= 12,
+        "{waited} requests waited for the regional store"
+    );
+    // ~5.5 requests/s per instance: sub-leases of a few tokens, drawn from
+    // chunks up to a lifetime old (a sub-lease ends with its chunk), so about one
+    // background pool call per two or three requests at this low rate
+    assert!(
+        pool_takes() <= 150,
+        "{} pool takes for 300 requests",
+        pool_takes()
+    );
+    // pool refills of 10 tokens, a chunk living 2 s: ~99 here
+    assert!(
+        global_calls <= 150,
         "{global_calls} global calls for 300 requests"
     );
 }

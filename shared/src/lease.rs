@@ -47,15 +47,22 @@ pub const POOL_ADD: LuaScript = LuaScript {
     sha1: sha::POOL_ADD_SHA1,
 };
 
-/// A bucket's pool in a regional store, its refill lock and its credit in use
-/// (same hash tag as the bucket: one slot in a regional cluster too); the pool's
-/// spent list is `<pool>:spent`.
-pub fn pool_keys(bucket_key: &str) -> [String; 3] {
-    [
-        format!("{bucket_key}:pool"),
-        format!("{bucket_key}:pool:lock"),
-        format!("{bucket_key}:pool:credit"),
-    ]
+/// A bucket's pool in a regional store (same hash tag as the bucket: one slot in
+/// a regional cluster too): ONE string holding its chunks, its credit in use, its
+/// refill lock and the chunks spent out (`lua/pool_take.lua`).
+pub fn pool_key(bucket_key: &str) -> String {
+    format!("{bucket_key}:rpool")
+}
+
+/// Part of a sub-lease: tokens of one pool chunk an instance spends in its own
+/// memory, for `life` µs from the pool's answer (less on the instance's own
+/// reckoning: it counts from when it sent the take), then reports done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubLease {
+    /// The chunk's member (the global lease's).
+    pub chunk: String,
+    pub tokens: u64,
+    pub life: Micros,
 }
 
 /// The reply of [`POOL_TAKE`] for `n` buckets.
@@ -72,6 +79,8 @@ pub struct PoolTaken {
     pub unconfirmed: Vec<u64>,
     /// ...and retiring these members (chunks spent out) at the global store.
     pub retire: Vec<Vec<String>>,
+    /// Per bucket: the parts of the caller's sub-lease.
+    pub leases: Vec<Vec<SubLease>>,
 }
 
 impl PoolTaken {
@@ -90,20 +99,28 @@ impl PoolTaken {
             refill: Vec::with_capacity(n),
             unconfirmed: Vec::with_capacity(n),
             retire: Vec::with_capacity(n),
+            leases: Vec::with_capacity(n),
         };
         for _ in 0..n {
             let [left, refill, unconfirmed, k, tail @ ..] = rest else {
                 return Err(bad());
             };
             let k = usize::try_from(*k).map_err(|_| bad())?;
-            if *left < 0 || !(0..=1).contains(refill) || *unconfirmed < 0 || tail.len() < 3 * k {
+            if *left < 0 || !(0..=1).contains(refill) || *unconfirmed < 0 || tail.len() < 3 * k + 1
+            {
                 return Err(bad());
             }
             taken.left.push(*left as u64);
             taken.refill.push(*refill == 1);
             taken.unconfirmed.push(*unconfirmed as u64);
             taken.retire.push(spent_members(&tail[..3 * k])?);
-            rest = &tail[3 * k..];
+            let (j, tail) = (tail[3 * k], &tail[3 * k + 1..]);
+            let j = usize::try_from(j).map_err(|_| bad())?;
+            if tail.len() < 5 * j {
+                return Err(bad());
+            }
+            taken.leases.push(sub_leases(&tail[..5 * j])?);
+            rest = &tail[5 * j..];
         }
         if !rest.is_empty() {
             return Err(bad());
@@ -113,27 +130,57 @@ impl PoolTaken {
 }
 
 /// What one bucket asks of its pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PoolAsk {
     pub cost: u64,
     /// Below this many tokens left, the caller is asked to refill.
     pub low: u64,
     /// The region's credit cap for the bucket (0: none).
     pub credit: u64,
+    /// Tokens wanted for the caller's sub-lease (0: none).
+    pub want: u64,
+    /// The caller's sub-leases it is done with: (chunk member, tokens granted).
+    pub done: Vec<(String, u64)>,
 }
 
 /// `ARGV` of [`POOL_TAKE`]: the clock (`""`, `"<T"` or an instant), then cost,
-/// low-water mark and credit cap per bucket, then the refill lock's lifetime (ms).
-pub fn pool_take_args(clock: String, buckets: &[PoolAsk], lock_ms: u64) -> Vec<String> {
-    let mut args = Vec::with_capacity(2 + 3 * buckets.len());
+/// low-water mark, credit cap, tokens wanted and sub-leases done per bucket, then
+/// the refill lock's lifetime (ms) and how long before its chunk a sub-lease ends
+/// (µs).
+pub fn pool_take_args(
+    clock: String,
+    buckets: &[PoolAsk],
+    lock_ms: u64,
+    margin: Micros,
+) -> Vec<String> {
+    let mut args = Vec::with_capacity(3 + 5 * buckets.len());
     args.push(clock);
     for b in buckets {
         args.push(b.cost.to_string());
         args.push(b.low.to_string());
         args.push(b.credit.to_string());
+        args.push(b.want.to_string());
+        let done: Vec<String> = b.done.iter().map(|(m, n)| format!("{m}={n}")).collect();
+        args.push(done.join(" "));
     }
     args.push(lock_ms.max(1).to_string());
+    args.push(margin.max(0).to_string());
     args
+}
+
+/// Sub-lease parts as the pool script sends them, five integers each.
+fn sub_leases(ints: &[i64]) -> Result<Vec<SubLease>, String> {
+    if !ints.len().is_multiple_of(5) || ints.iter().any(|v| *v < 0) {
+        return Err(format!("unexpected sub-lease parts {ints:?}"));
+    }
+    Ok(ints
+        .chunks(5)
+        .map(|p| SubLease {
+            chunk: format!("{}:{}:{}", p[0], p[1], p[2]),
+            tokens: p[3] as u64,
+            life: p[4],
+        })
+        .collect())
 }
 
 /// Spent members as the pool scripts send them, three integers each, named as
@@ -148,11 +195,22 @@ pub fn spent_members(ints: &[i64]) -> Result<Vec<String>, String> {
         .collect())
 }
 
+/// One chunk of a regional pool: tokens leased from the global bucket, `free`
+/// in the pool and `out` on sub-leases not yet reported done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub member: String,
+    pub free: u64,
+    pub out: u64,
+    /// Spendable until then (the regional clock).
+    pub expires: Micros,
+}
+
 /// A pure twin of one bucket's regional pool ([`POOL_TAKE`], [`POOL_ADD`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pool {
-    /// (member, tokens, spendable until: the regional clock)
-    pub chunks: Vec<(String, u64, Micros)>,
+    /// Live chunks, soonest expiry first.
+    pub chunks: Vec<Chunk>,
     pub spent: Vec<String>,
     pub locked_until: Micros,
     /// Admitted on the region's credit and not yet released...
@@ -162,17 +220,90 @@ pub struct Pool {
 }
 
 impl Pool {
-    fn live(&self, now: Micros) -> u64 {
-        self.chunks.iter().filter(|c| c.2 > now).map(|c| c.1).sum()
+    fn live(&self) -> u64 {
+        self.chunks.iter().map(|c| c.free).sum()
+    }
+
+    /// The script's settling: sub-leases reported done, dead chunks dropped,
+    /// drained ones (nothing free, nothing out) spent.
+    fn settle(&mut self, done: &[(String, u64)], now: Micros) {
+        for c in self.chunks.iter_mut() {
+            let back: u64 = done
+                .iter()
+                .filter(|(m, _)| *m == c.member)
+                .map(|(_, n)| n)
+                .sum();
+            c.out = c.out.saturating_sub(back);
+        }
+        let chunks = std::mem::take(&mut self.chunks);
+        for c in chunks {
+            if c.expires <= now {
+                continue;
+            }
+            if c.free == 0 && c.out == 0 {
+                self.spent.push(c.member);
+            } else {
+                self.chunks.push(c);
+            }
+        }
+        self.chunks
+            .sort_by(|a, b| (a.expires, &a.member).cmp(&(b.expires, &b.member)));
+    }
+
+    /// Spends `cost` from the chunks expiring first, then leases up to `want` from
+    /// those expiring last (only while more than `margin` of their life is left).
+    fn spend_and_lease(
+        &mut self,
+        cost: u64,
+        want: u64,
+        now: Micros,
+        margin: Micros,
+    ) -> Vec<SubLease> {
+        let mut due = cost;
+        for c in self.chunks.iter_mut() {
+            let spend = due.min(c.free);
+            c.free -= spend;
+            due -= spend;
+        }
+        let mut parts = vec![];
+        let mut want = want;
+        for c in self.chunks.iter_mut().rev() {
+            let life = c.expires - now - margin;
+            if want == 0 {
+                break;
+            }
+            if life > 0 && c.free > 0 {
+                let k = want.min(c.free);
+                c.free -= k;
+                c.out += k;
+                want -= k;
+                parts.push(SubLease {
+                    chunk: c.member.clone(),
+                    tokens: k,
+                    life,
+                });
+            }
+        }
+        self.settle(&[], now);
+        parts
     }
 
     /// [`POOL_TAKE`] over several pools at once: all or nothing.
-    pub fn take(pools: &mut [&mut Pool], asks: &[PoolAsk], now: Micros, lock: Micros) -> PoolTaken {
+    pub fn take(
+        pools: &mut [&mut Pool],
+        asks: &[PoolAsk],
+        now: Micros,
+        lock: Micros,
+        margin: Micros,
+    ) -> PoolTaken {
+        for (p, a) in pools.iter_mut().zip(asks) {
+            p.settle(&a.done, now);
+        }
         let by_credit: Vec<Option<bool>> = pools
             .iter()
             .zip(asks)
             .map(|(p, a)| {
-                if p.live(now) >= a.cost {
+                if p.live() >= a.cost {
                     Some(false)
                 } else if p.credit + a.cost <= a.credit {
                     Some(true)
@@ -189,30 +320,19 @@ impl Pool {
             refill: vec![],
             unconfirmed: vec![],
             retire: vec![],
+            leases: vec![],
         };
         for ((p, a), credit) in pools.iter_mut().zip(asks).zip(by_credit) {
-            p.chunks.retain(|c| c.2 > now && c.1 > 0);
-            p.chunks.sort_by_key(|c| c.2);
-            match (admitted, credit) {
+            let parts = match (admitted, credit) {
                 (true, Some(true)) => {
                     p.credit += a.cost;
                     p.uncharged += a.cost;
+                    vec![]
                 }
-                (true, _) => {
-                    let mut due = a.cost;
-                    for c in p.chunks.iter_mut() {
-                        let spend = due.min(c.1);
-                        c.1 -= spend;
-                        due -= spend;
-                        if c.1 == 0 {
-                            p.spent.push(c.0.clone());
-                        }
-                    }
-                    p.chunks.retain(|c| c.1 > 0);
-                }
-                (false, _) => {}
-            }
-            let l = p.live(now);
+                (true, _) => p.spend_and_lease(a.cost, a.want, now, margin),
+                (false, _) => vec![],
+            };
+            let l = p.live();
             let take_lock = (l < a.low || p.credit > 0) && p.locked_until <= now;
             if take_lock {
                 p.locked_until = now + lock;
@@ -227,6 +347,7 @@ impl Pool {
             } else {
                 vec![]
             });
+            taken.leases.push(parts);
         }
         taken
     }
@@ -234,7 +355,6 @@ impl Pool {
     /// [`POOL_ADD`]: a chunk spendable for `life` from `now`, `charged` credit
     /// charged to the global bucket (all charged credit released when `clear`: the
     /// bucket was out of debt); releases the lock and returns the tokens held.
-    #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
         member: &str,
@@ -244,8 +364,16 @@ impl Pool {
         clear: bool,
         now: Micros,
     ) -> u64 {
+        self.chunks.retain(|c| c.expires > now);
         if !member.is_empty() && tokens > 0 && life > 0 {
-            self.chunks.push((member.to_string(), tokens, now + life));
+            self.chunks.push(Chunk {
+                member: member.to_string(),
+                free: tokens,
+                out: 0,
+                expires: now + life,
+            });
+            self.chunks
+                .sort_by(|a, b| (a.expires, &a.member).cmp(&(b.expires, &b.member)));
         }
         self.uncharged = self.uncharged.saturating_sub(charged);
         if clear {
@@ -253,13 +381,14 @@ impl Pool {
         }
         self.credit = self.credit.max(self.uncharged);
         self.locked_until = 0;
-        self.live(now)
+        self.live()
     }
 }
 
-/// The sorted set of live leases next to a bucket (same hash tag, same slot).
+/// The book of live leases next to a bucket (same hash tag, same slot): one
+/// string (`lua/lease_take.lua`).
 pub fn leases_key(bucket_key: &str) -> String {
-    format!("{bucket_key}:leases")
+    format!("{bucket_key}:lease")
 }
 
 /// How leases are sized and bounded, and when a key switches mode.
@@ -385,8 +514,11 @@ impl Taken {
 /// after Redis considers the lease expired, whatever the round trip).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalLease {
+    /// The global lease's member (a sub-lease: its pool chunk's).
     pub member: String,
+    /// Tokens left, of `granted`.
     pub tokens: u64,
+    pub granted: u64,
     pub until: Micros,
 }
 
@@ -672,6 +804,7 @@ mod tests {
             leases[who] = (got.leased > 0).then(|| LocalLease {
                 member: got.member(&id, T),
                 tokens: got.leased,
+                granted: got.leased,
                 until: now + cfg.lifetime,
             });
         }
@@ -699,12 +832,15 @@ mod tests {
     /// What can happen to the system around one bucket.
     #[derive(Debug, Clone, Copy)]
     enum Event {
-        /// A request at regionless instance `i` (instance leases) or in region `r`
-        /// (the region's pool).
+        /// A request at regionless instance `i` (instance leases) or at instance
+        /// `x` of region `x / 2` (its sub-leases, else the region's pool).
         AtInstance(usize),
         InRegion(usize),
         /// An instance dies: its lease is lost.
         Crash(usize),
+        /// An instance of a region is evicted (an isolate): its sub-leases are lost,
+        /// never reported done.
+        Evict(usize),
         /// A regional store loses its pool's chunks (the credit counter is kept:
         /// regional stores run with persistence, see docs/consistency.md).
         Wipe(usize),
@@ -715,8 +851,9 @@ mod tests {
     fn event() -> impl Strategy<Value = (Event, Micros)> {
         let e = prop_oneof![
             6 => (0usize..4).prop_map(Event::AtInstance),
-            8 => (0usize..3).prop_map(Event::InRegion),
+            8 => (0usize..6).prop_map(Event::InRegion),
             1 => (0usize..4).prop_map(Event::Crash),
+            1 => (0usize..6).prop_map(Event::Evict),
             1 => (0usize..3).prop_map(Event::Wipe),
             1 => proptest::bool::ANY.prop_map(Event::Global),
         ];
@@ -740,8 +877,81 @@ mod tests {
         answered: bool,
     }
 
+    /// A sub-lease an instance holds: its chunk, tokens granted, tokens left,
+    /// spendable until (the instance's clock).
+    #[derive(Debug, Clone)]
+    struct Held {
+        chunk: String,
+        granted: u64,
+        left: u64,
+        until: Micros,
+    }
+
+    fn at_hand(subs: &[Held], now: Micros) -> u64 {
+        subs.iter().filter(|h| h.until > now).map(|h| h.left).sum()
+    }
+
+    fn spend_sub(subs: &mut [Held], now: Micros) -> bool {
+        match subs.iter_mut().find(|h| h.until > now && h.left > 0) {
+            Some(h) => {
+                h.left -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The instance's ask: reports every sub-lease it is done with (spent out or
+    /// expired), and drops them.
+    fn region_ask(subs: &mut Vec<Held>, cost: u64, want: u64, credit: u64, now: Micros) -> PoolAsk {
+        let (done, kept): (Vec<Held>, Vec<Held>) =
+            subs.drain(..).partition(|h| h.left == 0 || h.until <= now);
+        *subs = kept;
+        PoolAsk {
+            cost,
+            low: want / 2 + 1,
+            credit,
+            want,
+            done: done.into_iter().map(|h| (h.chunk, h.granted)).collect(),
+        }
+    }
+
+    fn hold(subs: &mut Vec<Held>, got: &PoolTaken, now: Micros) {
+        for part in &got.leases[0] {
+            subs.push(Held {
+                chunk: part.chunk.clone(),
+                granted: part.tokens,
+                left: part.tokens,
+                until: now + part.life,
+            });
+        }
+    }
+
+    /// The global refill a pool take asked its caller for, if it did.
+    fn pool_refill(
+        got: &PoolTaken,
+        g: usize,
+        now: Micros,
+        delay: Micros,
+        n: usize,
+    ) -> Option<Refill> {
+        got.refill[0].then(|| Refill {
+            take_at: now + delay,
+            add_at: now + 2 * delay,
+            sent: now,
+            region: Some(g),
+            instance: 0,
+            id: format!("{}", n * 10 + 7),
+            retire: got.retire[0].join(" "),
+            unconfirmed: got.unconfirmed[0],
+            taken: None,
+            answered: false,
+        })
+    }
+
     /// The bounded-consistency design around one bucket: instances spend their own
-    /// leases, regions their pools or, holding none, their credit (charged to the
+    /// leases, or in a region the sub-leases they drew from its pool, else the
+    /// pool itself or, holding none, the region's credit (charged to the
     /// global bucket by the next refill, into debt if need be); a miss is decided
     /// exactly by the global bucket; refills travel in the background (`delay` each
     /// way) and a pool chunk or an instance lease is spendable only until its global
@@ -764,6 +974,7 @@ mod tests {
         let mut global_up = true;
         let mut exact_calls = 0;
         let mut pools: Vec<Pool> = vec![Pool::default(); 3];
+        let mut subs: Vec<Vec<Held>> = vec![vec![]; 6];
         let mut leases: Vec<Option<LocalLease>> = vec![None; 4];
         let mut refilling = [false; 4];
         let mut pending: Vec<Refill> = vec![];
@@ -826,6 +1037,7 @@ mod tests {
                             leases[r.instance] = Some(LocalLease {
                                 member,
                                 tokens: got.leased,
+                                granted: got.leased,
                                 until: r.sent + cfg.lifetime,
                             });
                         }
@@ -869,30 +1081,27 @@ mod tests {
                         });
                     }
                 }
-                Event::InRegion(g) => {
-                    let ask = PoolAsk {
-                        cost: 1,
-                        low: want / 2 + 1,
-                        credit,
-                    };
-                    let got = Pool::take(&mut [&mut pools[g]], &[ask], now, 4 * delay);
+                Event::Evict(x) => subs[x].clear(),
+                Event::InRegion(x) => {
+                    let g = x / 2;
+                    if spend_sub(&mut subs[x], now) {
+                        admitted.push(now);
+                        if at_hand(&subs[x], now) * 2 < want {
+                            // refilled ahead: a sub-lease alone (cost 0)
+                            let ask = region_ask(&mut subs[x], 0, want, credit, now);
+                            let got = Pool::take(&mut [&mut pools[g]], &[ask], now, 4 * delay, 0);
+                            hold(&mut subs[x], &got, now);
+                            pending.extend(pool_refill(&got, g, now, delay, n));
+                        }
+                        continue;
+                    }
+                    let ask = region_ask(&mut subs[x], 1, want, credit, now);
+                    let got = Pool::take(&mut [&mut pools[g]], &[ask], now, 4 * delay, 0);
+                    hold(&mut subs[x], &got, now);
                     if got.admitted || exact(&mut global, global_up) {
                         admitted.push(now);
                     }
-                    if got.refill[0] {
-                        pending.push(Refill {
-                            take_at: now + delay,
-                            add_at: now + 2 * delay,
-                            sent: now,
-                            region: Some(g),
-                            instance: 0,
-                            id: format!("{}", n * 10 + 7),
-                            retire: got.retire[0].join(" "),
-                            unconfirmed: got.unconfirmed[0],
-                            taken: None,
-                            answered: false,
-                        });
-                    }
+                    pending.extend(pool_refill(&got, g, now, delay, n));
                 }
             }
         }
@@ -901,9 +1110,10 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
-        /// Instances and regions, random timing, refills in flight, crashes, wiped
-        /// pools and a global store that drops out: admissions in every window stay
-        /// within capacity + refill × window + max_overshoot.
+        /// Instances and regions, instances holding sub-leases of their region's pool,
+        /// random timing, refills in flight, crashes, evicted isolates, wiped pools
+        /// and a global store that drops out: admissions in every window stay within
+        /// capacity + refill × window + max_overshoot.
         #[test]
         fn regions_and_instances_never_overshoot_the_bound(
             capacity in 1u64..40,
@@ -939,11 +1149,16 @@ mod tests {
             "{exact_calls} requests paid a global round trip"
         );
         let mut pool = Pool::default();
-        assert!(!Pool::take(&mut [&mut pool], &[ask(1, 1, 0)], 0, 10).admitted);
+        assert!(!Pool::take(&mut [&mut pool], &[ask(1, 1, 0)], 0, 10, 0).admitted);
     }
 
     fn ask(cost: u64, low: u64, credit: u64) -> PoolAsk {
-        PoolAsk { cost, low, credit }
+        PoolAsk {
+            cost,
+            low,
+            credit,
+            ..PoolAsk::default()
+        }
     }
 
     #[test]
@@ -958,6 +1173,7 @@ mod tests {
             &[ask(3, 0, 0), ask(2, 0, 0)],
             10,
             100,
+            0,
         );
         assert!(!got.admitted);
         assert_eq!(got.left, [10, 1]);
@@ -966,6 +1182,7 @@ mod tests {
             &[ask(6, 5, 0), ask(1, 0, 0)],
             10,
             100,
+            0,
         );
         assert!(got.admitted);
         assert_eq!(got.left, [4, 0]);
@@ -977,14 +1194,14 @@ mod tests {
         );
         assert_eq!(got.retire[0], ["2:5:0".to_string()]);
         assert!(
-            !Pool::take(&mut [&mut a], &[ask(1, 5, 0)], 20, 100).refill[0],
+            !Pool::take(&mut [&mut a], &[ask(1, 5, 0)], 20, 100, 0).refill[0],
             "locked"
         );
         assert_eq!(a.add("", 0, 0, 0, true, 30), 3);
         // at its expiry a chunk is gone, whatever it still held
-        assert!(!Pool::take(&mut [&mut a], &[ask(1, 0, 0)], 1_000, 100).admitted);
+        assert!(!Pool::take(&mut [&mut a], &[ask(1, 0, 0)], 1_000, 100, 0).admitted);
         assert!(a.chunks.is_empty());
-        let reply = PoolTaken::from_reply(&[1, 7, 4, 1, 2, 1, 12, 3, 900, 0, 0, 0, 0], 2)
+        let reply = PoolTaken::from_reply(&[1, 7, 4, 1, 2, 1, 12, 3, 900, 0, 0, 0, 0, 0, 0], 2)
             .unwrap()
             .unwrap();
         assert_eq!(reply.refill, [true, false]);
@@ -993,8 +1210,9 @@ mod tests {
         assert_eq!(PoolTaken::from_reply(&[2, 7], 2).unwrap(), None);
         for bad in [
             &[1, 7, 4][..],
-            &[1, 7, 4, 1, 0, 1, 12, 3, 0, 0, 0, 0],
-            &[1, 7, 4, 1, 0, 0, 0, 0, 0, 0, 9],
+            &[1, 7, 4, 1, 0, 1, 12, 3, 0, 0, 0, 0, 0],
+            &[1, 7, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9],
+            &[1, 7, 4, 1, 0, 0, 1, 1, 2, 3, 4, 0, 0, 0, 0, 0],
         ] {
             assert!(PoolTaken::from_reply(bad, 2).is_err(), "{bad:?}");
         }
@@ -1003,20 +1221,81 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_is_retired_only_once_its_sub_leases_are_done() {
+        let mut p = Pool::default();
+        p.add("1:6:0", 6, 10_000, 0, true, 0);
+        let sub = PoolAsk {
+            want: 6,
+            ..ask(0, 0, 0)
+        };
+        let got = Pool::take(&mut [&mut p], &[sub], 10, 100, 1_000);
+        assert_eq!(
+            got.leases[0],
+            [SubLease {
+                chunk: "1:6:0".into(),
+                tokens: 6,
+                life: 10_000 - 10 - 1_000
+            }]
+        );
+        assert_eq!(got.left, [0]);
+        // drained into a sub-lease: not spent while the sub-lease may still be spent
+        let got = Pool::take(&mut [&mut p], &[ask(0, 1, 0)], 20, 100, 1_000);
+        assert!(got.refill[0]);
+        assert!(got.retire[0].is_empty(), "{:?}", got.retire);
+        p.add("", 0, 0, 0, true, 30);
+        // the holder reports it done: the next refiller retires the chunk
+        let done = PoolAsk {
+            done: vec![("1:6:0".into(), 6)],
+            ..ask(0, 1, 0)
+        };
+        let got = Pool::take(&mut [&mut p], &[done], 40, 100, 1_000);
+        assert_eq!(got.retire[0], ["1:6:0".to_string()]);
+        // a chunk too close to its end leases nothing
+        let mut q = Pool::default();
+        q.add("2:5:0", 5, 1_500, 0, true, 0);
+        let late = PoolAsk {
+            want: 5,
+            ..ask(0, 0, 0)
+        };
+        assert!(Pool::take(&mut [&mut q], &[late], 600, 100, 1_000).leases[0].is_empty());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Regions only, instances drawing sub-leases, evictions: the bound holds.
+        #[test]
+        fn sub_leases_never_overshoot_the_bound(
+            capacity in 1u64..30,
+            bound in 1u64..30,
+            max_lease in 1u64..20,
+            delay in 0i64..20_000,
+            events in proptest::collection::vec(
+                (prop_oneof![9 => (0usize..6).prop_map(Event::InRegion), 1 => (0usize..6).prop_map(Event::Evict)], 0i64..8_000),
+                1..300,
+            ),
+        ) {
+            let cfg = config(bound, max_lease);
+            let (admitted, _) = simulate_system(&cfg, capacity, delay, &events);
+            let excess = worst_excess(&admitted, capacity);
+            prop_assert!(excess <= bound as i64, "excess {excess} > bound {bound}");
+        }
+    }
+
+    #[test]
     fn a_pool_without_tokens_admits_on_credit_up_to_its_cap_until_charged() {
         let mut p = Pool::default();
-        let first = Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 0, 100);
+        let first = Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 0, 100, 0);
         assert!(first.admitted, "on credit");
         assert_eq!((first.refill[0], first.unconfirmed[0]), (true, 1));
-        assert!(Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 1, 100).admitted);
+        assert!(Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 1, 100, 0).admitted);
         assert!(
-            !Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 2, 100).admitted,
+            !Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 2, 100, 0).admitted,
             "cap 2"
         );
         // the refill charged 1 of the 2, the bucket out of debt, and brought 5 tokens
         p.add("9:5:0", 5, 1_000, 1, true, 3);
         assert_eq!((p.credit, p.uncharged), (1, 1));
-        let got = Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 4, 100);
+        let got = Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 4, 100, 0);
         assert!(got.admitted);
         assert_eq!(got.left, [4], "from the chunk first");
         assert_eq!(
@@ -1030,11 +1309,11 @@ mod tests {
         assert_eq!((p.credit, p.uncharged), (1, 0));
         p.chunks.clear();
         assert!(
-            Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 6, 100).admitted,
+            Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 6, 100, 0).admitted,
             "1 + 1 <= 2"
         );
         assert!(
-            !Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 7, 100).admitted,
+            !Pool::take(&mut [&mut p], &[ask(1, 1, 2)], 7, 100, 0).admitted,
             "cap reached"
         );
         p.add("", 0, 0, 1, true, 8);
@@ -1061,6 +1340,7 @@ mod tests {
         let mut lease = LocalLease {
             member: a.member("a", T),
             tokens: a.leased,
+            granted: a.leased,
             until: t0 + cfg.lifetime,
         };
         let t1 = t0 + 15 * T;
@@ -1133,6 +1413,7 @@ mod tests {
         let mut l = LocalLease {
             member: "m".into(),
             tokens: 2,
+            granted: 2,
             until: 100,
         };
         assert!(l.spend(1, 10));

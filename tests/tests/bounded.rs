@@ -128,8 +128,9 @@ async fn burst(edges: &[String], secret: &str, n: usize) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_regions_answer_warm_requests_regionally_and_stay_within_the_bound() {
-    let r = regions("bounded", Duration::from_millis(20)).await;
+async fn two_regions_answer_warm_requests_from_sub_leases_and_stay_within_the_bound() {
+    let one_way = Duration::from_millis(20);
+    let r = regions("bounded", one_way).await;
     let c = client();
     // a key used steadily (~25/s per edge, well under what the quota allows for the
     // test's few seconds): after the first refills its requests never cross to the
@@ -147,7 +148,8 @@ async fn two_regions_answer_warm_requests_regionally_and_stay_within_the_bound()
                 .await
                 .unwrap();
             assert_eq!(resp.status(), StatusCode::OK, "round {round}");
-            if round >= 3 && started.elapsed() >= Duration::from_millis(30) {
+            // a request that waited for the global store took its round trip
+            if round >= 3 && started.elapsed() >= 2 * one_way {
                 slow += 1;
             }
             requests += 1;
@@ -160,14 +162,22 @@ async fn two_regions_answer_warm_requests_regionally_and_stay_within_the_bound()
         .iter()
         .map(|s| script_calls(&mut s.connection()))
         .sum();
-    assert_eq!(slow, 0, "warm requests paid a global round trip");
+    assert!(slow <= 1, "{slow} warm requests paid a global round trip");
+    // pool refills only (chunks of 10 tokens here, a bound of 40 over two
+    // regions, part of each chunk out on the edges' sub-leases): ~21 for 40
     assert!(
-        global_calls * 2 <= requests,
+        global_calls * 5 <= requests * 3,
         "{global_calls} global script calls for {requests} requests"
     );
+    // warm requests are decided from the sub-leases each edge drew from its
+    // region's pool, drawn ahead in the background (the pipeline test
+    // `a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool`
+    // counts the requests that waited for one); with pools this small (10
+    // tokens, sub-leases of at most 5) the draws and the pool refills together
+    // stay near one regional call per request (~50 for 40), bounded here
     assert!(
-        regional_calls >= requests,
-        "one regional call per request: {regional_calls}"
+        regional_calls * 2 <= requests * 3,
+        "{regional_calls} regional calls for {requests} requests"
     );
     // everything left of the hour's 100, spent from all four edges at once: at most
     // the bound above the quota
@@ -198,11 +208,12 @@ async fn exact_policies_stay_exact_beside_the_regions() {
 
 /// The Worker in workerd, its region's REST endpoint near, the global one 100 ms
 /// away, the pool roomy enough to be refilled ahead of it: warm requests are
-/// decided by the regional pool alone, also when the
+/// decided in the Worker's memory from its sub-leases of the regional pool, also
+/// when the
 /// cached configuration and key record expire (every 0.6 s here: confirmed after
 /// the response, in `wait_until`; before, each expiry made one request wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_worker_decides_warm_requests_at_its_regional_store() {
+async fn the_worker_decides_warm_requests_in_memory_from_its_regional_pool() {
     let global = RedisServer::start();
     // a bound of 400: pool chunks of 100 tokens, refilled at 51 left — two
     // seconds of this test's 25 requests/s, ten round trips to the far store
@@ -281,9 +292,11 @@ async fn the_worker_decides_warm_requests_at_its_regional_store() {
         global_calls <= 20,
         "{global_calls} global script calls for 60 requests"
     );
+    // the pool is called for the first requests and then once per sub-lease, in
+    // the background: warm requests are decided in the Worker's memory
     let regional_calls = script_calls(&mut regional.connection());
     assert!(
-        regional_calls >= 60,
+        (1..=30).contains(&regional_calls),
         "{regional_calls} regional script calls for 60 requests"
     );
 }

@@ -35,7 +35,7 @@ fn lease_scripts_match_their_pure_twin() {
     for seed in 0..4u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let bucket = format!("fg:{{k:parity-{seed}}}:p");
-        let leases = format!("{bucket}:leases");
+        let leases = floodgate_shared::lease::leases_key(&bucket);
         let mut twin = Central::default();
         let mut held: Vec<Option<(String, u64)>> = vec![None; 3];
         let mut now = 1_700_000_000_000_000i64;
@@ -119,29 +119,32 @@ fn lease_scripts_match_their_pure_twin() {
 
 /// `lua/pool_take.lua` and `lua/pool_add.lua` in real Redis agree step by step
 /// with their pure twin (`floodgate_shared::lease::Pool`) over random sequences of
-/// chunk additions and takes of one or two buckets (all-or-nothing), expiries,
-/// refill locks and spent members handed to the refiller.
+/// chunk additions and takes of one or two buckets (all-or-nothing), sub-leases
+/// handed out and reported done, expiries, refill locks and spent members handed
+/// to the refiller.
 #[test]
 fn pool_scripts_match_their_pure_twin() {
     use floodgate_shared::lease::{
-        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_keys, pool_take_args,
+        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_key, pool_take_args,
     };
     let server = RedisServer::start();
     let mut c = server.connection();
     // the lock lives (in real time) longer than the test: only an add releases it
-    let lock_ms = 600_000u64;
+    let (lock_ms, margin) = (600_000u64, 50_000i64);
     for seed in 0..4u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(100 + seed);
-        let buckets = [
-            format!("fg:{{k:pool-{seed}}}:a"),
-            format!("fg:{{k:pool-{seed}}}:b"),
+        let keys = [
+            pool_key(&format!("fg:{{k:pool-{seed}}}:a")),
+            pool_key(&format!("fg:{{k:pool-{seed}}}:b")),
         ];
-        let keys: Vec<[String; 3]> = buckets.iter().map(|b| pool_keys(b)).collect();
         let mut twins = [Pool::default(), Pool::default()];
+        // sub-leases granted and not reported yet, per bucket
+        let mut out: [Vec<(String, u64)>; 2] = [vec![], vec![]];
         let mut now = 1_700_000_000_000_000i64;
-        let (mut admitted, mut refills, mut id, mut on_credit) = (0, 0, 0u64, 0);
-        for step in 0..300 {
-            now += rng.random_range(0..400_000);
+        let (mut admitted, mut refills, mut id, mut on_credit, mut leased, mut retired) =
+            (0, 0, 0u64, 0, 0, 0);
+        for step in 0..400 {
+            now += rng.random_range(0..300_000);
             if rng.random_bool(0.3) {
                 let b = rng.random_range(0..2);
                 id += 1;
@@ -158,12 +161,7 @@ fn pool_scripts_match_their_pure_twin() {
                     if clear { "1" } else { "0" }.to_string(),
                     now.to_string(),
                 ];
-                let k = [
-                    keys[b][0].as_str(),
-                    keys[b][1].as_str(),
-                    keys[b][2].as_str(),
-                ];
-                let got = eval(&mut c, POOL_ADD.source, &k, &args);
+                let got = eval(&mut c, POOL_ADD.source, &[keys[b].as_str()], &args);
                 let want = twins[b].add(&member, tokens, life, charged, clear, now);
                 assert_eq!(got, [want as i64], "seed {seed} step {step}: add");
                 continue;
@@ -173,16 +171,19 @@ fn pool_scripts_match_their_pure_twin() {
             let which: Vec<usize> = if both { vec![0, 1] } else { vec![first] };
             let asks: Vec<PoolAsk> = which
                 .iter()
-                .map(|_| PoolAsk {
-                    cost: rng.random_range(1..4),
-                    low: rng.random_range(0..6),
-                    credit: rng.random_range(0..5),
+                .map(|b| {
+                    let n = rng.random_range(0..=out[*b].len());
+                    PoolAsk {
+                        cost: rng.random_range(0..4),
+                        low: rng.random_range(0..6),
+                        credit: rng.random_range(0..5),
+                        want: rng.random_range(0..6),
+                        done: out[*b].drain(..n).collect(),
+                    }
                 })
                 .collect();
-            let mut k: Vec<&str> = which.iter().map(|b| keys[*b][0].as_str()).collect();
-            k.extend(which.iter().map(|b| keys[*b][1].as_str()));
-            k.extend(which.iter().map(|b| keys[*b][2].as_str()));
-            let args = pool_take_args(now.to_string(), &asks, lock_ms);
+            let k: Vec<&str> = which.iter().map(|b| keys[*b].as_str()).collect();
+            let args = pool_take_args(now.to_string(), &asks, lock_ms, margin);
             let reply = eval(&mut c, POOL_TAKE.source, &k, &args);
             let got = PoolTaken::from_reply(&reply, which.len())
                 .expect("a well-formed reply")
@@ -194,58 +195,64 @@ fn pool_scripts_match_their_pure_twin() {
                     [0] => vec![a],
                     _ => vec![b],
                 };
-                Pool::take(&mut pools, &asks, now, lock_ms as i64 * 1000)
+                Pool::take(&mut pools, &asks, now, lock_ms as i64 * 1000, margin)
             };
             assert_eq!(
                 got, want,
                 "seed {seed} step {step}: take {asks:?} of {which:?}"
             );
+            for (b, parts) in which.iter().zip(&got.leases) {
+                leased += parts.len();
+                out[*b].extend(parts.iter().map(|p| (p.chunk.clone(), p.tokens)));
+            }
             admitted += usize::from(got.admitted);
             refills += got.refill.iter().filter(|r| **r).count();
+            retired += got.retire.iter().map(Vec::len).sum::<usize>();
             on_credit += got.unconfirmed.iter().filter(|u| **u > 0).count();
         }
         assert!(
-            admitted > 20 && refills > 5 && on_credit > 5,
-            "seed {seed}: {admitted} admitted, {refills} refills, {on_credit} with credit"
+            admitted > 20 && refills > 5 && on_credit > 5 && leased > 10 && retired > 3,
+            "seed {seed}: {admitted} admitted, {refills} refills, {on_credit} with credit, {leased} sub-leases, {retired} retired"
         );
     }
     // a stale call spends nothing; malformed arguments get a clear error
-    let keys = pool_keys("fg:{k:stale}:p");
-    let k = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+    let key = pool_key("fg:{k:stale}:p");
     let add = ["7:5:0", "5", "60000000", "0", "1"].map(String::from);
-    assert_eq!(eval(&mut c, POOL_ADD.source, &k, &add), [5]);
+    assert_eq!(eval(&mut c, POOL_ADD.source, &[key.as_str()], &add), [5]);
     let one = [PoolAsk {
         cost: 1,
-        low: 0,
-        credit: 0,
+        ..PoolAsk::default()
     }];
-    let args = pool_take_args("<1".into(), &one, 1000);
-    assert_eq!(eval(&mut c, POOL_TAKE.source, &k, &args)[0], 2);
-    let mut bad = redis::cmd("EVAL");
-    bad.arg(POOL_TAKE.source)
-        .arg(3)
-        .arg(&keys[0])
-        .arg(&keys[1])
-        .arg(&keys[2])
-        .arg("")
-        .arg("0")
-        .arg("0")
-        .arg("0")
-        .arg("1000");
-    let e = bad
-        .query::<Vec<i64>>(&mut c)
-        .expect_err("cost 0 is refused");
-    assert!(e.to_string().contains("floodgate:"), "{e}");
+    let args = pool_take_args("<1".into(), &one, 1000, 0);
+    assert_eq!(eval(&mut c, POOL_TAKE.source, &[key.as_str()], &args)[0], 2);
+    for bad_cost in ["-1", "1.5", "x"] {
+        let mut bad = redis::cmd("EVAL");
+        bad.arg(POOL_TAKE.source)
+            .arg(1)
+            .arg(&key)
+            .arg("")
+            .arg(bad_cost)
+            .arg("0")
+            .arg("0")
+            .arg("0")
+            .arg("")
+            .arg("1000")
+            .arg("0");
+        let e = bad
+            .query::<Vec<i64>>(&mut c)
+            .expect_err("a bad cost is refused");
+        assert!(e.to_string().contains("floodgate:"), "{bad_cost}: {e}");
+    }
 }
 
-/// Stored state nobody should have written mints nothing: a lease record that does
+/// Stored state nobody should have written mints nothing: a lease book that does
 /// not parse counts as the whole bound (no lease is granted beside it), a corrupt
-/// or foreign credit counter as all credit in use (nothing admitted on credit),
-/// and the pool's refill rewrites the counter.
+/// pool or one of another type as empty with all credit in use (nothing admitted
+/// on credit), and the pool's refill rewrites it.
 #[test]
 fn corrupt_lease_and_credit_state_mints_nothing() {
     use floodgate_shared::lease::{
-        POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
+        POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, leases_key, pool_key, pool_take_args,
     };
     let server = RedisServer::start();
     let mut c = server.connection();
@@ -259,66 +266,76 @@ fn corrupt_lease_and_credit_state_mints_nothing() {
     let (t, burst) = (1_000_000i64, 20_000_000i64);
     let now = 1_700_000_000_000_000i64;
     let take = |c: &mut redis::Connection, bucket: &str| {
-        let args = cfg.take_args(Some(now), burst, t, 1, 8, "i1", None);
-        let leases = format!("{bucket}:leases");
-        Taken::from_reply(&eval(c, LEASE_TAKE.source, &[bucket, &leases], &args)).unwrap()
+        let args = cfg.take_args(Some(now), burst, t, 1, 8, "1", None);
+        let book = leases_key(bucket);
+        Taken::from_reply(&eval(c, LEASE_TAKE.source, &[bucket, &book], &args)).unwrap()
     };
     // a sound bucket leases
     assert_eq!(take(&mut c, "fg:{k:sound}:p").leased, 8);
-    for member in ["garbage", "x:99999999999999999999:0", "7"] {
-        let bucket = format!("fg:{{k:corrupt-{member}}}:p");
-        let _: () = redis::cmd("ZADD")
-            .arg(format!("{bucket}:leases"))
-            .arg(now + 1_000_000)
-            .arg(member)
+    for entry in [
+        "garbage",
+        "x:99999999999999999999:0@1",
+        "7",
+        "1:3:0@notanumber",
+    ] {
+        let bucket = format!("fg:{{k:corrupt-{entry}}}:p");
+        let _: () = redis::cmd("SET")
+            .arg(leases_key(&bucket))
+            .arg(entry)
             .query(&mut c)
             .unwrap();
         let got = take(&mut c, &bucket);
-        assert_eq!((got.admitted, got.leased), (true, 0), "{member}");
+        assert_eq!((got.admitted, got.leased), (true, 0), "{entry}");
     }
-    // corrupt credit: a pool without tokens admits nothing on credit...
-    for stored in ["garbage", "3:9"] {
-        let keys = pool_keys(&format!("fg:{{k:credit-{stored}}}:p"));
-        let k = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+    // a corrupt pool: nothing admitted on credit, nothing leased...
+    let ask = [PoolAsk {
+        cost: 1,
+        credit: 5,
+        want: 3,
+        ..PoolAsk::default()
+    }];
+    for stored in ["garbage", "3:9|0||", "5:5|0|1:5:0=5,0,x|"] {
+        let key = pool_key(&format!("fg:{{k:credit-{stored}}}:p"));
         let _: () = redis::cmd("SET")
-            .arg(&keys[2])
+            .arg(&key)
             .arg(stored)
             .query(&mut c)
             .unwrap();
-        let ask = [PoolAsk {
-            cost: 1,
-            low: 0,
-            credit: 5,
-        }];
-        let args = pool_take_args(now.to_string(), &ask, 1000);
-        let got = PoolTaken::from_reply(&eval(&mut c, POOL_TAKE.source, &k, &args), 1)
+        let args = pool_take_args(now.to_string(), &ask, 1000, 0);
+        let got = PoolTaken::from_reply(&eval(&mut c, POOL_TAKE.source, &[key.as_str()], &args), 1)
             .unwrap()
             .unwrap();
-        assert!(!got.admitted, "{stored}: admitted on corrupt credit");
+        assert!(!got.admitted, "{stored}: admitted on corrupt state");
+        assert!(
+            got.leases[0].is_empty(),
+            "{stored}: leased from corrupt state"
+        );
         assert!(got.refill[0], "{stored}: the refill lock is handed out");
-        // ...until its refill rewrites the counter
+        // ...until its refill rewrites it
         let add = ["1:2:0", "2", "60000000", "0", "1", &now.to_string()].map(String::from);
-        assert_eq!(eval(&mut c, POOL_ADD.source, &k, &add), [2]);
-        let stored_now: Option<String> = redis::cmd("GET").arg(&keys[2]).query(&mut c).unwrap();
-        assert_eq!(stored_now, None, "{stored}: the counter is rewritten");
+        assert_eq!(eval(&mut c, POOL_ADD.source, &[key.as_str()], &add), [2]);
     }
-    // a credit counter of another type is no credit either
-    let keys = pool_keys("fg:{k:credit-hash}:p");
-    let k = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+    // a pool of another type is no pool (a new one): nothing to lease, the
+    // region's credit at most
+    let key = pool_key("fg:{k:credit-hash}:p");
     let _: () = redis::cmd("HSET")
-        .arg(&keys[2])
+        .arg(&key)
         .arg("a")
         .arg("1")
         .query(&mut c)
         .unwrap();
-    let ask = [PoolAsk {
-        cost: 1,
-        low: 0,
-        credit: 5,
-    }];
-    let args = pool_take_args(now.to_string(), &ask, 1000);
-    let got = PoolTaken::from_reply(&eval(&mut c, POOL_TAKE.source, &k, &args), 1)
-        .unwrap()
-        .unwrap();
-    assert!(!got.admitted);
+    let args = pool_take_args(now.to_string(), &ask, 1000, 0);
+    let e = redis::cmd("EVAL")
+        .arg(POOL_TAKE.source)
+        .arg(1)
+        .arg(&key)
+        .arg(&args)
+        .query::<Vec<i64>>(&mut c);
+    let got = PoolTaken::from_reply(&e.unwrap(), 1).unwrap().unwrap();
+    assert!(got.leases[0].is_empty() && got.left == [0]);
+    assert_eq!(
+        got.unconfirmed,
+        [1],
+        "one request on credit, within the cap"
+    );
 }

@@ -2,14 +2,20 @@
 //! `auto` and hot) are decided from tokens leased ahead, without a round trip to
 //! the global Redis.
 //!
-//! Two places hold leased tokens:
-//! - **this instance** (no regional store): per bucket, leases taken from the global
-//!   bucket in the background (`lua/lease_take.lua`, cost 0) before the last ones
-//!   run out, spent in memory;
+//! The hierarchy: global → region → instance.
+//! - **this instance** holds, per bucket, tokens it spends in its own memory: a
+//!   warm key makes no store call at all. Without a regional store they are
+//!   leases taken from the global bucket (`lua/lease_take.lua`, cost 0); with one,
+//!   sub-leases drawn from its region's pool (`lua/pool_take.lua`, cost 0). Either
+//!   way they are refilled ahead, in the background, before the last ones run out;
 //! - **the region's pool** (with a regional store): per bucket, chunks leased from
 //!   the global bucket by whichever instance of the region sees the pool run low
-//!   (`lua/pool_take.lua` hands out one refill lock at a time), spent by every
-//!   instance of the region in ONE regional round trip per request.
+//!   (`lua/pool_take.lua` hands out one refill lock at a time). A request that
+//!   finds no sub-lease at hand (a cold key, a new isolate) is decided at the pool
+//!   in ONE regional round trip, which hands it a sub-lease too; an instance
+//!   reports the sub-leases it is done with (spent out, or expired on its own
+//!   clock), and a chunk is retired at the global store only once all of its
+//!   tokens are spent and all of its sub-leases done.
 //!
 //! Either way the global Redis records every lease and refuses to lease past the
 //! policy's `max_overshoot` tokens outstanding, so admissions of any window stay
@@ -28,7 +34,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use floodgate_shared::bucket::{Admission, Decision};
-use floodgate_shared::lease::{LeaseConfig, LocalLease, Mode, ModeSwitch, Taken};
+use floodgate_shared::lease::{LeaseConfig, LocalLease, Mode, ModeSwitch, SubLease, Taken};
 use floodgate_shared::policy::{Consistency, Policy, Quota};
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 
@@ -81,6 +87,16 @@ impl LeaseSettings {
         ((bound - u64::from(regions) * Self::credit(policy, regions)) / 2).max(1)
     }
 
+    /// The size of a sub-lease an instance draws from its region's pool for a key
+    /// it sees at `per_sec` requests/s: what it spends in half a lifetime, at most
+    /// half of one pool refill (so instances share a pool), at least 1.
+    pub fn sub_lease_size(&self, policy: &Policy, regions: u32, per_sec: u64) -> u64 {
+        let max = (Self::pool_target(policy, regions) / 2).max(1);
+        let half =
+            (u128::from(per_sec) * self.lifetime as u128 / 2 / MICROS_PER_SEC as u128) as u64;
+        half.clamp(1, max)
+    }
+
     /// What one region may admit on credit per key of `policy`, unconfirmed by
     /// the global store: `max_overshoot / (2 × regions)` (0 without regions).
     pub fn credit(policy: &Policy, regions: u32) -> u64 {
@@ -105,6 +121,12 @@ struct Held {
     refilling: bool,
     /// Members of leases spent to the last token: retired by the next take.
     retire: Vec<String>,
+    /// Sub-leases this instance is done with (chunk member, tokens granted):
+    /// reported by the next pool take.
+    done: Vec<(String, u64)>,
+    /// No background sub-lease take before then: the last one found the pool
+    /// without free tokens (its refill is on the way).
+    sub_retry_at: Micros,
     switch: ModeSwitch,
     global: Option<GlobalView>,
     /// Tokens out on leases, all holders, as the last take reported.
@@ -121,9 +143,22 @@ impl Held {
             .sum()
     }
 
+    /// Drops the leases it can spend no more (expired on this instance's clock):
+    /// a sub-lease is reported done.
+    fn drop_dead(&mut self, now: Micros, sub: bool) {
+        let (live, dead): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.live(now));
+        self.leases = live;
+        if sub {
+            self.done
+                .extend(dead.into_iter().map(|l| (l.member, l.granted)));
+        }
+    }
+
     /// Spends `cost` from the lease expiring first (several if needed); all or none.
-    fn spend(&mut self, cost: u64, now: Micros) -> bool {
-        self.leases.retain(|l| l.live(now));
+    /// A lease spent to the last token is retired with the next take (`sub`: a
+    /// sub-lease, reported done with the next pool take).
+    fn spend(&mut self, cost: u64, now: Micros, sub: bool) -> bool {
+        self.drop_dead(now, sub);
         if self.at_hand(now) < cost {
             return false;
         }
@@ -138,7 +173,12 @@ impl Held {
             }
         }
         let (spent, live): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.tokens == 0);
-        self.retire.extend(spent.into_iter().map(|l| l.member));
+        if sub {
+            self.done
+                .extend(spent.into_iter().map(|l| (l.member, l.granted)));
+        } else {
+            self.retire.extend(spent.into_iter().map(|l| l.member));
+        }
         self.leases = live;
         true
     }
@@ -174,6 +214,8 @@ impl Refill {
 /// This instance's leased tokens and views of the global buckets.
 pub struct Leases {
     settings: LeaseSettings,
+    /// The tokens held are sub-leases of a regional pool (else global leases).
+    regional: bool,
     held: Mutex<HashMap<String, Held>>,
     prefix: u64,
     next: AtomicU64,
@@ -202,7 +244,7 @@ pub struct GiveBack {
 }
 
 impl Leases {
-    pub fn new(settings: LeaseSettings, seed: Micros) -> Self {
+    pub fn new(settings: LeaseSettings, seed: Micros, regional: bool) -> Self {
         // a numeric id prefix of 20 random bits: ids stay below 2^53
         let prefix = {
             use std::hash::{BuildHasher, Hasher};
@@ -212,6 +254,7 @@ impl Leases {
         };
         Self {
             settings,
+            regional,
             held: Mutex::new(HashMap::new()),
             prefix,
             next: AtomicU64::new(1),
@@ -315,7 +358,7 @@ impl Leases {
         let mut out = Vec::with_capacity(buckets.len());
         for (k, p) in buckets {
             let h = held.get_mut(*k).expect("checked above");
-            let spent = h.spend(u64::from(p.cost()), now);
+            let spent = h.spend(u64::from(p.cost()), now, self.regional);
             debug_assert!(spent);
             out.push(view(p.quota(), h.at_hand(now), h.global, now));
         }
@@ -382,6 +425,83 @@ impl Leases {
         due
     }
 
+    /// The sub-lease a request's or a refill's pool take asks for `key` of
+    /// `policy` now, with the sub-leases this instance is done with (taken: they
+    /// go with the call; [`Leases::restore_done`] when it fails).
+    pub fn sub_ask(
+        &self,
+        key: &str,
+        policy: &Policy,
+        regions: u32,
+        now: Micros,
+    ) -> (u64, Vec<(String, u64)>) {
+        self.with(key, now, |h| {
+            h.drop_dead(now, true);
+            let per_sec = h.switch.meter.per_sec(now);
+            let want = self.settings.sub_lease_size(policy, regions, per_sec);
+            (want, std::mem::take(&mut h.done))
+        })
+    }
+
+    /// A pool take that carried `done` failed: they go with the next one.
+    pub fn restore_done(&self, key: &str, done: Vec<(String, u64)>, now: Micros) {
+        self.with(key, now, |h| h.done.extend(done));
+    }
+
+    /// The buckets among `buckets` whose sub-leases run low (less than one
+    /// sub-lease's worth at hand for the next quarter of a lifetime), each marked
+    /// as refilling until [`Leases::sub_leased`].
+    pub fn sub_refills_due(
+        &self,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        now: Micros,
+    ) -> Vec<String> {
+        let mut due = vec![];
+        for (k, p) in buckets {
+            let soon = now + self.settings.lifetime / 4;
+            let low = self.with(k, now, |h| {
+                let per_sec = h.switch.meter.per_sec(now);
+                let size = self.settings.sub_lease_size(p, regions, per_sec);
+                let lasting: u64 = h
+                    .leases
+                    .iter()
+                    .filter(|l| l.live(soon))
+                    .map(|l| l.tokens)
+                    .sum();
+                if h.refilling || lasting >= size || now < h.sub_retry_at {
+                    return false;
+                }
+                h.refilling = true;
+                true
+            });
+            if low {
+                due.push(k.to_string());
+            }
+        }
+        due
+    }
+
+    /// A pool take sent at `sent` handed this instance the sub-lease `parts` of
+    /// `key` (none when it failed or the pool held too few): spendable until `sent`
+    /// plus each part's life. Ends a refill in flight; a take that got nothing
+    /// pauses the background ones for an eighth of a lifetime.
+    pub fn sub_leased(&self, key: &str, parts: &[SubLease], sent: Micros) {
+        let pause = self.settings.lifetime / 8;
+        self.with(key, sent, |h| {
+            h.refilling = false;
+            if parts.is_empty() {
+                h.sub_retry_at = sent + pause;
+            }
+            h.leases.extend(parts.iter().map(|p| LocalLease {
+                member: p.chunk.clone(),
+                tokens: p.tokens,
+                granted: p.tokens,
+                until: sent + p.life,
+            }));
+        });
+    }
+
     /// A pool refill: what to ask the global bucket for, and the region's credit
     /// to charge it.
     pub fn pool_refill(
@@ -433,6 +553,7 @@ impl Leases {
                 h.leases.push(LocalLease {
                     member: refill.member(t),
                     tokens: t.leased,
+                    granted: t.leased,
                     until: sent + self.settings.lifetime,
                 });
             }
@@ -506,7 +627,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_spent_all_or_nothing_until_it_expires_then_refilled_ahead() {
-        let l = Leases::new(LeaseSettings::default(), 7);
+        let l = Leases::new(LeaseSettings::default(), 7, false);
         let p = policy("bounded", 40);
         assert!(l.leased("k", &p, T0));
         assert_eq!(l.spend(&[("k", &p)], T0), None, "nothing leased yet");
@@ -536,7 +657,7 @@ mod tests {
 
     #[test]
     fn auto_leases_only_a_hot_key() {
-        let l = Leases::new(LeaseSettings::default(), 7);
+        let l = Leases::new(LeaseSettings::default(), 7, false);
         let p = policy("auto", 40);
         let mut now = T0;
         let mut turned = None;

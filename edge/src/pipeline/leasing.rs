@@ -1,30 +1,35 @@
 //! Bounded consistency on the request's path: a request whose policies are all
-//! leased (`bounded`, or `auto` and hot here) is decided from tokens at hand —
-//! this instance's leases, or its region's pool in ONE regional call — and
-//! admitted without a global round trip. Leases and pools are refilled ahead, in
-//! the background. What is leased, and how the bound holds, is [`super::leases`].
+//! leased (`bounded`, or `auto` and hot here) is decided from tokens at hand in
+//! this instance's memory — its own leases of the global buckets, or the
+//! sub-leases it drew from its region's pools — with no store call at all; a key
+//! it holds nothing of yet is decided at its region's pool in ONE regional call,
+//! which hands it a sub-lease too. Leases, sub-leases and pools are refilled
+//! ahead, in the background. What is leased, and how the bound holds, is
+//! [`super::leases`].
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use floodgate_shared::bucket::Decision;
 use floodgate_shared::lease::{
-    LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_keys, pool_take_args,
+    LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_key, pool_take_args,
 };
 use floodgate_shared::policy::{Consistency, Policy};
 use floodgate_shared::script::Verdict;
 use floodgate_shared::time::{Clock, Micros};
 
 use super::guarded::{Called, Guarded, drain};
-use super::leases::{GiveBack, LeaseSettings, Refill};
+use super::leases::{GiveBack, LeaseSettings, Leases, Refill};
 use super::limits::Limits;
 use super::{Admit, Pipeline, Task, boxed};
 use crate::breaker::Phase;
-use crate::stats::{Leasing, Outcome, StatsField};
+use crate::stats::{Leasing, Outcome, Stats, StatsField};
 use crate::store::{MaybeSend, MaybeSync, Store};
 use crate::timer::Stopwatch;
 
-/// A pool chunk dies this long before its global lease, for clocks that read in
-/// whole milliseconds (the Worker) and the hop to the regional store.
+/// A pool chunk dies this long before its global lease, and a sub-lease this long
+/// before its chunk: for clocks that read in whole milliseconds (the Worker) and
+/// the hop to the regional store.
 const POOL_MARGIN: Micros = 50_000;
 
 impl<S, C> Pipeline<S, C>
@@ -82,7 +87,13 @@ where
                 self.refill_leases(&buckets, regions, now, later);
                 self.leases.spend(&buckets, now)
             }
-            Some(region) => self.pool_take(region, &buckets, regions, later).await,
+            Some(region) => match self.leases.spend(&buckets, now) {
+                Some(spent) => {
+                    self.refill_sub_leases(region, &buckets, regions, now, later);
+                    Some(spent)
+                }
+                None => self.pool_take(region, &buckets, regions, later).await,
+            },
         };
         let Some(decisions) = decisions else {
             self.totals.lease_misses.fetch_add(1, Ordering::Relaxed);
@@ -142,25 +153,27 @@ where
         })
     }
 
-    /// Counts a refill of `key` of `policy` about to be sent, with the tokens its
-    /// leases had outstanding when last heard of.
+    /// Counts a refill of `key` of `policy` about to be sent.
     fn count_refill(&self, key: &str, policy: &Policy) {
-        let now = self.clock.now();
-        let name = policy.name().to_string();
-        self.stats
-            .bump(now, StatsField::Leasing(name.clone(), Leasing::Refills), 1);
-        let outstanding = self.leases.outstanding(key);
-        self.stats.bump(
-            now,
-            StatsField::Leasing(name, Leasing::Outstanding),
-            outstanding,
-        );
+        count_refill(&self.stats, &self.leases, self.clock.now(), key, policy);
     }
 
-    /// Spends every bucket's cost from the region's pools in one call: the
-    /// decisions, or `None` (a pool lacked tokens, or the regional store did not
-    /// answer in time). Pools that ran low are refilled by this caller when it got
-    /// their lock.
+    fn pools(&self, region: &Guarded<S>, regions: u32) -> Pools<S> {
+        Pools {
+            region: region.clone(),
+            global: self.global.store.clone(),
+            leases: self.leases.clone(),
+            stats: self.stats.clone(),
+            settings: self.settings.leases,
+            regions,
+        }
+    }
+
+    /// Decides a request at its region's pools in one call (the instance held too
+    /// few sub-leased tokens): the decisions, or `None` (a pool lacked tokens, or
+    /// the regional store did not answer in time). The call also hands out this
+    /// instance's sub-leases, and pools that ran low are refilled by this caller
+    /// when it got their lock.
     async fn pool_take(
         &self,
         region: &Guarded<S>,
@@ -169,54 +182,65 @@ where
         later: &mut Vec<Task>,
     ) -> Option<Vec<Decision>> {
         let now = self.clock.now();
-        let (mut keys, mut locks, mut credits) = (vec![], vec![], vec![]);
-        for (k, _) in buckets {
-            let [pool, lock, credit] = pool_keys(k);
-            keys.push(pool);
-            locks.push(lock);
-            credits.push(credit);
-        }
-        keys.extend(locks);
-        keys.extend(credits);
-        let asks: Vec<PoolAsk> = buckets
-            .iter()
-            .map(|(_, p)| PoolAsk {
-                cost: u64::from(p.cost()),
-                low: LeaseSettings::pool_target(p, regions) / 2 + 1,
-                credit: LeaseSettings::credit(p, regions),
-            })
-            .collect();
-        let lock_ms = (self.settings.leases.lifetime / 2_000).max(1) as u64;
-        // the regional store's own clock: a pool take it runs late spends tokens of
-        // a request the exact path then decided (a shortfall, never an overshoot)
-        let args = pool_take_args(String::new(), &asks, lock_ms);
+        let pools = self.pools(region, regions);
+        let (keys, args, done) = pools.ask(buckets, true, now);
         let store = region.store.clone();
         let fut = boxed(async move {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             store.run_ints(&POOL_TAKE, &refs, &args).await
         });
         let reply = match region.call_now(&self.clock, fut).await {
-            Called::Done(r) => r,
+            Called::Done(r) => Some(r),
             Called::Failed(_, late) => {
                 later.extend(late.map(drain));
-                return None;
+                None
             }
         };
-        let taken = PoolTaken::from_reply(&reply, buckets.len())
-            .ok()
-            .flatten()?;
-        for (i, (k, p)) in buckets.iter().enumerate() {
-            if taken.refill[i] {
-                self.count_refill(k, p);
-                let r =
-                    self.leases
-                        .pool_refill(k, p, regions, &taken.retire[i], taken.unconfirmed[i]);
-                later.push(self.pool_refill(region, r, p, regions));
-            }
-        }
+        let (taken, refills) = pools.settle(buckets, reply.as_deref(), done, now);
+        later.extend(refills);
+        let taken = taken?;
         taken
             .admitted
             .then(|| self.leases.pool_decisions(buckets, &taken.left, now))
+    }
+
+    /// Draws more sub-leases, in the background, for the buckets whose sub-leased
+    /// tokens run low: one pool call of cost 0, which may ask this instance to
+    /// refill the pools from the global store too.
+    fn refill_sub_leases(
+        &self,
+        region: &Guarded<S>,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        now: Micros,
+        later: &mut Vec<Task>,
+    ) {
+        let due = self.leases.sub_refills_due(buckets, regions, now);
+        if due.is_empty() {
+            return;
+        }
+        let owned: Vec<(String, Policy)> = buckets
+            .iter()
+            .filter(|(k, _)| due.iter().any(|d| d == k))
+            .map(|(k, p)| (k.to_string(), (*p).clone()))
+            .collect();
+        let pools = self.pools(region, regions);
+        later.push(boxed(async move {
+            let buckets: Vec<(&str, &Policy)> =
+                owned.iter().map(|(k, p)| (k.as_str(), p)).collect();
+            let (keys, args, done) = pools.ask(&buckets, false, now);
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let reply = pools
+                .region
+                .store
+                .run_ints(&POOL_TAKE, &refs, &args)
+                .await
+                .ok();
+            let (_, refills) = pools.settle(&buckets, reply.as_deref(), done, now);
+            for r in refills {
+                r.await;
+            }
+        }));
     }
 
     /// Takes a lease for this instance from the global bucket (cost 0), retiring
@@ -242,21 +266,118 @@ where
             leases.refilled(&r, got.as_ref(), sent, full_at, true);
         })
     }
+}
+
+/// Counts a refill of `key` of `policy` about to be sent, with the tokens its
+/// leases had outstanding when last heard of.
+fn count_refill(stats: &Stats, leases: &Leases, now: Micros, key: &str, policy: &Policy) {
+    let name = policy.name().to_string();
+    stats.bump(now, StatsField::Leasing(name.clone(), Leasing::Refills), 1);
+    let outstanding = leases.outstanding(key);
+    stats.bump(
+        now,
+        StatsField::Leasing(name, Leasing::Outstanding),
+        outstanding,
+    );
+}
+
+/// What a call to a region's pools needs, owned: a request's own call and the
+/// background sub-lease refills share it.
+struct Pools<S> {
+    region: Guarded<S>,
+    global: S,
+    leases: Arc<Leases>,
+    stats: Arc<Stats>,
+    settings: LeaseSettings,
+    regions: u32,
+}
+
+/// The sub-leases a pool call reports done, per bucket.
+type Done = Vec<Vec<(String, u64)>>;
+
+impl<S> Pools<S>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+{
+    /// The keys and arguments of a pool take for `buckets` (`charge`: the
+    /// request's cost is spent, else only sub-leases are drawn), with the done
+    /// sub-leases it carries.
+    fn ask(
+        &self,
+        buckets: &[(&str, &Policy)],
+        charge: bool,
+        now: Micros,
+    ) -> (Vec<String>, Vec<String>, Done) {
+        let mut asks = Vec::with_capacity(buckets.len());
+        let mut done = Vec::with_capacity(buckets.len());
+        for (k, p) in buckets {
+            let (want, reported) = self.leases.sub_ask(k, p, self.regions, now);
+            done.push(reported.clone());
+            asks.push(PoolAsk {
+                cost: if charge { u64::from(p.cost()) } else { 0 },
+                low: LeaseSettings::pool_target(p, self.regions) / 2 + 1,
+                credit: LeaseSettings::credit(p, self.regions),
+                want,
+                done: reported,
+            });
+        }
+        let lock_ms = (self.settings.lifetime / 2_000).max(1) as u64;
+        // the regional store's own clock: a pool take it runs late spends tokens of
+        // a request the exact path then decided (a shortfall, never an overshoot)
+        let args = pool_take_args(String::new(), &asks, lock_ms, POOL_MARGIN);
+        let keys = buckets.iter().map(|(k, _)| pool_key(k)).collect();
+        (keys, args, done)
+    }
+
+    /// A pool take sent at `sent` answered `reply` (`None`: it failed): the
+    /// sub-leases it handed out are held, the done reports of a failed call go
+    /// with the next one, and the pool refills it asked for are returned to run.
+    fn settle(
+        &self,
+        buckets: &[(&str, &Policy)],
+        reply: Option<&[i64]>,
+        done: Done,
+        sent: Micros,
+    ) -> (Option<PoolTaken>, Vec<Task>) {
+        let taken = reply.and_then(|r| PoolTaken::from_reply(r, buckets.len()).ok().flatten());
+        let Some(taken) = taken else {
+            for ((k, _), d) in buckets.iter().zip(done) {
+                self.leases.restore_done(k, d, sent);
+                self.leases.sub_leased(k, &[], sent);
+            }
+            return (None, vec![]);
+        };
+        let mut refills = vec![];
+        for (i, (k, p)) in buckets.iter().enumerate() {
+            self.leases.sub_leased(k, &taken.leases[i], sent);
+            if taken.refill[i] {
+                count_refill(&self.stats, &self.leases, sent, k, p);
+                let r = self.leases.pool_refill(
+                    k,
+                    p,
+                    self.regions,
+                    &taken.retire[i],
+                    taken.unconfirmed[i],
+                );
+                refills.push(self.pool_refill(r, p, sent));
+            }
+        }
+        (Some(taken), refills)
+    }
 
     /// Refills a regional pool from the global bucket, in the background: ONE global
     /// call charges what the region admitted on credit (into debt if need be),
     /// retires the pool's spent chunks and leases more; then the chunk is added to
     /// the pool, spendable until the global lease expires as reckoned from the send,
     /// and the charged credit taken off.
-    fn pool_refill(&self, region: &Guarded<S>, r: Refill, policy: &Policy, regions: u32) -> Task {
-        let (global, regional) = (self.global.store.clone(), region.store.clone());
+    fn pool_refill(&self, r: Refill, policy: &Policy, sent: Micros) -> Task {
+        let (global, regional) = (self.global.clone(), self.region.store.clone());
         let leases = self.leases.clone();
         let cfg = LeaseConfig {
             max_lease: r.want,
-            ..self.settings.leases.for_policy(policy, regions)
+            ..self.settings.for_policy(policy, self.regions)
         };
         let q = *policy.quota();
-        let sent = self.clock.now();
         boxed(async move {
             let watch = Stopwatch::start();
             let args = cfg.charge_args(
@@ -273,7 +394,6 @@ where
                 Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
                 _ => (String::new(), 0),
             };
-            let [pool, lock, credit] = pool_keys(&r.key);
             // charged when the global store answered; all the region's charged credit
             // is released once the bucket is out of debt (else it stays used)
             let charged = if got.is_some() { r.charge } else { 0 };
@@ -285,9 +405,8 @@ where
                 charged.to_string(),
                 if clear { "1" } else { "0" }.to_string(),
             ];
-            let _ = regional
-                .run_ints(&POOL_ADD, &[&pool, &lock, &credit], &args)
-                .await;
+            let pool = pool_key(&r.key);
+            let _ = regional.run_ints(&POOL_ADD, &[&pool], &args).await;
             let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
             leases.refilled(&r, got.as_ref(), sent, full_at, false);
         })

@@ -166,7 +166,7 @@ where
             local: LocalBuckets::default(),
             offset: OffsetBound::default(),
             slot_ids: SlotIds::new(clock.now()),
-            leases: Arc::new(Leases::new(settings.leases, clock.now())),
+            leases: Arc::new(Leases::new(settings.leases, clock.now(), false)),
             regional: None,
             global,
             stats,
@@ -216,6 +216,8 @@ where
             &self.totals,
         );
         self.regional = Some(regional);
+        // the tokens this instance holds are sub-leases of the region's pools now
+        self.leases = Arc::new(Leases::new(self.settings.leases, self.clock.now(), true));
         self
     }
 

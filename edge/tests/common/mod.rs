@@ -135,27 +135,38 @@ impl MemStore {
             return Ok(vec![refunded as i64, now, central.full_at]);
         }
         if script.sha1 == POOL_TAKE.sha1 {
-            let n = keys.len() / 3;
+            let n = keys.len();
             let asks: Vec<PoolAsk> = (0..n)
                 .map(|i| PoolAsk {
-                    cost: num(1 + 3 * i) as u64,
-                    low: num(2 + 3 * i) as u64,
-                    credit: num(3 + 3 * i) as u64,
+                    cost: num(1 + 5 * i) as u64,
+                    low: num(2 + 5 * i) as u64,
+                    credit: num(3 + 5 * i) as u64,
+                    want: num(4 + 5 * i) as u64,
+                    done: args[5 + 5 * i]
+                        .split_whitespace()
+                        .map(|d| {
+                            let (m, k) = d.split_once('=').unwrap();
+                            (m.to_string(), k.parse().unwrap())
+                        })
+                        .collect(),
                 })
                 .collect();
-            let lock = num(1 + 3 * n) * 1000;
+            let lock = num(1 + 5 * n) * 1000;
+            let margin = num(2 + 5 * n);
             let mut pools = self.pools.lock().unwrap();
-            let mut taken: Vec<Pool> = keys[..n]
+            let mut taken: Vec<Pool> = keys
                 .iter()
                 .map(|k| pools.remove(*k).unwrap_or_default())
                 .collect();
             let got = {
                 let mut refs: Vec<&mut Pool> = taken.iter_mut().collect();
-                Pool::take(&mut refs, &asks, now, lock)
+                Pool::take(&mut refs, &asks, now, lock, margin)
             };
-            for (k, p) in keys[..n].iter().zip(taken) {
+            for (k, p) in keys.iter().zip(taken) {
                 pools.insert(k.to_string(), p);
             }
+            let member =
+                |m: &str| -> Vec<i64> { m.split(':').map(|v| v.parse().unwrap()).collect() };
             let mut reply = vec![i64::from(got.admitted), got.now];
             for i in 0..n {
                 reply.push(got.left[i] as i64);
@@ -163,7 +174,13 @@ impl MemStore {
                 reply.push(got.unconfirmed[i] as i64);
                 reply.push(got.retire[i].len() as i64);
                 for m in &got.retire[i] {
-                    reply.extend(m.split(':').map(|v| v.parse::<i64>().unwrap()));
+                    reply.extend(member(m));
+                }
+                reply.push(got.leases[i].len() as i64);
+                for part in &got.leases[i] {
+                    reply.extend(member(&part.chunk));
+                    reply.push(part.tokens as i64);
+                    reply.push(part.life);
                 }
             }
             return Ok(reply);
