@@ -17,6 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
 use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::{Store, StoreError};
 use floodgate_shared::Micros;
@@ -70,49 +71,115 @@ fn reference_with(pexpire: bool, time: bool) -> String {
     s
 }
 
+/// Floodgate's benchmark (`scripts/bench`): with no section named, the full run
+/// (decisions, Redis server CPU per call, REST, the edge, memory per bucket).
+#[derive(Parser)]
+#[command(name = "floodgate-bench", args_override_self = true)]
 struct Args {
+    /// 1/10 of the counts.
+    #[arg(long)]
     quick: bool,
-    /// `rest` / `edge`: run just that section (`cluster`, `lease`, `region`,
-    /// `hotkey`: the scale-out sections, `bench/scale.rs`, only when named).
-    only_rest: bool,
-    only_edge: bool,
-    /// `decisions`: only our client vs redis-benchmark (1 and 50 callers).
-    only_decisions: bool,
-    /// `deadline`: stray 503s with the CPUs loaded, adaptive vs fixed deadline.
-    only_deadline: bool,
-    /// `clients`: candidate Redis clients side by side (`bench/clients.rs`).
-    only_clients: bool,
+    /// A competing process for the deadline section: spins for this many seconds
+    /// (at most 600) and exits.
+    #[arg(long, value_name = "SECS")]
+    busy_secs: Option<f64>,
+    /// Run just that section: the first named of `rest`, `edge`, `deadline`,
+    /// `decisions`, `clients`; or the scale-out sections (`bench/scale.rs`), run
+    /// only when named, any of them together (they take precedence).
+    #[arg(value_enum, value_name = "SECTION")]
+    sections: Vec<Section>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Section {
+    /// Floodgate's REST client vs @upstash/ratelimit, through floodgate-rest.
+    Rest,
+    /// The native edge and the Worker: limiter on vs off, nginx, added latency.
+    Edge,
+    /// Only our client vs redis-benchmark (1 and 50 callers).
+    Decisions,
+    /// Stray 503s with the CPUs loaded, adaptive vs fixed deadline.
+    Deadline,
+    /// Candidate Redis clients side by side (`bench/clients.rs`).
+    Clients,
+    /// Redis Cluster: decisions/s vs number of masters.
+    Cluster,
+    /// Instance leases vs exact: N instances of one region on one bucket.
+    Lease,
+    /// Multi-region: 3 regions, one global Redis behind an added-latency proxy.
+    Region,
+    /// A hot `auto` key on one instance.
+    Hotkey,
+}
+
+impl Section {
+    /// The scale-out sections (`bench/scale.rs`).
+    fn is_scale(self) -> bool {
+        matches!(
+            self,
+            Section::Cluster | Section::Lease | Section::Region | Section::Hotkey
+        )
+    }
+}
+
+/// The sections that run alone, in the order they are looked for.
+const SINGLE: [Section; 5] = [
+    Section::Rest,
+    Section::Edge,
+    Section::Deadline,
+    Section::Decisions,
+    Section::Clients,
+];
+
 fn main() {
-    // a competing process for the deadline section: spins until the time is up
-    if let Some(secs) = std::env::args()
-        .skip_while(|a| a != "--busy-secs")
-        .nth(1)
-        .and_then(|s| s.parse::<f64>().ok())
-    {
-        let stop = Instant::now() + Duration::from_secs_f64(secs.min(600.0));
-        let mut x = 0u64;
-        while Instant::now() < stop {
-            for _ in 0..10_000 {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-            }
-        }
+    let args = Args::parse();
+    if let Some(secs) = args.busy_secs {
+        busy_loop(secs);
         return;
     }
-    let args = Args {
-        quick: std::env::args().any(|a| a == "--quick"),
-        only_rest: std::env::args().any(|a| a == "rest"),
-        only_edge: std::env::args().any(|a| a == "edge"),
-        only_decisions: std::env::args().any(|a| a == "decisions"),
-        only_clients: std::env::args().any(|a| a == "clients"),
-        only_deadline: std::env::args().any(|a| a == "deadline"),
-    };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
+    print_header(args.quick, pinned);
+
+    let scale_sections: Vec<Section> = args
+        .sections
+        .iter()
+        .copied()
+        .filter(|s| s.is_scale())
+        .collect();
+    if !scale_sections.is_empty() {
+        let rt = runtime();
+        scale::run(&scale_sections, pinned, scale, &rt);
+        return;
+    }
+
+    bench_decide(10_000_000 / scale as u64);
+
+    let server = RedisServer::start_pinned(pinned.then_some(0), &[]);
+    let mut conn = server.connection();
+    let sha = load_token_bucket(&mut conn);
+    let rt = runtime();
+    match SINGLE.into_iter().find(|s| args.sections.contains(s)) {
+        Some(only) => run_single(only, &server, &mut conn, &rt, scale, &sha),
+        None => run_all(&server, &mut conn, &rt, scale, &sha),
+    }
+}
+
+/// Spins until `secs` (at most 600) have passed.
+fn busy_loop(secs: f64) {
+    let stop = Instant::now() + Duration::from_secs_f64(secs.min(600.0));
+    let mut x = 0u64;
+    while Instant::now() < stop {
+        for _ in 0..10_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
+fn print_header(quick: bool, pinned: bool) {
     println!(
         "# Floodgate benchmark{}",
-        if args.quick {
+        if quick {
             " (--quick: 1/10 of the counts)"
         } else {
             ""
@@ -128,113 +195,140 @@ fn main() {
             "no (taskset missing)"
         }
     );
+}
 
-    let scale_sections: Vec<String> = std::env::args()
-        .filter(|a| ["cluster", "lease", "region", "hotkey"].contains(&a.as_str()))
-        .collect();
-    if !scale_sections.is_empty() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        scale::run(&scale_sections, pinned, scale, &rt);
-        return;
-    }
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
-    bench_decide(10_000_000 / scale as u64);
-
-    let server = RedisServer::start_pinned(pinned.then_some(0), &[]);
-    let mut conn = server.connection();
+/// Loads the token-bucket script; its SHA1 is the one the edge calls.
+fn load_token_bucket(conn: &mut redis::Connection) -> String {
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(TOKEN_BUCKET.source)
-        .query(&mut conn)
+        .query(conn)
         .unwrap();
     assert_eq!(sha, TOKEN_BUCKET.sha1);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    if args.only_rest {
-        bench_rest(&server, &rt, scale);
-        return;
-    }
-    if args.only_edge {
-        bench_edge(&server, &rt, scale);
-        return;
-    }
-    if args.only_deadline {
-        bench_deadline(&server, &rt, scale);
-        return;
-    }
-    if args.only_decisions {
-        bench_decisions(&server, &mut conn, &rt, scale, &sha);
-        return;
-    }
-    if args.only_clients {
-        clients::run(&server, &mut conn, &rt, scale, &sha);
-        return;
-    }
+    sha
+}
 
-    bench_decisions(&server, &mut conn, &rt, scale, &sha);
+fn run_single(
+    only: Section,
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+    sha: &str,
+) {
+    match only {
+        Section::Rest => bench_rest(server, rt, scale),
+        Section::Edge => bench_edge(server, rt, scale),
+        Section::Deadline => bench_deadline(server, rt, scale),
+        Section::Decisions => bench_decisions(server, conn, rt, scale, sha),
+        Section::Clients => clients::run(server, conn, rt, scale, sha),
+        Section::Cluster | Section::Lease | Section::Region | Section::Hotkey => {
+            unreachable!("the scale-out sections run on their own")
+        }
+    }
+}
 
+/// The full run: every section but `deadline`, `clients` and the scale-out ones.
+fn run_all(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+    sha: &str,
+) {
+    bench_decisions(server, conn, rt, scale, sha);
+    bench_server_cpu(server, conn, scale);
+    bench_rest(server, rt, scale);
+    bench_edge(server, rt, scale);
+    bench_memory(server, conn, rt, scale);
+}
+
+/// A script `redis-benchmark` calls with EVALSHA, and its arguments.
+struct BenchScript {
+    name: &'static str,
+    source: String,
+    argv: Vec<&'static str>,
+}
+
+/// Ours and the design document's reference script (alone, + PEXPIRE, + TIME +
+/// PEXPIRE).
+fn server_cpu_scripts() -> [BenchScript; 4] {
+    [
+        BenchScript {
+            name: "floodgate (TIME + GET + SET PX)",
+            source: TOKEN_BUCKET.source.to_string(),
+            argv: vec!["", "60000000", "60000"],
+        },
+        BenchScript {
+            name: "reference (no TTL, client clock)",
+            source: reference_with(false, false),
+            argv: vec!["1000", "16.67", "1764472066"],
+        },
+        BenchScript {
+            name: "reference + PEXPIRE",
+            source: reference_with(true, false),
+            argv: vec!["1000", "16.67", "1764472066"],
+        },
+        BenchScript {
+            name: "reference + TIME + PEXPIRE",
+            source: reference_with(true, true),
+            argv: vec!["1000", "16.67"],
+        },
+    ]
+}
+
+/// Redis server µs per call (`INFO commandstats`) of each script, driven by
+/// `redis-benchmark` on three key spaces.
+fn bench_server_cpu(server: &RedisServer, conn: &mut redis::Connection, scale: usize) {
     println!(
         "\n## Redis server CPU per call, side by side (redis-benchmark, 50 clients, pipeline 16)"
     );
     println!("| script | keys | calls/s | server µs/call |");
     println!("|---|---|---|---|");
     let n = 400_000 / scale;
-    let scripts = [
-        (
-            "floodgate (TIME + GET + SET PX)",
-            TOKEN_BUCKET.source.to_string(),
-            vec!["", "60000000", "60000"],
-        ),
-        (
-            "reference (no TTL, client clock)",
-            reference_with(false, false),
-            vec!["1000", "16.67", "1764472066"],
-        ),
-        (
-            "reference + PEXPIRE",
-            reference_with(true, false),
-            vec!["1000", "16.67", "1764472066"],
-        ),
-        (
-            "reference + TIME + PEXPIRE",
-            reference_with(true, true),
-            vec!["1000", "16.67"],
-        ),
-    ];
+    let scripts = server_cpu_scripts();
     for (keys, range) in [
         ("random of 1M (mostly new)", 1_000_000),
         ("random of 10k (existing)", 10_000),
         ("one hot key (mostly denied)", 1),
     ] {
-        for (name, source, argv) in &scripts {
-            let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+        for script in &scripts {
+            let _: () = redis::cmd("FLUSHALL").query(conn).unwrap();
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(source)
-                .query(&mut conn)
+                .arg(&script.source)
+                .query(conn)
                 .unwrap();
-            reset_stats(&mut conn);
-            let r = redis_benchmark_with(server.port(), 50, 16, n, range, &sha, argv);
+            reset_stats(conn);
+            let r = redis_benchmark_with(server.port(), 50, 16, n, range, &sha, &script.argv);
             println!(
-                "| {name} | {keys} | {:.0} | {:.2} |",
+                "| {} | {keys} | {:.0} | {:.2} |",
+                script.name,
                 r.rate,
-                usec_per_call(&mut conn, "evalsha")
+                usec_per_call(conn, "evalsha")
             );
         }
     }
+}
 
-    bench_rest(&server, &rt, scale);
-    bench_edge(&server, &rt, scale);
-
+/// Bytes per bucket after creating 1,000,000 buckets, ours and the reference layout.
+fn bench_memory(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+) {
     println!("\n## Memory per bucket at 1,000,000 buckets (cleanup TTL included)");
     let buckets = 1_000_000 / scale;
-    let (ours, key_len) = rt.block_on(memory_ours(&server, buckets));
-    let reference = memory_reference(&mut conn, buckets);
+    let (ours, key_len) = rt.block_on(memory_ours(server, buckets));
+    let reference = memory_reference(conn, buckets);
     println!("| layout | key | bytes/bucket |");
     println!("|---|---|---|");
     println!(
@@ -651,23 +745,40 @@ fn bench_rest(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         );
         return;
     }
+    let (_endpoint, url) = start_rest_endpoint(&endpoint_bin, server, token);
+
+    println!("\n## REST: Floodgate's REST client vs @upstash/ratelimit tokenBucket");
+    println!(
+        "(one floodgate-rest endpoint and Redis on CPU 0, clients on CPU 1; median of 3 alternating rounds)"
+    );
+    println!("| callers | client | decisions/s | p50 µs | p99 µs | Floodgate ÷ ratelimit |");
+    println!("|---|---|---|---|---|---|");
+    let resp_url = server.url();
+    let clients = RestClients {
+        url: &url,
+        token,
+        node_dir: &node_dir,
+        resp_url: &resp_url,
+    };
+    for callers in [1usize, 50] {
+        let n = if callers == 1 { 4_000 } else { 30_000 } / scale;
+        print_rest_rows(callers, &clients.medians(rt, callers, n));
+    }
+}
+
+/// Starts floodgate-rest (on CPU 0 with taskset) in front of `server` and waits
+/// for its port: the child, killed when dropped, and its URL.
+fn start_rest_endpoint(bin: &std::path::Path, server: &RedisServer, token: &str) -> (Proc, String) {
     let port = floodgate_tests::free_port();
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
     let mut cmd = if pinned {
         let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(&endpoint_bin);
+        c.args(["-c", "0"]).arg(bin);
         c
     } else {
-        Command::new(&endpoint_bin)
+        Command::new(bin)
     };
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _endpoint = KillOnDrop(
+    let endpoint = Proc(
         cmd.args([
             "--listen",
             &format!("127.0.0.1:{port}"),
@@ -687,49 +798,84 @@ fn bench_rest(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         assert!(Instant::now() < deadline, "floodgate-rest did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
+    (endpoint, url)
+}
 
-    println!("\n## REST: Floodgate's REST client vs @upstash/ratelimit tokenBucket");
-    println!(
-        "(one floodgate-rest endpoint and Redis on CPU 0, clients on CPU 1; median of 3 alternating rounds)"
-    );
-    println!("| callers | client | decisions/s | p50 µs | p99 µs | Floodgate ÷ ratelimit |");
-    println!("|---|---|---|---|---|---|");
-    for callers in [1usize, 50] {
-        let n = if callers == 1 { 4_000 } else { 30_000 } / scale;
+/// The three clients of the REST section and where they go.
+struct RestClients<'a> {
+    /// floodgate-rest's URL and token.
+    url: &'a str,
+    token: &'a str,
+    /// tests/node, where @upstash/ratelimit is installed.
+    node_dir: &'a std::path::Path,
+    /// The Redis behind floodgate-rest, for our client over RESP.
+    resp_url: &'a str,
+}
+
+/// The median round of each client of the REST section.
+struct RestRates {
+    /// Floodgate's REST client.
+    ours: Rate,
+    /// @upstash/ratelimit.
+    theirs: Rate,
+    /// Floodgate's RESP client straight to Redis.
+    resp: Rate,
+}
+
+impl RestClients<'_> {
+    /// Three alternating rounds of `n` decisions by `callers` callers each.
+    fn medians(&self, rt: &tokio::runtime::Runtime, callers: usize, n: usize) -> RestRates {
         let (mut ours, mut theirs, mut resp) = (vec![], vec![], vec![]);
         for _ in 0..3 {
-            let store =
-                floodgate_edge::store::rest::RestStore::new(&url, token, Duration::from_secs(5))
-                    .unwrap();
+            let store = floodgate_edge::store::rest::RestStore::new(
+                self.url,
+                self.token,
+                Duration::from_secs(5),
+            )
+            .unwrap();
             ours.push(rt.block_on(drive(store, callers, n)));
-            theirs.push(ratelimit_node(&node_dir, &url, token, callers, n));
-            resp.push(rt.block_on(our_client(&server.url(), callers, n)));
+            theirs.push(ratelimit_node(
+                self.node_dir,
+                self.url,
+                self.token,
+                callers,
+                n,
+            ));
+            resp.push(rt.block_on(our_client(self.resp_url, callers, n)));
         }
         let median = |v: &mut Vec<Rate>| {
             v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
             v.swap_remove(1)
         };
-        let (ours, theirs, resp) = (median(&mut ours), median(&mut theirs), median(&mut resp));
-        println!(
-            "| {callers} | floodgate REST | {:.0} | {:.0} | {:.0} | **{:.2}× decisions/s, {:.2}× p99** |",
-            ours.rate,
-            ours.p50_us,
-            ours.p99_us,
-            ours.rate / theirs.rate,
-            ours.p99_us / theirs.p99_us
-        );
-        println!(
-            "| {callers} | @upstash/ratelimit | {:.0} | {:.0} | {:.0} | |",
-            theirs.rate, theirs.p50_us, theirs.p99_us
-        );
-        println!(
-            "| {callers} | floodgate RESP (direct) | {:.0} | {:.0} | {:.0} | REST ÷ RESP: {:.2}× |",
-            resp.rate,
-            resp.p50_us,
-            resp.p99_us,
-            ours.rate / resp.rate
-        );
+        RestRates {
+            ours: median(&mut ours),
+            theirs: median(&mut theirs),
+            resp: median(&mut resp),
+        }
     }
+}
+
+fn print_rest_rows(callers: usize, r: &RestRates) {
+    let RestRates { ours, theirs, resp } = r;
+    println!(
+        "| {callers} | floodgate REST | {:.0} | {:.0} | {:.0} | **{:.2}× decisions/s, {:.2}× p99** |",
+        ours.rate,
+        ours.p50_us,
+        ours.p99_us,
+        ours.rate / theirs.rate,
+        ours.p99_us / theirs.p99_us
+    );
+    println!(
+        "| {callers} | @upstash/ratelimit | {:.0} | {:.0} | {:.0} | |",
+        theirs.rate, theirs.p50_us, theirs.p99_us
+    );
+    println!(
+        "| {callers} | floodgate RESP (direct) | {:.0} | {:.0} | {:.0} | REST ÷ RESP: {:.2}× |",
+        resp.rate,
+        resp.p50_us,
+        resp.p99_us,
+        ours.rate / resp.rate
+    );
 }
 
 fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize, n: usize) -> Rate {
@@ -761,15 +907,28 @@ fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize,
     }
 }
 
+/// Answers of a closed loop, counted.
+#[derive(Clone, Copy, Default)]
+struct Statuses {
+    /// 2xx.
+    ok: usize,
+    /// 503.
+    refused: usize,
+    /// Anything else, transport errors included.
+    other: usize,
+}
+
+impl std::ops::AddAssign for Statuses {
+    fn add_assign(&mut self, o: Self) {
+        self.ok += o.ok;
+        self.refused += o.refused;
+        self.other += o.other;
+    }
+}
+
 /// Closed loop: `workers` clients send `n` requests in all (within `limit`); the
-/// answers counted as (2xx, 503, anything else including transport errors).
-async fn statuses(
-    url: &str,
-    secret: &str,
-    workers: usize,
-    n: usize,
-    limit: Duration,
-) -> (usize, usize, usize) {
+/// answers counted.
+async fn statuses(url: &str, secret: &str, workers: usize, n: usize, limit: Duration) -> Statuses {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(workers)
@@ -796,20 +955,7 @@ async fn statuses(
                             .bearer_auth(&secret)
                             .send()
                             .await;
-                        let i = match r {
-                            Ok(r) if r.status().is_success() => {
-                                let _ = r.bytes().await;
-                                0
-                            }
-                            Ok(r) if r.status() == 503 => {
-                                if std::env::var_os("BENCH_SHOW_503").is_some() {
-                                    eprintln!("503: {}", r.text().await.unwrap_or_default());
-                                }
-                                1
-                            }
-                            _ => 2,
-                        };
-                        counts[i].fetch_add(1, Relaxed);
+                        counts[status_index(r).await].fetch_add(1, Relaxed);
                     }
                 }));
             }
@@ -819,7 +965,94 @@ async fn statuses(
         })
         .await;
     let c = |i: usize| counts[i].load(Relaxed);
-    (c(0), c(1), c(2))
+    Statuses {
+        ok: c(0),
+        refused: c(1),
+        other: c(2),
+    }
+}
+
+/// 0 for a 2xx (its body read), 1 for a 503 (its body shown with `BENCH_SHOW_503`),
+/// 2 for anything else.
+async fn status_index(r: reqwest::Result<reqwest::Response>) -> usize {
+    match r {
+        Ok(r) if r.status().is_success() => {
+            let _ = r.bytes().await;
+            0
+        }
+        Ok(r) if r.status() == 503 => {
+            if std::env::var_os("BENCH_SHOW_503").is_some() {
+                eprintln!("503: {}", r.text().await.unwrap_or_default());
+            }
+            1
+        }
+        _ => 2,
+    }
+}
+
+/// A sibling process and the URL it serves.
+struct Host {
+    _proc: Proc,
+    url: String,
+}
+
+/// Starts floodgate-edge on a free port (on CPU 0) in front of `upstream`, deciding
+/// with `redis`, with `extra` arguments.
+fn edge_host(upstream: &str, redis: &str, extra: &[&str]) -> Host {
+    let port = floodgate_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--listen",
+        &listen,
+        "--upstream",
+        upstream,
+        "--redis",
+        redis,
+    ];
+    args.extend_from_slice(extra);
+    Host {
+        _proc: sibling("floodgate-edge", &args, &[], port),
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// Starts floodgate-demo-upstream on a free port (on CPU 0).
+fn demo_upstream() -> (Host, u16) {
+    let up = floodgate_tests::free_port();
+    let proc = sibling(
+        "floodgate-demo-upstream",
+        &["--listen", &format!("127.0.0.1:{up}")],
+        &[],
+        up,
+    );
+    let url = format!("http://127.0.0.1:{up}");
+    (Host { _proc: proc, url }, up)
+}
+
+/// One busy process per CPU of the machine (this process may be pinned to one),
+/// each spinning for `secs`, bounded in time by itself.
+fn busy_loops(secs: f64) -> Vec<Proc> {
+    let me = std::env::current_exe().unwrap();
+    let cpus = Command::new("nproc")
+        .arg("--all")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(2usize);
+    (0..cpus)
+        .map(|cpu| {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string()]).arg(&me);
+            if Command::new("taskset").arg("-V").output().is_err() {
+                c = Command::new(&me);
+            }
+            let child = c
+                .args(["--busy-secs", &secs.to_string()])
+                .spawn()
+                .expect("start a busy loop");
+            Proc(child)
+        })
+        .collect()
 }
 
 /// Stray 503s at saturation while both CPUs are also loaded by a competing busy
@@ -829,105 +1062,65 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
     let secret = rt
         .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
         .secret;
-    let up = floodgate_tests::free_port();
-    let _upstream = sibling(
-        "floodgate-demo-upstream",
-        &["--listen", &format!("127.0.0.1:{up}")],
-        &[],
-        up,
-    );
-    let upstream = format!("http://127.0.0.1:{up}");
+    let (upstream, _) = demo_upstream();
     let redis = server.url();
-    let edge = |extra: &[&str]| {
-        let port = floodgate_tests::free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let mut args = vec![
-            "--listen",
-            &listen,
-            "--upstream",
-            &upstream,
-            "--redis",
-            &redis,
-        ];
-        args.extend_from_slice(extra);
-        let p = sibling("floodgate-edge", &args, &[], port);
-        (p, format!("http://127.0.0.1:{port}"))
-    };
-    let (_adaptive, adaptive_url) = edge(&[]);
-    let (_fixed, fixed_url) = edge(&["--deadline-ms", "3"]);
+    let adaptive = edge_host(&upstream.url, &redis, &[]);
+    let fixed = edge_host(&upstream.url, &redis, &["--deadline-ms", "3"]);
     let n = 10_000 / scale;
     let rounds = 3;
     let limit = Duration::from_secs(60);
-    // one busy process per CPU, each bounded in time by itself
-    let busy_secs = (rounds * 2) as f64 * limit.as_secs_f64();
-    let me = std::env::current_exe().unwrap();
-    // every CPU of the machine (this process may be pinned to one)
-    let cpus = Command::new("nproc")
-        .arg("--all")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(2usize);
-    let busy: Vec<Proc> = (0..cpus)
-        .map(|cpu| {
-            let mut c = Command::new("taskset");
-            c.args(["-c", &cpu.to_string()]).arg(&me);
-            if Command::new("taskset").arg("-V").output().is_err() {
-                c = Command::new(&me);
-            }
-            let child = c
-                .args(["--busy-secs", &busy_secs.to_string()])
-                .spawn()
-                .expect("start a busy loop");
-            Proc(child)
-        })
-        .collect();
+    let busy = busy_loops((rounds * 2) as f64 * limit.as_secs_f64());
     println!(
         "\n## Stray 503s with the CPUs loaded (native edge, Redis healthy, {} busy loops, 32 connections, {n} requests a round, {rounds} rounds alternating)",
         busy.len()
     );
-    let mut totals = [(0usize, 0usize, 0usize); 2];
+    let mut totals = [Statuses::default(); 2];
     for _ in 0..rounds {
-        for (i, url) in [&adaptive_url, &fixed_url].into_iter().enumerate() {
-            let (ok, refused, other) = rt.block_on(statuses(url, &secret, 32, n, limit));
-            totals[i].0 += ok;
-            totals[i].1 += refused;
-            totals[i].2 += other;
+        for (i, url) in [&adaptive.url, &fixed.url].into_iter().enumerate() {
+            totals[i] += rt.block_on(statuses(url, &secret, 32, n, limit));
         }
     }
     drop(busy);
-    let health = |url: &str| -> serde_json::Value {
-        rt.block_on(async {
-            reqwest::get(format!("{url}{}", floodgate_edge::proxy::HEALTH_PATH))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap()
-        })
-    };
+    print_deadline_table(&totals);
+    for (name, url) in [("adaptive", &adaptive.url), ("fixed", &fixed.url)] {
+        let h = health(rt, url);
+        println!(
+            "({name} edge afterwards: breaker opened {} times; {})",
+            h["breaker_opened"], h["deadlines"]["global"]
+        );
+    }
+}
+
+fn print_deadline_table(totals: &[Statuses; 2]) {
     println!("| deadline | requests | 503 | **503 per 10,000** | other failures |");
     println!("|---|---|---|---|---|");
-    for (name, (ok, refused, other)) in [
+    for (name, t) in [
         ("adaptive (default: 3-100 ms)", totals[0]),
         (
             "fixed 3 ms (`--deadline-ms 3`, the former default)",
             totals[1],
         ),
     ] {
-        let all = ok + refused + other;
+        let all = t.ok + t.refused + t.other;
         println!(
-            "| {name} | {all} | {refused} | **{:.1}** | {other} |",
-            refused as f64 * 10_000.0 / all.max(1) as f64
+            "| {name} | {all} | {} | **{:.1}** | {} |",
+            t.refused,
+            t.refused as f64 * 10_000.0 / all.max(1) as f64,
+            t.other
         );
     }
-    for (name, url) in [("adaptive", &adaptive_url), ("fixed", &fixed_url)] {
-        let h = health(url);
-        println!(
-            "({name} edge afterwards: breaker opened {} times; {})",
-            h["breaker_opened"], h["deadlines"]["global"]
-        );
-    }
+}
+
+/// An edge's health document.
+fn health(rt: &tokio::runtime::Runtime, url: &str) -> serde_json::Value {
+    rt.block_on(async {
+        reqwest::get(format!("{url}{}", floodgate_edge::proxy::HEALTH_PATH))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    })
 }
 
 /// A child process killed when dropped.

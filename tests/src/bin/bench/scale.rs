@@ -15,21 +15,22 @@ use floodgate_tests::scale::{
     offer_http, regional_scripts, settle, worst_excess,
 };
 
-use crate::drive;
+use crate::{Section, drive};
 
-pub fn run(sections: &[String], pinned: bool, scale: usize, rt: &tokio::runtime::Runtime) {
+/// Runs the named sections, always in this order: cluster, lease, region, hotkey.
+pub fn run(sections: &[Section], pinned: bool, scale: usize, rt: &tokio::runtime::Runtime) {
     let cpu = pinned.then_some(0);
-    let has = |s: &str| sections.iter().any(|a| a == s);
-    if has("cluster") {
+    let has = |s: Section| sections.contains(&s);
+    if has(Section::Cluster) {
         cluster(cpu, scale, rt);
     }
-    if has("lease") {
+    if has(Section::Lease) {
         lease(cpu, scale, rt);
     }
-    if has("region") {
+    if has(Section::Region) {
         region(cpu, scale, rt);
     }
-    if has("hotkey") {
+    if has(Section::Hotkey) {
         hotkey(cpu, scale, rt);
     }
 }
