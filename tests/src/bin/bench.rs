@@ -1223,8 +1223,8 @@ async fn saturate(url: &str, secret: &str, workers: usize, secs: f64, max: usize
 }
 
 /// Open loop at a fixed rate for `secs`: latency from each request's scheduled
-/// send time (no coordinated omission). Returns (p50 µs, p99 µs, failures).
-async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> (f64, f64, usize) {
+/// send time (no coordinated omission).
+async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> Latency {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(4096)
         .build()
@@ -1266,9 +1266,21 @@ async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> (f64, f64,
             lat.sort_unstable();
             let pct =
                 |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
-            (pct(0.5), pct(0.99), failed)
+            Latency {
+                p50_us: pct(0.5),
+                p99_us: pct(0.99),
+                failed,
+            }
         })
         .await
+}
+
+/// Latency of an open loop (from each request's scheduled send time).
+struct Latency {
+    p50_us: f64,
+    p99_us: f64,
+    /// Requests that failed or were not 2xx.
+    failed: usize,
 }
 
 const BENCH_CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
@@ -1278,154 +1290,167 @@ const BENCH_CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_
 /// added latency at a fixed 5k req/s); the Worker in workerd vs a pass-through
 /// Worker (added latency); the Worker's bundle size.
 fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
-    let secret = rt
-        .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
-        .secret;
-    let (up, on, off) = (
-        floodgate_tests::free_port(),
-        floodgate_tests::free_port(),
-        floodgate_tests::free_port(),
-    );
-    let _upstream = sibling(
-        "floodgate-demo-upstream",
-        &["--listen", &format!("127.0.0.1:{up}")],
-        &[],
-        up,
-    );
-    let upstream = format!("http://127.0.0.1:{up}");
-    let redis = server.url();
-    let _on = sibling(
-        "floodgate-edge",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{on}"),
-            "--upstream",
-            &upstream,
-            "--redis",
-            &redis,
-            // the default, adaptive deadline: at saturation the queue, not Redis,
-            // sets the wait, and the deadline follows it (a fixed 3 ms one turned
-            // load into fail-closed 503s: see the deadline section)
-        ],
-        &[],
-        on,
-    );
-    let _off = sibling(
-        "floodgate-edge",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{off}"),
-            "--upstream",
-            &upstream,
-            "--redis",
-            &redis,
-            "--no-limit",
-        ],
-        &[],
-        off,
-    );
-    let (on_url, off_url) = (
-        format!("http://127.0.0.1:{on}"),
-        format!("http://127.0.0.1:{off}"),
-    );
-    // The same limiter with its Redis on the other CPU, as a remote Redis would be:
-    // Redis's work then does not compete with the edge's.
-    let remote = RedisServer::start_pinned(Some(1), &[]);
-    let remote_secret = rt
-        .block_on(floodgate_tests::seed(&remote, BENCH_CONFIG))
-        .secret;
-    let on_remote = floodgate_tests::free_port();
-    let remote_redis = remote.url();
-    let _on_remote = sibling(
-        "floodgate-edge",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{on_remote}"),
-            "--upstream",
-            &upstream,
-            "--redis",
-            &remote_redis,
-        ],
-        &[],
-        on_remote,
-    );
-    let on_remote_url = format!("http://127.0.0.1:{on_remote}");
-    // nginx (one worker, on CPU 0 like the edge) limiting per Authorization header
-    // with limit_req in its own memory, in front of the same upstream
-    let nginx = Nginx::start(up);
-
+    let hosts = EdgeHosts::start(server, rt);
     println!(
         "\n## The edge: native host, limiter on vs off (same upstream; median of 3 alternating rounds)"
     );
     println!("(edge and upstream on CPU 0, the load generator on CPU 1)");
+    print_saturation(&edge_saturation(rt, &hosts, scale));
+    edge_added_latency(rt, &hosts, scale);
+    bench_worker(server, rt, &hosts.upstream.url, &hosts.secret, scale);
+}
+
+/// The hosts of the edge section, in front of one demo upstream; the fields drop
+/// in this order (the last started first).
+struct EdgeHosts {
+    /// nginx (one worker, on CPU 0 like the edge) limiting per Authorization
+    /// header with limit_req in its own memory; `None` when not installed.
+    nginx: Option<Nginx>,
+    /// The limiter with its Redis on the other CPU, as a remote Redis would be.
+    on_remote: Host,
+    remote_secret: String,
+    _remote: RedisServer,
+    /// Limiter on and off, Redis on CPU 0 beside the edge.
+    off: Host,
+    on: Host,
+    upstream: Host,
+    secret: String,
+}
+
+impl EdgeHosts {
+    fn start(server: &RedisServer, rt: &tokio::runtime::Runtime) -> Self {
+        let secret = rt
+            .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
+            .secret;
+        let (upstream, up) = demo_upstream();
+        let redis = server.url();
+        // the default, adaptive deadline: at saturation the queue, not Redis, sets
+        // the wait, and the deadline follows it (a fixed 3 ms one turned load into
+        // fail-closed 503s: see the deadline section)
+        let on = edge_host(&upstream.url, &redis, &[]);
+        let off = edge_host(&upstream.url, &redis, &["--no-limit"]);
+        // The same limiter with its Redis on the other CPU, as a remote Redis would
+        // be: Redis's work then does not compete with the edge's.
+        let remote = RedisServer::start_pinned(Some(1), &[]);
+        let remote_secret = rt
+            .block_on(floodgate_tests::seed(&remote, BENCH_CONFIG))
+            .secret;
+        let on_remote = edge_host(&upstream.url, &remote.url(), &[]);
+        // nginx (one worker, on CPU 0 like the edge) limiting per Authorization
+        // header with limit_req in its own memory, in front of the same upstream
+        let nginx = Nginx::start(up);
+        EdgeHosts {
+            nginx,
+            on_remote,
+            remote_secret,
+            _remote: remote,
+            off,
+            on,
+            upstream,
+            secret,
+        }
+    }
+}
+
+/// Requests/s at saturation, the median of 3 alternating rounds.
+struct Saturation {
+    on: f64,
+    remote: f64,
+    off: f64,
+    nginx: Option<f64>,
+    /// The load generator: wrk, or reqwest without it.
+    have_wrk: bool,
+}
+
+fn edge_saturation(rt: &tokio::runtime::Runtime, hosts: &EdgeHosts, scale: usize) -> Saturation {
     let secs = 3.0 / scale as f64;
     let have_wrk = Command::new("wrk").arg("--version").output().is_ok();
     let load = |url: &str, secret: &str| match have_wrk {
         true => wrk(url, secret, 64, secs),
         false => rt.block_on(saturate(url, secret, 64, secs, 200_000)),
     };
-    let nginx_url = nginx
+    let nginx_url = hosts
+        .nginx
         .as_ref()
         .map(|n| format!("http://127.0.0.1:{}", n.port));
     let (mut r_on, mut r_remote, mut r_off, mut r_nginx) = (vec![], vec![], vec![], vec![]);
     for _ in 0..3 {
-        r_on.push(load(&on_url, &secret));
-        r_remote.push(load(&on_remote_url, &remote_secret));
-        r_off.push(load(&off_url, &secret));
+        r_on.push(load(&hosts.on.url, &hosts.secret));
+        r_remote.push(load(&hosts.on_remote.url, &hosts.remote_secret));
+        r_off.push(load(&hosts.off.url, &hosts.secret));
         if let Some(url) = &nginx_url {
-            r_nginx.push(load(url, &secret));
+            r_nginx.push(load(url, &hosts.secret));
         }
     }
     for v in [&mut r_on, &mut r_remote, &mut r_off, &mut r_nginx] {
         v.sort_by(f64::total_cmp);
     }
-    let nginx_rate = r_nginx.get(1).copied();
-    let vs_nginx = |r: f64| nginx_rate.map_or("n/a".to_string(), |n| format!("{:.2}", r / n));
+    Saturation {
+        on: r_on[1],
+        remote: r_remote[1],
+        off: r_off[1],
+        nginx: r_nginx.get(1).copied(),
+        have_wrk,
+    }
+}
+
+fn print_saturation(s: &Saturation) {
+    let vs_nginx = |r: f64| {
+        s.nginx
+            .map_or("n/a".to_string(), |n| format!("{:.2}", r / n))
+    };
     println!(
         "| host | requests/s at saturation (64 connections, {}) | ÷ limiter off | ÷ nginx limit_req |",
-        if have_wrk { "wrk" } else { "reqwest" }
+        if s.have_wrk { "wrk" } else { "reqwest" }
     );
     println!("|---|---|---|---|");
     println!(
         "| limiter on, Redis on CPU 0 beside the edge | {:.0} | {:.2} | {} |",
-        r_on[1],
-        r_on[1] / r_off[1],
-        vs_nginx(r_on[1])
+        s.on,
+        s.on / s.off,
+        vs_nginx(s.on)
     );
     println!(
         "| limiter on, Redis on CPU 1 (as if remote) | {:.0} | **{:.2}** | **{}** |",
-        r_remote[1],
-        r_remote[1] / r_off[1],
-        vs_nginx(r_remote[1])
+        s.remote,
+        s.remote / s.off,
+        vs_nginx(s.remote)
     );
     println!(
         "| limiter off | {:.0} | 1.00 | {} |",
-        r_off[1],
-        vs_nginx(r_off[1])
+        s.off,
+        vs_nginx(s.off)
     );
-    match nginx_rate {
+    match s.nginx {
         Some(n) => println!(
             "| nginx 1.22 `limit_req` (in-process, not global) | {n:.0} | {:.2} | 1.00 |",
-            n / r_off[1]
+            n / s.off
         ),
         None => println!("| nginx | not installed (Debian nginx-light) | | |"),
     }
+}
 
+/// Latency added by the limiter at a fixed 5,000 req/s.
+fn edge_added_latency(rt: &tokio::runtime::Runtime, hosts: &EdgeHosts, scale: usize) {
     let rate = 5000.0;
     let fixed_secs = 4.0 / scale as f64;
-    let (p50_on, p99_on, f_on) = rt.block_on(fixed_rate(&on_url, &secret, rate, fixed_secs));
-    let (p50_off, p99_off, f_off) = rt.block_on(fixed_rate(&off_url, &secret, rate, fixed_secs));
+    let on = rt.block_on(fixed_rate(&hosts.on.url, &hosts.secret, rate, fixed_secs));
+    let off = rt.block_on(fixed_rate(&hosts.off.url, &hosts.secret, rate, fixed_secs));
     println!("\n| at a fixed {rate:.0} req/s for {fixed_secs:.1} s | p50 µs | p99 µs | failed |");
     println!("|---|---|---|---|");
-    println!("| limiter on | {p50_on:.0} | {p99_on:.0} | {f_on} |");
-    println!("| limiter off | {p50_off:.0} | {p99_off:.0} | {f_off} |");
+    println!(
+        "| limiter on | {:.0} | {:.0} | {} |",
+        on.p50_us, on.p99_us, on.failed
+    );
+    println!(
+        "| limiter off | {:.0} | {:.0} | {} |",
+        off.p50_us, off.p99_us, off.failed
+    );
     println!(
         "| **added by the limiter** | **{:.0}** | **{:.0}** | |",
-        p50_on - p50_off,
-        p99_on - p99_off
+        on.p50_us - off.p50_us,
+        on.p99_us - off.p99_us
     );
-
-    bench_worker(server, rt, &upstream, &secret, scale);
 }
 
 fn bench_worker(
@@ -1453,36 +1478,56 @@ fn bench_worker(
         &[("FLOODGATE_REST_TOKEN", token)],
         rest,
     );
-    let serve = |script: &str| {
-        let port = floodgate_tests::free_port();
-        let child = Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(dir.join("node_modules/.bin/node"))
-            .arg("serve.mjs")
-            .current_dir(&dir)
-            .env("PORT", port.to_string())
-            .env("SCRIPT", script)
-            .env("UPSTREAM_URL", upstream)
-            .env("UPSTASH_REDIS_REST_URL", format!("http://127.0.0.1:{rest}"))
-            .env("UPSTASH_REDIS_REST_TOKEN", token)
-            .env("STOP_ON_STDIN_EOF", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("node runs serve.mjs");
-        wait_port(port);
-        (Proc(child), format!("http://127.0.0.1:{port}"))
-    };
-    let (_w, worker) = serve("floodgate");
-    let (_p, passthrough) = serve("passthrough");
+    let rest_url = format!("http://127.0.0.1:{rest}");
+    let serve = |script: &str| serve_worker(&dir, script, upstream, &rest_url, token);
+    let worker = serve("floodgate");
+    let passthrough = serve("passthrough");
     // warm both (isolate start, caches)
-    rt.block_on(fixed_rate(&worker, secret, 100.0, 1.0));
-    rt.block_on(fixed_rate(&passthrough, secret, 100.0, 1.0));
+    rt.block_on(fixed_rate(&worker.url, secret, 100.0, 1.0));
+    rt.block_on(fixed_rate(&passthrough.url, secret, 100.0, 1.0));
     let rate = 300.0;
     let secs = 5.0 / scale as f64;
-    let (w50, w99, wf) = rt.block_on(fixed_rate(&worker, secret, rate, secs));
-    let (p50, p99, pf) = rt.block_on(fixed_rate(&passthrough, secret, rate, secs));
+    let w = rt.block_on(fixed_rate(&worker.url, secret, rate, secs));
+    let p = rt.block_on(fixed_rate(&passthrough.url, secret, rate, secs));
+    print_worker_table(rate, secs, &w, &p);
+    print_bundle_size(&dir);
+}
+
+/// Starts `script` (serve.mjs: workerd through Miniflare) on a free port on CPU 0,
+/// its store floodgate-rest at `rest_url`; it stops when its stdin closes.
+fn serve_worker(
+    dir: &std::path::Path,
+    script: &str,
+    upstream: &str,
+    rest_url: &str,
+    token: &str,
+) -> Host {
+    let port = floodgate_tests::free_port();
+    let child = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(dir.join("node_modules/.bin/node"))
+        .arg("serve.mjs")
+        .current_dir(dir)
+        .env("PORT", port.to_string())
+        .env("SCRIPT", script)
+        .env("UPSTREAM_URL", upstream)
+        .env("UPSTASH_REDIS_REST_URL", rest_url)
+        .env("UPSTASH_REDIS_REST_TOKEN", token)
+        .env("STOP_ON_STDIN_EOF", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("node runs serve.mjs");
+    wait_port(port);
+    Host {
+        _proc: Proc(child),
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// The Worker vs the pass-through Worker at `rate` for `secs`.
+fn print_worker_table(rate: f64, secs: f64, w: &Latency, p: &Latency) {
     println!(
         "\n## The Worker in workerd (Miniflare) vs a pass-through Worker, {rate:.0} req/s for {secs:.1} s"
     );
@@ -1491,33 +1536,45 @@ fn bench_worker(
     );
     println!("| Worker | p50 µs | p99 µs | failed |");
     println!("|---|---|---|---|");
-    println!("| Floodgate | {w50:.0} | {w99:.0} | {wf} |");
-    println!("| pass-through | {p50:.0} | {p99:.0} | {pf} |");
+    println!(
+        "| Floodgate | {:.0} | {:.0} | {} |",
+        w.p50_us, w.p99_us, w.failed
+    );
+    println!(
+        "| pass-through | {:.0} | {:.0} | {} |",
+        p.p50_us, p.p99_us, p.failed
+    );
     println!(
         "| **added by Floodgate** | **{:.0}** | **{:.0}** | |",
-        w50 - p50,
-        w99 - p99
+        w.p50_us - p.p50_us,
+        w.p99_us - p.p99_us
     );
+}
+
+/// The Worker's bundle, raw and gzip -9.
+fn print_bundle_size(dir: &std::path::Path) {
     let wasm = std::fs::read(dir.join("build/index_bg.wasm")).unwrap();
     let js = std::fs::read(dir.join("build/index.js")).unwrap();
-    let gz = |bytes: &[u8]| {
-        let mut child = Command::new("gzip")
-            .arg("-9c")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
-        child.wait_with_output().unwrap().stdout.len()
-    };
     println!(
         "\nWorker bundle: {} KiB ({} KiB wasm + {} KiB JS), **{} KiB gzip**",
         (wasm.len() + js.len()) / 1024,
         wasm.len() / 1024,
         js.len() / 1024,
-        (gz(&wasm) + gz(&js)) / 1024
+        (gzip_len(&wasm) + gzip_len(&js)) / 1024
     );
+}
+
+/// The size of `bytes` after `gzip -9`.
+fn gzip_len(bytes: &[u8]) -> usize {
+    let mut child = Command::new("gzip")
+        .arg("-9c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    child.wait_with_output().unwrap().stdout.len()
 }
 
 /// nginx in the foreground (one worker process on CPU 0), limiting per
