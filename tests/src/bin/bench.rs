@@ -17,6 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
 use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::{Store, StoreError};
 use floodgate_shared::Micros;
@@ -70,49 +71,115 @@ fn reference_with(pexpire: bool, time: bool) -> String {
     s
 }
 
+/// Floodgate's benchmark (`scripts/bench`): with no section named, the full run
+/// (decisions, Redis server CPU per call, REST, the edge, memory per bucket).
+#[derive(Parser)]
+#[command(name = "floodgate-bench", args_override_self = true)]
 struct Args {
+    /// 1/10 of the counts.
+    #[arg(long)]
     quick: bool,
-    /// `rest` / `edge`: run just that section (`cluster`, `lease`, `region`,
-    /// `hotkey`: the scale-out sections, `bench/scale.rs`, only when named).
-    only_rest: bool,
-    only_edge: bool,
-    /// `decisions`: only our client vs redis-benchmark (1 and 50 callers).
-    only_decisions: bool,
-    /// `deadline`: stray 503s with the CPUs loaded, adaptive vs fixed deadline.
-    only_deadline: bool,
-    /// `clients`: candidate Redis clients side by side (`bench/clients.rs`).
-    only_clients: bool,
+    /// A competing process for the deadline section: spins for this many seconds
+    /// (at most 600) and exits.
+    #[arg(long, value_name = "SECS")]
+    busy_secs: Option<f64>,
+    /// Run just that section: the first named of `rest`, `edge`, `deadline`,
+    /// `decisions`, `clients`; or the scale-out sections (`bench/scale.rs`), run
+    /// only when named, any of them together (they take precedence).
+    #[arg(value_enum, value_name = "SECTION")]
+    sections: Vec<Section>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Section {
+    /// Floodgate's REST client vs @upstash/ratelimit, through floodgate-rest.
+    Rest,
+    /// The native edge and the Worker: limiter on vs off, nginx, added latency.
+    Edge,
+    /// Only our client vs redis-benchmark (1 and 50 callers).
+    Decisions,
+    /// Stray 503s with the CPUs loaded, adaptive vs fixed deadline.
+    Deadline,
+    /// Candidate Redis clients side by side (`bench/clients.rs`).
+    Clients,
+    /// Redis Cluster: decisions/s vs number of masters.
+    Cluster,
+    /// Instance leases vs exact: N instances of one region on one bucket.
+    Lease,
+    /// Multi-region: 3 regions, one global Redis behind an added-latency proxy.
+    Region,
+    /// A hot `auto` key on one instance.
+    Hotkey,
+}
+
+impl Section {
+    /// The scale-out sections (`bench/scale.rs`).
+    fn is_scale(self) -> bool {
+        matches!(
+            self,
+            Section::Cluster | Section::Lease | Section::Region | Section::Hotkey
+        )
+    }
+}
+
+/// The sections that run alone, in the order they are looked for.
+const SINGLE: [Section; 5] = [
+    Section::Rest,
+    Section::Edge,
+    Section::Deadline,
+    Section::Decisions,
+    Section::Clients,
+];
+
 fn main() {
-    // a competing process for the deadline section: spins until the time is up
-    if let Some(secs) = std::env::args()
-        .skip_while(|a| a != "--busy-secs")
-        .nth(1)
-        .and_then(|s| s.parse::<f64>().ok())
-    {
-        let stop = Instant::now() + Duration::from_secs_f64(secs.min(600.0));
-        let mut x = 0u64;
-        while Instant::now() < stop {
-            for _ in 0..10_000 {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-            }
-        }
+    let args = Args::parse();
+    if let Some(secs) = args.busy_secs {
+        busy_loop(secs);
         return;
     }
-    let args = Args {
-        quick: std::env::args().any(|a| a == "--quick"),
-        only_rest: std::env::args().any(|a| a == "rest"),
-        only_edge: std::env::args().any(|a| a == "edge"),
-        only_decisions: std::env::args().any(|a| a == "decisions"),
-        only_clients: std::env::args().any(|a| a == "clients"),
-        only_deadline: std::env::args().any(|a| a == "deadline"),
-    };
     let scale: usize = if args.quick { 10 } else { 1 };
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
+    print_header(args.quick, pinned);
+
+    let scale_sections: Vec<Section> = args
+        .sections
+        .iter()
+        .copied()
+        .filter(|s| s.is_scale())
+        .collect();
+    if !scale_sections.is_empty() {
+        let rt = runtime();
+        scale::run(&scale_sections, pinned, scale, &rt);
+        return;
+    }
+
+    bench_decide(10_000_000 / scale as u64);
+
+    let server = RedisServer::start_pinned(pinned.then_some(0), &[]);
+    let mut conn = server.connection();
+    let sha = load_token_bucket(&mut conn);
+    let rt = runtime();
+    match SINGLE.into_iter().find(|s| args.sections.contains(s)) {
+        Some(only) => run_single(only, &server, &mut conn, &rt, scale, &sha),
+        None => run_all(&server, &mut conn, &rt, scale, &sha),
+    }
+}
+
+/// Spins until `secs` (at most 600) have passed.
+fn busy_loop(secs: f64) {
+    let stop = Instant::now() + Duration::from_secs_f64(secs.min(600.0));
+    let mut x = 0u64;
+    while Instant::now() < stop {
+        for _ in 0..10_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
+fn print_header(quick: bool, pinned: bool) {
     println!(
         "# Floodgate benchmark{}",
-        if args.quick {
+        if quick {
             " (--quick: 1/10 of the counts)"
         } else {
             ""
@@ -128,113 +195,140 @@ fn main() {
             "no (taskset missing)"
         }
     );
+}
 
-    let scale_sections: Vec<String> = std::env::args()
-        .filter(|a| ["cluster", "lease", "region", "hotkey"].contains(&a.as_str()))
-        .collect();
-    if !scale_sections.is_empty() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        scale::run(&scale_sections, pinned, scale, &rt);
-        return;
-    }
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
-    bench_decide(10_000_000 / scale as u64);
-
-    let server = RedisServer::start_pinned(pinned.then_some(0), &[]);
-    let mut conn = server.connection();
+/// Loads the token-bucket script; its SHA1 is the one the edge calls.
+fn load_token_bucket(conn: &mut redis::Connection) -> String {
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(TOKEN_BUCKET.source)
-        .query(&mut conn)
+        .query(conn)
         .unwrap();
     assert_eq!(sha, TOKEN_BUCKET.sha1);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    if args.only_rest {
-        bench_rest(&server, &rt, scale);
-        return;
-    }
-    if args.only_edge {
-        bench_edge(&server, &rt, scale);
-        return;
-    }
-    if args.only_deadline {
-        bench_deadline(&server, &rt, scale);
-        return;
-    }
-    if args.only_decisions {
-        bench_decisions(&server, &mut conn, &rt, scale, &sha);
-        return;
-    }
-    if args.only_clients {
-        clients::run(&server, &mut conn, &rt, scale, &sha);
-        return;
-    }
+    sha
+}
 
-    bench_decisions(&server, &mut conn, &rt, scale, &sha);
+fn run_single(
+    only: Section,
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+    sha: &str,
+) {
+    match only {
+        Section::Rest => bench_rest(server, rt, scale),
+        Section::Edge => bench_edge(server, rt, scale),
+        Section::Deadline => bench_deadline(server, rt, scale),
+        Section::Decisions => bench_decisions(server, conn, rt, scale, sha),
+        Section::Clients => clients::run(server, conn, rt, scale, sha),
+        Section::Cluster | Section::Lease | Section::Region | Section::Hotkey => {
+            unreachable!("the scale-out sections run on their own")
+        }
+    }
+}
 
+/// The full run: every section but `deadline`, `clients` and the scale-out ones.
+fn run_all(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+    sha: &str,
+) {
+    bench_decisions(server, conn, rt, scale, sha);
+    bench_server_cpu(server, conn, scale);
+    bench_rest(server, rt, scale);
+    bench_edge(server, rt, scale);
+    bench_memory(server, conn, rt, scale);
+}
+
+/// A script `redis-benchmark` calls with EVALSHA, and its arguments.
+struct BenchScript {
+    name: &'static str,
+    source: String,
+    argv: Vec<&'static str>,
+}
+
+/// Ours and the design document's reference script (alone, + PEXPIRE, + TIME +
+/// PEXPIRE).
+fn server_cpu_scripts() -> [BenchScript; 4] {
+    [
+        BenchScript {
+            name: "floodgate (TIME + GET + SET PX)",
+            source: TOKEN_BUCKET.source.to_string(),
+            argv: vec!["", "60000000", "60000"],
+        },
+        BenchScript {
+            name: "reference (no TTL, client clock)",
+            source: reference_with(false, false),
+            argv: vec!["1000", "16.67", "1764472066"],
+        },
+        BenchScript {
+            name: "reference + PEXPIRE",
+            source: reference_with(true, false),
+            argv: vec!["1000", "16.67", "1764472066"],
+        },
+        BenchScript {
+            name: "reference + TIME + PEXPIRE",
+            source: reference_with(true, true),
+            argv: vec!["1000", "16.67"],
+        },
+    ]
+}
+
+/// Redis server µs per call (`INFO commandstats`) of each script, driven by
+/// `redis-benchmark` on three key spaces.
+fn bench_server_cpu(server: &RedisServer, conn: &mut redis::Connection, scale: usize) {
     println!(
         "\n## Redis server CPU per call, side by side (redis-benchmark, 50 clients, pipeline 16)"
     );
     println!("| script | keys | calls/s | server µs/call |");
     println!("|---|---|---|---|");
     let n = 400_000 / scale;
-    let scripts = [
-        (
-            "floodgate (TIME + GET + SET PX)",
-            TOKEN_BUCKET.source.to_string(),
-            vec!["", "60000000", "60000"],
-        ),
-        (
-            "reference (no TTL, client clock)",
-            reference_with(false, false),
-            vec!["1000", "16.67", "1764472066"],
-        ),
-        (
-            "reference + PEXPIRE",
-            reference_with(true, false),
-            vec!["1000", "16.67", "1764472066"],
-        ),
-        (
-            "reference + TIME + PEXPIRE",
-            reference_with(true, true),
-            vec!["1000", "16.67"],
-        ),
-    ];
+    let scripts = server_cpu_scripts();
     for (keys, range) in [
         ("random of 1M (mostly new)", 1_000_000),
         ("random of 10k (existing)", 10_000),
         ("one hot key (mostly denied)", 1),
     ] {
-        for (name, source, argv) in &scripts {
-            let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+        for script in &scripts {
+            let _: () = redis::cmd("FLUSHALL").query(conn).unwrap();
             let sha: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(source)
-                .query(&mut conn)
+                .arg(&script.source)
+                .query(conn)
                 .unwrap();
-            reset_stats(&mut conn);
-            let r = redis_benchmark_with(server.port(), 50, 16, n, range, &sha, argv);
+            reset_stats(conn);
+            let r = redis_benchmark_with(server.port(), 50, 16, n, range, &sha, &script.argv);
             println!(
-                "| {name} | {keys} | {:.0} | {:.2} |",
+                "| {} | {keys} | {:.0} | {:.2} |",
+                script.name,
                 r.rate,
-                usec_per_call(&mut conn, "evalsha")
+                usec_per_call(conn, "evalsha")
             );
         }
     }
+}
 
-    bench_rest(&server, &rt, scale);
-    bench_edge(&server, &rt, scale);
-
+/// Bytes per bucket after creating 1,000,000 buckets, ours and the reference layout.
+fn bench_memory(
+    server: &RedisServer,
+    conn: &mut redis::Connection,
+    rt: &tokio::runtime::Runtime,
+    scale: usize,
+) {
     println!("\n## Memory per bucket at 1,000,000 buckets (cleanup TTL included)");
     let buckets = 1_000_000 / scale;
-    let (ours, key_len) = rt.block_on(memory_ours(&server, buckets));
-    let reference = memory_reference(&mut conn, buckets);
+    let (ours, key_len) = rt.block_on(memory_ours(server, buckets));
+    let reference = memory_reference(conn, buckets);
     println!("| layout | key | bytes/bucket |");
     println!("|---|---|---|");
     println!(
@@ -651,23 +745,40 @@ fn bench_rest(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         );
         return;
     }
+    let (_endpoint, url) = start_rest_endpoint(&endpoint_bin, server, token);
+
+    println!("\n## REST: Floodgate's REST client vs @upstash/ratelimit tokenBucket");
+    println!(
+        "(one floodgate-rest endpoint and Redis on CPU 0, clients on CPU 1; median of 3 alternating rounds)"
+    );
+    println!("| callers | client | decisions/s | p50 µs | p99 µs | Floodgate ÷ ratelimit |");
+    println!("|---|---|---|---|---|---|");
+    let resp_url = server.url();
+    let clients = RestClients {
+        url: &url,
+        token,
+        node_dir: &node_dir,
+        resp_url: &resp_url,
+    };
+    for callers in [1usize, 50] {
+        let n = if callers == 1 { 4_000 } else { 30_000 } / scale;
+        print_rest_rows(callers, &clients.medians(rt, callers, n));
+    }
+}
+
+/// Starts floodgate-rest (on CPU 0 with taskset) in front of `server` and waits
+/// for its port: the child, killed when dropped, and its URL.
+fn start_rest_endpoint(bin: &std::path::Path, server: &RedisServer, token: &str) -> (Proc, String) {
     let port = floodgate_tests::free_port();
     let pinned = Command::new("taskset").arg("-V").output().is_ok();
     let mut cmd = if pinned {
         let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(&endpoint_bin);
+        c.args(["-c", "0"]).arg(bin);
         c
     } else {
-        Command::new(&endpoint_bin)
+        Command::new(bin)
     };
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _endpoint = KillOnDrop(
+    let endpoint = Proc(
         cmd.args([
             "--listen",
             &format!("127.0.0.1:{port}"),
@@ -687,49 +798,84 @@ fn bench_rest(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
         assert!(Instant::now() < deadline, "floodgate-rest did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
+    (endpoint, url)
+}
 
-    println!("\n## REST: Floodgate's REST client vs @upstash/ratelimit tokenBucket");
-    println!(
-        "(one floodgate-rest endpoint and Redis on CPU 0, clients on CPU 1; median of 3 alternating rounds)"
-    );
-    println!("| callers | client | decisions/s | p50 µs | p99 µs | Floodgate ÷ ratelimit |");
-    println!("|---|---|---|---|---|---|");
-    for callers in [1usize, 50] {
-        let n = if callers == 1 { 4_000 } else { 30_000 } / scale;
+/// The three clients of the REST section and where they go.
+struct RestClients<'a> {
+    /// floodgate-rest's URL and token.
+    url: &'a str,
+    token: &'a str,
+    /// tests/node, where @upstash/ratelimit is installed.
+    node_dir: &'a std::path::Path,
+    /// The Redis behind floodgate-rest, for our client over RESP.
+    resp_url: &'a str,
+}
+
+/// The median round of each client of the REST section.
+struct RestRates {
+    /// Floodgate's REST client.
+    ours: Rate,
+    /// @upstash/ratelimit.
+    theirs: Rate,
+    /// Floodgate's RESP client straight to Redis.
+    resp: Rate,
+}
+
+impl RestClients<'_> {
+    /// Three alternating rounds of `n` decisions by `callers` callers each.
+    fn medians(&self, rt: &tokio::runtime::Runtime, callers: usize, n: usize) -> RestRates {
         let (mut ours, mut theirs, mut resp) = (vec![], vec![], vec![]);
         for _ in 0..3 {
-            let store =
-                floodgate_edge::store::rest::RestStore::new(&url, token, Duration::from_secs(5))
-                    .unwrap();
+            let store = floodgate_edge::store::rest::RestStore::new(
+                self.url,
+                self.token,
+                Duration::from_secs(5),
+            )
+            .unwrap();
             ours.push(rt.block_on(drive(store, callers, n)));
-            theirs.push(ratelimit_node(&node_dir, &url, token, callers, n));
-            resp.push(rt.block_on(our_client(&server.url(), callers, n)));
+            theirs.push(ratelimit_node(
+                self.node_dir,
+                self.url,
+                self.token,
+                callers,
+                n,
+            ));
+            resp.push(rt.block_on(our_client(self.resp_url, callers, n)));
         }
         let median = |v: &mut Vec<Rate>| {
             v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
             v.swap_remove(1)
         };
-        let (ours, theirs, resp) = (median(&mut ours), median(&mut theirs), median(&mut resp));
-        println!(
-            "| {callers} | floodgate REST | {:.0} | {:.0} | {:.0} | **{:.2}× decisions/s, {:.2}× p99** |",
-            ours.rate,
-            ours.p50_us,
-            ours.p99_us,
-            ours.rate / theirs.rate,
-            ours.p99_us / theirs.p99_us
-        );
-        println!(
-            "| {callers} | @upstash/ratelimit | {:.0} | {:.0} | {:.0} | |",
-            theirs.rate, theirs.p50_us, theirs.p99_us
-        );
-        println!(
-            "| {callers} | floodgate RESP (direct) | {:.0} | {:.0} | {:.0} | REST ÷ RESP: {:.2}× |",
-            resp.rate,
-            resp.p50_us,
-            resp.p99_us,
-            ours.rate / resp.rate
-        );
+        RestRates {
+            ours: median(&mut ours),
+            theirs: median(&mut theirs),
+            resp: median(&mut resp),
+        }
     }
+}
+
+fn print_rest_rows(callers: usize, r: &RestRates) {
+    let RestRates { ours, theirs, resp } = r;
+    println!(
+        "| {callers} | floodgate REST | {:.0} | {:.0} | {:.0} | **{:.2}× decisions/s, {:.2}× p99** |",
+        ours.rate,
+        ours.p50_us,
+        ours.p99_us,
+        ours.rate / theirs.rate,
+        ours.p99_us / theirs.p99_us
+    );
+    println!(
+        "| {callers} | @upstash/ratelimit | {:.0} | {:.0} | {:.0} | |",
+        theirs.rate, theirs.p50_us, theirs.p99_us
+    );
+    println!(
+        "| {callers} | floodgate RESP (direct) | {:.0} | {:.0} | {:.0} | REST ÷ RESP: {:.2}× |",
+        resp.rate,
+        resp.p50_us,
+        resp.p99_us,
+        ours.rate / resp.rate
+    );
 }
 
 fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize, n: usize) -> Rate {
@@ -761,15 +907,28 @@ fn ratelimit_node(dir: &std::path::Path, url: &str, token: &str, callers: usize,
     }
 }
 
+/// Answers of a closed loop, counted.
+#[derive(Clone, Copy, Default)]
+struct Statuses {
+    /// 2xx.
+    ok: usize,
+    /// 503.
+    refused: usize,
+    /// Anything else, transport errors included.
+    other: usize,
+}
+
+impl std::ops::AddAssign for Statuses {
+    fn add_assign(&mut self, o: Self) {
+        self.ok += o.ok;
+        self.refused += o.refused;
+        self.other += o.other;
+    }
+}
+
 /// Closed loop: `workers` clients send `n` requests in all (within `limit`); the
-/// answers counted as (2xx, 503, anything else including transport errors).
-async fn statuses(
-    url: &str,
-    secret: &str,
-    workers: usize,
-    n: usize,
-    limit: Duration,
-) -> (usize, usize, usize) {
+/// answers counted.
+async fn statuses(url: &str, secret: &str, workers: usize, n: usize, limit: Duration) -> Statuses {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(workers)
@@ -796,20 +955,7 @@ async fn statuses(
                             .bearer_auth(&secret)
                             .send()
                             .await;
-                        let i = match r {
-                            Ok(r) if r.status().is_success() => {
-                                let _ = r.bytes().await;
-                                0
-                            }
-                            Ok(r) if r.status() == 503 => {
-                                if std::env::var_os("BENCH_SHOW_503").is_some() {
-                                    eprintln!("503: {}", r.text().await.unwrap_or_default());
-                                }
-                                1
-                            }
-                            _ => 2,
-                        };
-                        counts[i].fetch_add(1, Relaxed);
+                        counts[status_index(r).await].fetch_add(1, Relaxed);
                     }
                 }));
             }
@@ -819,7 +965,94 @@ async fn statuses(
         })
         .await;
     let c = |i: usize| counts[i].load(Relaxed);
-    (c(0), c(1), c(2))
+    Statuses {
+        ok: c(0),
+        refused: c(1),
+        other: c(2),
+    }
+}
+
+/// 0 for a 2xx (its body read), 1 for a 503 (its body shown with `BENCH_SHOW_503`),
+/// 2 for anything else.
+async fn status_index(r: reqwest::Result<reqwest::Response>) -> usize {
+    match r {
+        Ok(r) if r.status().is_success() => {
+            let _ = r.bytes().await;
+            0
+        }
+        Ok(r) if r.status() == 503 => {
+            if std::env::var_os("BENCH_SHOW_503").is_some() {
+                eprintln!("503: {}", r.text().await.unwrap_or_default());
+            }
+            1
+        }
+        _ => 2,
+    }
+}
+
+/// A sibling process and the URL it serves.
+struct Host {
+    _proc: Proc,
+    url: String,
+}
+
+/// Starts floodgate-edge on a free port (on CPU 0) in front of `upstream`, deciding
+/// with `redis`, with `extra` arguments.
+fn edge_host(upstream: &str, redis: &str, extra: &[&str]) -> Host {
+    let port = floodgate_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--listen",
+        &listen,
+        "--upstream",
+        upstream,
+        "--redis",
+        redis,
+    ];
+    args.extend_from_slice(extra);
+    Host {
+        _proc: sibling("floodgate-edge", &args, &[], port),
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// Starts floodgate-demo-upstream on a free port (on CPU 0).
+fn demo_upstream() -> (Host, u16) {
+    let up = floodgate_tests::free_port();
+    let proc = sibling(
+        "floodgate-demo-upstream",
+        &["--listen", &format!("127.0.0.1:{up}")],
+        &[],
+        up,
+    );
+    let url = format!("http://127.0.0.1:{up}");
+    (Host { _proc: proc, url }, up)
+}
+
+/// One busy process per CPU of the machine (this process may be pinned to one),
+/// each spinning for `secs`, bounded in time by itself.
+fn busy_loops(secs: f64) -> Vec<Proc> {
+    let me = std::env::current_exe().unwrap();
+    let cpus = Command::new("nproc")
+        .arg("--all")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(2usize);
+    (0..cpus)
+        .map(|cpu| {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string()]).arg(&me);
+            if Command::new("taskset").arg("-V").output().is_err() {
+                c = Command::new(&me);
+            }
+            let child = c
+                .args(["--busy-secs", &secs.to_string()])
+                .spawn()
+                .expect("start a busy loop");
+            Proc(child)
+        })
+        .collect()
 }
 
 /// Stray 503s at saturation while both CPUs are also loaded by a competing busy
@@ -829,105 +1062,65 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
     let secret = rt
         .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
         .secret;
-    let up = floodgate_tests::free_port();
-    let _upstream = sibling(
-        "floodgate-demo-upstream",
-        &["--listen", &format!("127.0.0.1:{up}")],
-        &[],
-        up,
-    );
-    let upstream = format!("http://127.0.0.1:{up}");
+    let (upstream, _) = demo_upstream();
     let redis = server.url();
-    let edge = |extra: &[&str]| {
-        let port = floodgate_tests::free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let mut args = vec![
-            "--listen",
-            &listen,
-            "--upstream",
-            &upstream,
-            "--redis",
-            &redis,
-        ];
-        args.extend_from_slice(extra);
-        let p = sibling("floodgate-edge", &args, &[], port);
-        (p, format!("http://127.0.0.1:{port}"))
-    };
-    let (_adaptive, adaptive_url) = edge(&[]);
-    let (_fixed, fixed_url) = edge(&["--deadline-ms", "3"]);
+    let adaptive = edge_host(&upstream.url, &redis, &[]);
+    let fixed = edge_host(&upstream.url, &redis, &["--deadline-ms", "3"]);
     let n = 10_000 / scale;
     let rounds = 3;
     let limit = Duration::from_secs(60);
-    // one busy process per CPU, each bounded in time by itself
-    let busy_secs = (rounds * 2) as f64 * limit.as_secs_f64();
-    let me = std::env::current_exe().unwrap();
-    // every CPU of the machine (this process may be pinned to one)
-    let cpus = Command::new("nproc")
-        .arg("--all")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(2usize);
-    let busy: Vec<Proc> = (0..cpus)
-        .map(|cpu| {
-            let mut c = Command::new("taskset");
-            c.args(["-c", &cpu.to_string()]).arg(&me);
-            if Command::new("taskset").arg("-V").output().is_err() {
-                c = Command::new(&me);
-            }
-            let child = c
-                .args(["--busy-secs", &busy_secs.to_string()])
-                .spawn()
-                .expect("start a busy loop");
-            Proc(child)
-        })
-        .collect();
+    let busy = busy_loops((rounds * 2) as f64 * limit.as_secs_f64());
     println!(
         "\n## Stray 503s with the CPUs loaded (native edge, Redis healthy, {} busy loops, 32 connections, {n} requests a round, {rounds} rounds alternating)",
         busy.len()
     );
-    let mut totals = [(0usize, 0usize, 0usize); 2];
+    let mut totals = [Statuses::default(); 2];
     for _ in 0..rounds {
-        for (i, url) in [&adaptive_url, &fixed_url].into_iter().enumerate() {
-            let (ok, refused, other) = rt.block_on(statuses(url, &secret, 32, n, limit));
-            totals[i].0 += ok;
-            totals[i].1 += refused;
-            totals[i].2 += other;
+        for (i, url) in [&adaptive.url, &fixed.url].into_iter().enumerate() {
+            totals[i] += rt.block_on(statuses(url, &secret, 32, n, limit));
         }
     }
     drop(busy);
-    let health = |url: &str| -> serde_json::Value {
-        rt.block_on(async {
-            reqwest::get(format!("{url}{}", floodgate_edge::proxy::HEALTH_PATH))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap()
-        })
-    };
+    print_deadline_table(&totals);
+    for (name, url) in [("adaptive", &adaptive.url), ("fixed", &fixed.url)] {
+        let h = health(rt, url);
+        println!(
+            "({name} edge afterwards: breaker opened {} times; {})",
+            h["breaker_opened"], h["deadlines"]["global"]
+        );
+    }
+}
+
+fn print_deadline_table(totals: &[Statuses; 2]) {
     println!("| deadline | requests | 503 | **503 per 10,000** | other failures |");
     println!("|---|---|---|---|---|");
-    for (name, (ok, refused, other)) in [
+    for (name, t) in [
         ("adaptive (default: 3-100 ms)", totals[0]),
         (
             "fixed 3 ms (`--deadline-ms 3`, the former default)",
             totals[1],
         ),
     ] {
-        let all = ok + refused + other;
+        let all = t.ok + t.refused + t.other;
         println!(
-            "| {name} | {all} | {refused} | **{:.1}** | {other} |",
-            refused as f64 * 10_000.0 / all.max(1) as f64
+            "| {name} | {all} | {} | **{:.1}** | {} |",
+            t.refused,
+            t.refused as f64 * 10_000.0 / all.max(1) as f64,
+            t.other
         );
     }
-    for (name, url) in [("adaptive", &adaptive_url), ("fixed", &fixed_url)] {
-        let h = health(url);
-        println!(
-            "({name} edge afterwards: breaker opened {} times; {})",
-            h["breaker_opened"], h["deadlines"]["global"]
-        );
-    }
+}
+
+/// An edge's health document.
+fn health(rt: &tokio::runtime::Runtime, url: &str) -> serde_json::Value {
+    rt.block_on(async {
+        reqwest::get(format!("{url}{}", floodgate_edge::proxy::HEALTH_PATH))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    })
 }
 
 /// A child process killed when dropped.
@@ -1030,8 +1223,8 @@ async fn saturate(url: &str, secret: &str, workers: usize, secs: f64, max: usize
 }
 
 /// Open loop at a fixed rate for `secs`: latency from each request's scheduled
-/// send time (no coordinated omission). Returns (p50 µs, p99 µs, failures).
-async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> (f64, f64, usize) {
+/// send time (no coordinated omission).
+async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> Latency {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(4096)
         .build()
@@ -1073,9 +1266,21 @@ async fn fixed_rate(url: &str, secret: &str, rate: f64, secs: f64) -> (f64, f64,
             lat.sort_unstable();
             let pct =
                 |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
-            (pct(0.5), pct(0.99), failed)
+            Latency {
+                p50_us: pct(0.5),
+                p99_us: pct(0.99),
+                failed,
+            }
         })
         .await
+}
+
+/// Latency of an open loop (from each request's scheduled send time).
+struct Latency {
+    p50_us: f64,
+    p99_us: f64,
+    /// Requests that failed or were not 2xx.
+    failed: usize,
 }
 
 const BENCH_CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
@@ -1085,154 +1290,167 @@ const BENCH_CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_
 /// added latency at a fixed 5k req/s); the Worker in workerd vs a pass-through
 /// Worker (added latency); the Worker's bundle size.
 fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
-    let secret = rt
-        .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
-        .secret;
-    let (up, on, off) = (
-        floodgate_tests::free_port(),
-        floodgate_tests::free_port(),
-        floodgate_tests::free_port(),
-    );
-    let _upstream = sibling(
-        "floodgate-demo-upstream",
-        &["--listen", &format!("127.0.0.1:{up}")],
-        &[],
-        up,
-    );
-    let upstream = format!("http://127.0.0.1:{up}");
-    let redis = server.url();
-    let _on = sibling(
-        "floodgate-edge",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{on}"),
-            "--upstream",
-            &upstream,
-            "--redis",
-            &redis,
-            // the default, adaptive deadline: at saturation the queue, not Redis,
-            // sets the wait, and the deadline follows it (a fixed 3 ms one turned
-            // load into fail-closed 503s: see the deadline section)
-        ],
-        &[],
-        on,
-    );
-    let _off = sibling(
-        "floodgate-edge",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{off}"),
-            "--upstream",
-            &upstream,
-            "--redis",
-            &redis,
-            "--no-limit",
-        ],
-        &[],
-        off,
-    );
-    let (on_url, off_url) = (
-        format!("http://127.0.0.1:{on}"),
-        format!("http://127.0.0.1:{off}"),
-    );
-    // The same limiter with its Redis on the other CPU, as a remote Redis would be:
-    // Redis's work then does not compete with the edge's.
-    let remote = RedisServer::start_pinned(Some(1), &[]);
-    let remote_secret = rt
-        .block_on(floodgate_tests::seed(&remote, BENCH_CONFIG))
-        .secret;
-    let on_remote = floodgate_tests::free_port();
-    let remote_redis = remote.url();
-    let _on_remote = sibling(
-        "floodgate-edge",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{on_remote}"),
-            "--upstream",
-            &upstream,
-            "--redis",
-            &remote_redis,
-        ],
-        &[],
-        on_remote,
-    );
-    let on_remote_url = format!("http://127.0.0.1:{on_remote}");
-    // nginx (one worker, on CPU 0 like the edge) limiting per Authorization header
-    // with limit_req in its own memory, in front of the same upstream
-    let nginx = Nginx::start(up);
-
+    let hosts = EdgeHosts::start(server, rt);
     println!(
         "\n## The edge: native host, limiter on vs off (same upstream; median of 3 alternating rounds)"
     );
     println!("(edge and upstream on CPU 0, the load generator on CPU 1)");
+    print_saturation(&edge_saturation(rt, &hosts, scale));
+    edge_added_latency(rt, &hosts, scale);
+    bench_worker(server, rt, &hosts.upstream.url, &hosts.secret, scale);
+}
+
+/// The hosts of the edge section, in front of one demo upstream; the fields drop
+/// in this order (the last started first).
+struct EdgeHosts {
+    /// nginx (one worker, on CPU 0 like the edge) limiting per Authorization
+    /// header with limit_req in its own memory; `None` when not installed.
+    nginx: Option<Nginx>,
+    /// The limiter with its Redis on the other CPU, as a remote Redis would be.
+    on_remote: Host,
+    remote_secret: String,
+    _remote: RedisServer,
+    /// Limiter on and off, Redis on CPU 0 beside the edge.
+    off: Host,
+    on: Host,
+    upstream: Host,
+    secret: String,
+}
+
+impl EdgeHosts {
+    fn start(server: &RedisServer, rt: &tokio::runtime::Runtime) -> Self {
+        let secret = rt
+            .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
+            .secret;
+        let (upstream, up) = demo_upstream();
+        let redis = server.url();
+        // the default, adaptive deadline: at saturation the queue, not Redis, sets
+        // the wait, and the deadline follows it (a fixed 3 ms one turned load into
+        // fail-closed 503s: see the deadline section)
+        let on = edge_host(&upstream.url, &redis, &[]);
+        let off = edge_host(&upstream.url, &redis, &["--no-limit"]);
+        // The same limiter with its Redis on the other CPU, as a remote Redis would
+        // be: Redis's work then does not compete with the edge's.
+        let remote = RedisServer::start_pinned(Some(1), &[]);
+        let remote_secret = rt
+            .block_on(floodgate_tests::seed(&remote, BENCH_CONFIG))
+            .secret;
+        let on_remote = edge_host(&upstream.url, &remote.url(), &[]);
+        // nginx (one worker, on CPU 0 like the edge) limiting per Authorization
+        // header with limit_req in its own memory, in front of the same upstream
+        let nginx = Nginx::start(up);
+        EdgeHosts {
+            nginx,
+            on_remote,
+            remote_secret,
+            _remote: remote,
+            off,
+            on,
+            upstream,
+            secret,
+        }
+    }
+}
+
+/// Requests/s at saturation, the median of 3 alternating rounds.
+struct Saturation {
+    on: f64,
+    remote: f64,
+    off: f64,
+    nginx: Option<f64>,
+    /// The load generator: wrk, or reqwest without it.
+    have_wrk: bool,
+}
+
+fn edge_saturation(rt: &tokio::runtime::Runtime, hosts: &EdgeHosts, scale: usize) -> Saturation {
     let secs = 3.0 / scale as f64;
     let have_wrk = Command::new("wrk").arg("--version").output().is_ok();
     let load = |url: &str, secret: &str| match have_wrk {
         true => wrk(url, secret, 64, secs),
         false => rt.block_on(saturate(url, secret, 64, secs, 200_000)),
     };
-    let nginx_url = nginx
+    let nginx_url = hosts
+        .nginx
         .as_ref()
         .map(|n| format!("http://127.0.0.1:{}", n.port));
     let (mut r_on, mut r_remote, mut r_off, mut r_nginx) = (vec![], vec![], vec![], vec![]);
     for _ in 0..3 {
-        r_on.push(load(&on_url, &secret));
-        r_remote.push(load(&on_remote_url, &remote_secret));
-        r_off.push(load(&off_url, &secret));
+        r_on.push(load(&hosts.on.url, &hosts.secret));
+        r_remote.push(load(&hosts.on_remote.url, &hosts.remote_secret));
+        r_off.push(load(&hosts.off.url, &hosts.secret));
         if let Some(url) = &nginx_url {
-            r_nginx.push(load(url, &secret));
+            r_nginx.push(load(url, &hosts.secret));
         }
     }
     for v in [&mut r_on, &mut r_remote, &mut r_off, &mut r_nginx] {
         v.sort_by(f64::total_cmp);
     }
-    let nginx_rate = r_nginx.get(1).copied();
-    let vs_nginx = |r: f64| nginx_rate.map_or("n/a".to_string(), |n| format!("{:.2}", r / n));
+    Saturation {
+        on: r_on[1],
+        remote: r_remote[1],
+        off: r_off[1],
+        nginx: r_nginx.get(1).copied(),
+        have_wrk,
+    }
+}
+
+fn print_saturation(s: &Saturation) {
+    let vs_nginx = |r: f64| {
+        s.nginx
+            .map_or("n/a".to_string(), |n| format!("{:.2}", r / n))
+    };
     println!(
         "| host | requests/s at saturation (64 connections, {}) | ÷ limiter off | ÷ nginx limit_req |",
-        if have_wrk { "wrk" } else { "reqwest" }
+        if s.have_wrk { "wrk" } else { "reqwest" }
     );
     println!("|---|---|---|---|");
     println!(
         "| limiter on, Redis on CPU 0 beside the edge | {:.0} | {:.2} | {} |",
-        r_on[1],
-        r_on[1] / r_off[1],
-        vs_nginx(r_on[1])
+        s.on,
+        s.on / s.off,
+        vs_nginx(s.on)
     );
     println!(
         "| limiter on, Redis on CPU 1 (as if remote) | {:.0} | **{:.2}** | **{}** |",
-        r_remote[1],
-        r_remote[1] / r_off[1],
-        vs_nginx(r_remote[1])
+        s.remote,
+        s.remote / s.off,
+        vs_nginx(s.remote)
     );
     println!(
         "| limiter off | {:.0} | 1.00 | {} |",
-        r_off[1],
-        vs_nginx(r_off[1])
+        s.off,
+        vs_nginx(s.off)
     );
-    match nginx_rate {
+    match s.nginx {
         Some(n) => println!(
             "| nginx 1.22 `limit_req` (in-process, not global) | {n:.0} | {:.2} | 1.00 |",
-            n / r_off[1]
+            n / s.off
         ),
         None => println!("| nginx | not installed (Debian nginx-light) | | |"),
     }
+}
 
+/// Latency added by the limiter at a fixed 5,000 req/s.
+fn edge_added_latency(rt: &tokio::runtime::Runtime, hosts: &EdgeHosts, scale: usize) {
     let rate = 5000.0;
     let fixed_secs = 4.0 / scale as f64;
-    let (p50_on, p99_on, f_on) = rt.block_on(fixed_rate(&on_url, &secret, rate, fixed_secs));
-    let (p50_off, p99_off, f_off) = rt.block_on(fixed_rate(&off_url, &secret, rate, fixed_secs));
+    let on = rt.block_on(fixed_rate(&hosts.on.url, &hosts.secret, rate, fixed_secs));
+    let off = rt.block_on(fixed_rate(&hosts.off.url, &hosts.secret, rate, fixed_secs));
     println!("\n| at a fixed {rate:.0} req/s for {fixed_secs:.1} s | p50 µs | p99 µs | failed |");
     println!("|---|---|---|---|");
-    println!("| limiter on | {p50_on:.0} | {p99_on:.0} | {f_on} |");
-    println!("| limiter off | {p50_off:.0} | {p99_off:.0} | {f_off} |");
+    println!(
+        "| limiter on | {:.0} | {:.0} | {} |",
+        on.p50_us, on.p99_us, on.failed
+    );
+    println!(
+        "| limiter off | {:.0} | {:.0} | {} |",
+        off.p50_us, off.p99_us, off.failed
+    );
     println!(
         "| **added by the limiter** | **{:.0}** | **{:.0}** | |",
-        p50_on - p50_off,
-        p99_on - p99_off
+        on.p50_us - off.p50_us,
+        on.p99_us - off.p99_us
     );
-
-    bench_worker(server, rt, &upstream, &secret, scale);
 }
 
 fn bench_worker(
@@ -1260,36 +1478,56 @@ fn bench_worker(
         &[("FLOODGATE_REST_TOKEN", token)],
         rest,
     );
-    let serve = |script: &str| {
-        let port = floodgate_tests::free_port();
-        let child = Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(dir.join("node_modules/.bin/node"))
-            .arg("serve.mjs")
-            .current_dir(&dir)
-            .env("PORT", port.to_string())
-            .env("SCRIPT", script)
-            .env("UPSTREAM_URL", upstream)
-            .env("UPSTASH_REDIS_REST_URL", format!("http://127.0.0.1:{rest}"))
-            .env("UPSTASH_REDIS_REST_TOKEN", token)
-            .env("STOP_ON_STDIN_EOF", "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("node runs serve.mjs");
-        wait_port(port);
-        (Proc(child), format!("http://127.0.0.1:{port}"))
-    };
-    let (_w, worker) = serve("floodgate");
-    let (_p, passthrough) = serve("passthrough");
+    let rest_url = format!("http://127.0.0.1:{rest}");
+    let serve = |script: &str| serve_worker(&dir, script, upstream, &rest_url, token);
+    let worker = serve("floodgate");
+    let passthrough = serve("passthrough");
     // warm both (isolate start, caches)
-    rt.block_on(fixed_rate(&worker, secret, 100.0, 1.0));
-    rt.block_on(fixed_rate(&passthrough, secret, 100.0, 1.0));
+    rt.block_on(fixed_rate(&worker.url, secret, 100.0, 1.0));
+    rt.block_on(fixed_rate(&passthrough.url, secret, 100.0, 1.0));
     let rate = 300.0;
     let secs = 5.0 / scale as f64;
-    let (w50, w99, wf) = rt.block_on(fixed_rate(&worker, secret, rate, secs));
-    let (p50, p99, pf) = rt.block_on(fixed_rate(&passthrough, secret, rate, secs));
+    let w = rt.block_on(fixed_rate(&worker.url, secret, rate, secs));
+    let p = rt.block_on(fixed_rate(&passthrough.url, secret, rate, secs));
+    print_worker_table(rate, secs, &w, &p);
+    print_bundle_size(&dir);
+}
+
+/// Starts `script` (serve.mjs: workerd through Miniflare) on a free port on CPU 0,
+/// its store floodgate-rest at `rest_url`; it stops when its stdin closes.
+fn serve_worker(
+    dir: &std::path::Path,
+    script: &str,
+    upstream: &str,
+    rest_url: &str,
+    token: &str,
+) -> Host {
+    let port = floodgate_tests::free_port();
+    let child = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(dir.join("node_modules/.bin/node"))
+        .arg("serve.mjs")
+        .current_dir(dir)
+        .env("PORT", port.to_string())
+        .env("SCRIPT", script)
+        .env("UPSTREAM_URL", upstream)
+        .env("UPSTASH_REDIS_REST_URL", rest_url)
+        .env("UPSTASH_REDIS_REST_TOKEN", token)
+        .env("STOP_ON_STDIN_EOF", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("node runs serve.mjs");
+    wait_port(port);
+    Host {
+        _proc: Proc(child),
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// The Worker vs the pass-through Worker at `rate` for `secs`.
+fn print_worker_table(rate: f64, secs: f64, w: &Latency, p: &Latency) {
     println!(
         "\n## The Worker in workerd (Miniflare) vs a pass-through Worker, {rate:.0} req/s for {secs:.1} s"
     );
@@ -1298,33 +1536,45 @@ fn bench_worker(
     );
     println!("| Worker | p50 µs | p99 µs | failed |");
     println!("|---|---|---|---|");
-    println!("| Floodgate | {w50:.0} | {w99:.0} | {wf} |");
-    println!("| pass-through | {p50:.0} | {p99:.0} | {pf} |");
+    println!(
+        "| Floodgate | {:.0} | {:.0} | {} |",
+        w.p50_us, w.p99_us, w.failed
+    );
+    println!(
+        "| pass-through | {:.0} | {:.0} | {} |",
+        p.p50_us, p.p99_us, p.failed
+    );
     println!(
         "| **added by Floodgate** | **{:.0}** | **{:.0}** | |",
-        w50 - p50,
-        w99 - p99
+        w.p50_us - p.p50_us,
+        w.p99_us - p.p99_us
     );
+}
+
+/// The Worker's bundle, raw and gzip -9.
+fn print_bundle_size(dir: &std::path::Path) {
     let wasm = std::fs::read(dir.join("build/index_bg.wasm")).unwrap();
     let js = std::fs::read(dir.join("build/index.js")).unwrap();
-    let gz = |bytes: &[u8]| {
-        let mut child = Command::new("gzip")
-            .arg("-9c")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
-        child.wait_with_output().unwrap().stdout.len()
-    };
     println!(
         "\nWorker bundle: {} KiB ({} KiB wasm + {} KiB JS), **{} KiB gzip**",
         (wasm.len() + js.len()) / 1024,
         wasm.len() / 1024,
         js.len() / 1024,
-        (gz(&wasm) + gz(&js)) / 1024
+        (gzip_len(&wasm) + gzip_len(&js)) / 1024
     );
+}
+
+/// The size of `bytes` after `gzip -9`.
+fn gzip_len(bytes: &[u8]) -> usize {
+    let mut child = Command::new("gzip")
+        .arg("-9c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    child.wait_with_output().unwrap().stdout.len()
 }
 
 /// nginx in the foreground (one worker process on CPU 0), limiting per

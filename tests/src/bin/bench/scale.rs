@@ -15,21 +15,22 @@ use floodgate_tests::scale::{
     offer_http, regional_scripts, settle, worst_excess,
 };
 
-use crate::drive;
+use crate::{Section, drive};
 
-pub fn run(sections: &[String], pinned: bool, scale: usize, rt: &tokio::runtime::Runtime) {
+/// Runs the named sections, always in this order: cluster, lease, region, hotkey.
+pub fn run(sections: &[Section], pinned: bool, scale: usize, rt: &tokio::runtime::Runtime) {
     let cpu = pinned.then_some(0);
-    let has = |s: &str| sections.iter().any(|a| a == s);
-    if has("cluster") {
+    let has = |s: Section| sections.contains(&s);
+    if has(Section::Cluster) {
         cluster(cpu, scale, rt);
     }
-    if has("lease") {
+    if has(Section::Lease) {
         lease(cpu, scale, rt);
     }
-    if has("region") {
+    if has(Section::Region) {
         region(cpu, scale, rt);
     }
-    if has("hotkey") {
+    if has(Section::Hotkey) {
         hotkey(cpu, scale, rt);
     }
 }
@@ -194,14 +195,51 @@ fn latency_header(what: &str, worker: bool) {
     );
 }
 
+/// The loads of the native multi-region runs.
+struct RegionLoad {
+    /// Seconds of each measured run, and of the warm-up before it.
+    secs: f64,
+    warm: f64,
+    /// Requests/s offered: the hot key, the Zipf mixes, the key over its limit.
+    hot_rate: u64,
+    zipf_rate: u64,
+    over_rate: u64,
+    /// Instances per region.
+    per_region: usize,
+}
+
+/// One row of the bound table: a key offered `over_rate` and a leakage burst.
+struct BoundRow {
+    distance: u64,
+    mode: Mode,
+    /// The worst window above capacity + refill.
+    excess: i64,
+    over: Run,
+    leaked: u64,
+}
+
+/// The native multi-region runs, per table: (one-way ms, mode, run).
+#[derive(Default)]
+struct RegionRows {
+    hot: Vec<(u64, Mode, Run)>,
+    zipf: Vec<(u64, Mode, Run)>,
+    tight: Vec<(u64, Mode, Run)>,
+    bound: Vec<BoundRow>,
+}
+
 fn region(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
     let quick = scale > 1;
-    let secs = if quick { 1.0 } else { 2.0 };
-    // a key's leases grow with its measured rate: warm after about a second
-    let warm = if quick { 1.5 } else { 2.0 };
+    let load = RegionLoad {
+        secs: if quick { 1.0 } else { 2.0 },
+        // a key's leases grow with its measured rate: warm after about a second
+        warm: if quick { 1.5 } else { 2.0 },
+        hot_rate: 600,
+        zipf_rate: 1_500,
+        over_rate: 800,
+        per_region: 2,
+    };
     let distances: &[u64] = &[5, 25, 50, 100];
-    let (hot_rate, zipf_rate, over_rate) = (600, 1_500, 800);
-    let per_region = 2;
+    let (per_region, warm, secs) = (load.per_region, load.warm, load.secs);
     println!(
         "\n## Multi-region: 3 regions × {per_region} instances, one global Redis behind an added-latency proxy, a regional Redis per region on loopback"
     );
@@ -211,49 +249,80 @@ fn region(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
     let cfg = config(&[HOT, PER_IP, PER_IP_TIGHT, OVER, LEAK], 3);
     let world = rt.block_on(World::start_on(3, &cfg, cpu));
     let zipf = Subjects::Zipf(Arc::new(Zipf::new(10_000, 1.1)));
-    let mut hot_rows = vec![];
-    let mut zipf_rows = vec![];
-    let mut tight_rows = vec![];
-    let mut bound_rows = vec![];
+    let mut rows = RegionRows::default();
     for &d in distances {
-        let one_way = Duration::from_millis(d);
-        world.set_one_way(one_way);
+        world.set_one_way(Duration::from_millis(d));
         for mode in Mode::ALL {
-            rt.block_on(async {
-                let edges = world.edges(mode, per_region, DEADLINE).await;
-                let hot = world.key(mode, &HOT.plan(mode)).await;
-                offer(&world, &edges, &hot, &Subjects::One, hot_rate, warm, 1).await;
-                settle(one_way).await;
-                let h = offer(&world, &edges, &hot, &Subjects::One, hot_rate, secs, 2).await;
-                hot_rows.push((d, mode, h));
-                for (limit, rows) in [(PER_IP, &mut zipf_rows), (PER_IP_TIGHT, &mut tight_rows)] {
-                    let ip = world.key(mode, &limit.plan(mode)).await;
-                    offer(&world, &edges, &ip, &zipf, zipf_rate, warm, 3).await;
-                    settle(one_way).await;
-                    rows.push((
-                        d,
-                        mode,
-                        offer(&world, &edges, &ip, &zipf, zipf_rate, secs, 4).await,
-                    ));
-                }
-                let over = world.key(mode, &OVER.plan(mode)).await;
-                let o = offer(&world, &edges, &over, &Subjects::One, over_rate, secs, 5).await;
-                let (capacity, emission) = OVER.bucket();
-                let excess = worst_excess(&o.admitted_at, capacity, emission);
-                let leak = world.key(mode, &LEAK.plan(mode)).await;
-                let leaked = burst(&edges, &leak, 60).await;
-                bound_rows.push((d, mode, excess, o, leaked));
-                settle(one_way).await;
-            });
+            rt.block_on(region_runs(&world, &load, &zipf, d, mode, &mut rows));
         }
     }
+    print_region_rows(&load, &rows);
+    worker_region(&world, distances, secs, warm, rt);
+}
+
+/// The runs of one mode at one distance (`d` ms one way): the hot key, the two
+/// Zipf mixes, the key over its limit and the leakage burst.
+async fn region_runs(
+    world: &World,
+    load: &RegionLoad,
+    zipf: &Subjects,
+    d: u64,
+    mode: Mode,
+    rows: &mut RegionRows,
+) {
+    let one_way = Duration::from_millis(d);
+    let (secs, warm) = (load.secs, load.warm);
+    let edges = world.edges(mode, load.per_region, DEADLINE).await;
+    let hot = world.key(mode, &HOT.plan(mode)).await;
+    let hot_rate = load.hot_rate;
+    offer(world, &edges, &hot, &Subjects::One, hot_rate, warm, 1).await;
+    settle(one_way).await;
+    let h = offer(world, &edges, &hot, &Subjects::One, hot_rate, secs, 2).await;
+    rows.hot.push((d, mode, h));
+    for (limit, table) in [(PER_IP, &mut rows.zipf), (PER_IP_TIGHT, &mut rows.tight)] {
+        let ip = world.key(mode, &limit.plan(mode)).await;
+        offer(world, &edges, &ip, zipf, load.zipf_rate, warm, 3).await;
+        settle(one_way).await;
+        table.push((
+            d,
+            mode,
+            offer(world, &edges, &ip, zipf, load.zipf_rate, secs, 4).await,
+        ));
+    }
+    let over = world.key(mode, &OVER.plan(mode)).await;
+    let o = offer(
+        world,
+        &edges,
+        &over,
+        &Subjects::One,
+        load.over_rate,
+        secs,
+        5,
+    )
+    .await;
+    let (capacity, emission) = OVER.bucket();
+    let excess = worst_excess(&o.admitted_at, capacity, emission);
+    let leak = world.key(mode, &LEAK.plan(mode)).await;
+    let leaked = burst(&edges, &leak, 60).await;
+    rows.bound.push(BoundRow {
+        distance: d,
+        mode,
+        excess,
+        over: o,
+        leaked,
+    });
+    settle(one_way).await;
+}
+
+fn print_region_rows(load: &RegionLoad, rows: &RegionRows) {
+    let (hot_rate, zipf_rate, over_rate) = (load.hot_rate, load.zipf_rate, load.over_rate);
     latency_header(
         &format!(
             "### Native, one hot key: {hot_rate} req/s over the 6 instances (100,000/min, bound 2,000)"
         ),
         false,
     );
-    for (d, mode, r) in &hot_rows {
+    for (d, mode, r) in &rows.hot {
         latency_row(*d, mode.name(), r, None);
     }
     latency_header(
@@ -262,14 +331,14 @@ fn region(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
         ),
         false,
     );
-    for (d, mode, r) in &zipf_rows {
+    for (d, mode, r) in &rows.zipf {
         latency_row(*d, mode.name(), r, None);
     }
     latency_header(
         "### Native, the same Zipf mix with a tight limit: 600/min per key and address, bound 60 (credit 10 per region; pools of at most 15 tokens; the busiest addresses, ~200 req/s, are over their quota)",
         false,
     );
-    for (d, mode, r) in &tight_rows {
+    for (d, mode, r) in &rows.tight {
         latency_row(*d, mode.name(), r, None);
     }
     println!(
@@ -280,16 +349,82 @@ fn region(cpu: Option<usize>, scale: usize, rt: &tokio::runtime::Runtime) {
         "| one-way | mode | admitted/offered | worst window above capacity + refill (bound 40) | leakage: admitted / 100 |"
     );
     println!("|---|---|---|---|---|");
-    for (d, mode, excess, o, leaked) in &bound_rows {
+    for row in &rows.bound {
+        let BoundRow {
+            distance: d,
+            excess,
+            leaked,
+            ..
+        } = row;
         println!(
             "| {d} ms | {} | {}/{} | {excess:+} | {leaked} ({:.2}×) |",
-            mode.name(),
-            o.admitted,
-            o.requests,
+            row.mode.name(),
+            row.over.admitted,
+            row.over.requests,
             *leaked as f64 / 100.0
         );
     }
-    worker_region(&world, distances, secs, warm, rt);
+}
+
+/// The loads of the Worker's multi-region runs, and what they go through.
+struct WorkerLoad<'a> {
+    world: &'a World,
+    client: reqwest::Client,
+    zipf: Subjects,
+    /// Requests/s offered.
+    rate: u64,
+    /// Seconds of each measured run, and of the warm-up before it.
+    secs: f64,
+    warm: f64,
+}
+
+/// One mode of the Worker at one distance.
+struct WorkerRow {
+    distance: u64,
+    name: &'static str,
+    /// A key without policies: the Workers alone.
+    base: Run,
+    hot: Run,
+    zipf: Run,
+    leaked: u64,
+}
+
+impl WorkerLoad<'_> {
+    /// The runs of one mode (`name`) through `workers` at `d` ms one way: a key
+    /// without policies, the hot key, the Zipf mix and the leakage burst.
+    async fn runs(
+        &self,
+        name: &'static str,
+        workers: &WorkerRegions,
+        mode: Mode,
+        d: u64,
+    ) -> WorkerRow {
+        let (world, client, zipf, rate) = (self.world, &self.client, &self.zipf, self.rate);
+        let (secs, warm, one_way) = (self.secs, self.warm, Duration::from_millis(d));
+        let calls = || (workers.global_calls(), regional_scripts(&world.regionals));
+        let urls = workers.urls();
+        let none = world.key(mode, "none").await;
+        offer_http(&calls, client, &urls, &none, &Subjects::One, rate, 0.3, 1).await;
+        let base = offer_http(&calls, client, &urls, &none, &Subjects::One, rate, secs, 2).await;
+        let hot = world.key(mode, &HOT.plan(mode)).await;
+        offer_http(&calls, client, &urls, &hot, &Subjects::One, rate, warm, 3).await;
+        settle(one_way).await;
+        let h = offer_http(&calls, client, &urls, &hot, &Subjects::One, rate, secs, 4).await;
+        let ip = world.key(mode, &PER_IP.plan(mode)).await;
+        offer_http(&calls, client, &urls, &ip, zipf, rate, warm, 5).await;
+        settle(one_way).await;
+        let z = offer_http(&calls, client, &urls, &ip, zipf, rate, secs, 6).await;
+        let leak = world.key(mode, &LEAK.plan(mode)).await;
+        let leaked = burst_http(client, &urls, &leak, 120).await;
+        WorkerRow {
+            distance: d,
+            name,
+            base,
+            hot: h,
+            zipf: z,
+            leaked,
+        }
+    }
 }
 
 /// The same over HTTP through the built Worker in workerd, one per region: with a
@@ -315,14 +450,19 @@ fn worker_region(
             WorkerRegions::start(world, false).await,
         )
     });
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let zipf = Subjects::Zipf(Arc::new(Zipf::new(10_000, 1.1)));
+    let load = WorkerLoad {
+        world,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+        zipf: Subjects::Zipf(Arc::new(Zipf::new(10_000, 1.1))),
+        rate,
+        secs,
+        warm,
+    };
     let mut rows = vec![];
-    let mut leak_rows = vec![];
     for &d in distances {
         let one_way = Duration::from_millis(d);
         world.set_one_way(one_way);
@@ -334,37 +474,21 @@ fn worker_region(
             ("bounded, regional pools", &pools, Mode::RegionalPools),
         ];
         for (name, workers, mode) in cases {
-            let calls = || (workers.global_calls(), regional_scripts(&world.regionals));
-            rt.block_on(async {
-                let urls = workers.urls();
-                let none = world.key(mode, "none").await;
-                offer_http(&calls, &client, &urls, &none, &Subjects::One, rate, 0.3, 1).await;
-                let base =
-                    offer_http(&calls, &client, &urls, &none, &Subjects::One, rate, secs, 2).await;
-                let hot = world.key(mode, &HOT.plan(mode)).await;
-                offer_http(&calls, &client, &urls, &hot, &Subjects::One, rate, warm, 3).await;
-                settle(one_way).await;
-                let h =
-                    offer_http(&calls, &client, &urls, &hot, &Subjects::One, rate, secs, 4).await;
-                let ip = world.key(mode, &PER_IP.plan(mode)).await;
-                offer_http(&calls, &client, &urls, &ip, &zipf, rate, warm, 5).await;
-                settle(one_way).await;
-                let z = offer_http(&calls, &client, &urls, &ip, &zipf, rate, secs, 6).await;
-                let leak = world.key(mode, &LEAK.plan(mode)).await;
-                let leaked = burst_http(&client, &urls, &leak, 120).await;
-                rows.push((d, name, base, h, z));
-                leak_rows.push((d, name, leaked));
-            });
+            rows.push(rt.block_on(load.runs(name, workers, mode, d)));
         }
     }
+    print_worker_region_rows(rate, &rows);
+}
+
+fn print_worker_region_rows(rate: u64, rows: &[WorkerRow]) {
     latency_header(
         &format!(
             "### The Worker in workerd (one per region), one hot key: {rate} req/s; added = the exchange's percentile minus the same Workers' for a key without policies (Worker alone)"
         ),
         true,
     );
-    for (d, name, base, h, _) in &rows {
-        latency_row(*d, name, h, Some(base));
+    for r in rows {
+        latency_row(r.distance, r.name, &r.hot, Some(&r.base));
     }
     latency_header(
         &format!(
@@ -372,18 +496,21 @@ fn worker_region(
         ),
         true,
     );
-    for (d, name, base, _, z) in &rows {
-        latency_row(*d, name, z, Some(base));
+    for r in rows {
+        latency_row(r.distance, r.name, &r.zipf, Some(&r.base));
     }
     println!(
         "\n### The Worker, leakage: each region's Worker is sent 120 requests one after another, the regions at once, against 100/h (bound 30)"
     );
     println!("| one-way | mode | admitted / 100 |");
     println!("|---|---|---|");
-    for (d, name, leaked) in &leak_rows {
+    for r in rows {
         println!(
-            "| {d} ms | {name} | {leaked} ({:.2}×) |",
-            *leaked as f64 / 100.0
+            "| {} ms | {} | {} ({:.2}×) |",
+            r.distance,
+            r.name,
+            r.leaked,
+            r.leaked as f64 / 100.0
         );
     }
 }
