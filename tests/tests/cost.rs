@@ -1,0 +1,80 @@
+//! What a deployment's Redis bill counts (issue 22): every command, those a script
+//! runs included — here `INFO commandstats` of the one redis-server behind the
+//! edge, which counts the same way. An exact decision is ONE script call running
+//! TIME, one MGET and one SET (4 billed commands); what an instance writes about
+//! its traffic (statistics, key last use) and its record checks are paid per
+//! flush interval and per TTL, not per request. Printed per host, side by side.
+
+use std::time::Duration;
+
+use floodgate_tests::upstream::RawUpstream;
+use floodgate_tests::{EdgeKind, EdgeOptions, RedisServer, on_both_hosts, seed, start_edge_with};
+
+on_both_hosts!(an_exact_decision_bills_four_commands_and_bookkeeping_almost_none);
+
+const CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
+    "quota":{"capacity":100000,"refill":100000,"period":"1m"},"failure_mode":"fail_closed"}],
+    "plans":{"free":["default"]}}"#;
+
+/// Every command the server ran since the last reset, by name (INFO and CONFIG,
+/// this test's own, left out).
+fn billed(redis: &RedisServer) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(['=', ',']).nth(1)?.parse::<u64>().ok()?;
+            (!name.starts_with("info") && !name.starts_with("config")).then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
+async fn an_exact_decision_bills_four_commands_and_bookkeeping_almost_none(kind: EdgeKind) {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, CONFIG).await.secret;
+    let upstream = RawUpstream::start().await;
+    let options = EdgeOptions {
+        stats_flush_ms: 2_000,
+        ..EdgeOptions::default()
+    };
+    let edge = start_edge_with(kind, &redis, &upstream.url, &options).await;
+    let c = reqwest::Client::new();
+    let get = async |path: &str| {
+        let r = c
+            .get(format!("{}{path}", edge.url))
+            .bearer_auth(&secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    };
+    // warm: the records cached, the scripts loaded
+    for _ in 0..20 {
+        get("/warm").await;
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut redis.connection())
+        .unwrap();
+    let n = 400u64;
+    for _ in 0..n {
+        get("/v1/items").await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // one more flush interval: the statistics of these requests are written
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let by_name = billed(&redis);
+    let total: u64 = by_name.iter().map(|(_, c)| c).sum();
+    let per_request = total as f64 / n as f64;
+    println!("{kind:?}: {total} billed commands for {n} requests = {per_request:.3} per request: {by_name:?}");
+    let calls = |name: &str| by_name.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+    assert_eq!(calls("evalsha") + calls("eval"), n, "one script call per decision");
+    assert!(
+        per_request <= 4.1,
+        "{per_request:.3} billed commands per request: {by_name:?}"
+    );
+}
