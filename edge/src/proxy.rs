@@ -262,6 +262,10 @@ pub enum Refusal {
     Overloaded,
     /// 504: the upstream did not answer within [`Timeouts::upstream`].
     UpstreamTimeout,
+    /// 499 (nginx's "client closed request"; never seen by the client, which is
+    /// gone): the client closed its connection before the upstream answered,
+    /// and the upstream request was cancelled.
+    ClientGone,
 }
 
 impl Refusal {
@@ -275,6 +279,7 @@ impl Refusal {
             Refusal::UpstreamUnavailable => 502,
             Refusal::Overloaded => 503,
             Refusal::UpstreamTimeout => 504,
+            Refusal::ClientGone => 499,
         }
     }
 
@@ -288,6 +293,7 @@ impl Refusal {
             Refusal::UpstreamUnavailable => "Upstream unavailable",
             Refusal::Overloaded => "Too many connections",
             Refusal::UpstreamTimeout => "Upstream timed out",
+            Refusal::ClientGone => "Client closed request",
         }
     }
 

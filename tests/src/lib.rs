@@ -709,33 +709,34 @@ pub async fn start_edge_with(
     upstream: &str,
     options: &EdgeOptions,
 ) -> EdgeInstance {
-    use floodgate_edge::deadline::DeadlineSettings;
     use floodgate_edge::native_host::{HostConfig, NativeStore};
     use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
+    use floodgate_edge::settings::{EdgeSettings, Protocol};
     match kind {
         EdgeKind::Native => {
-            let deadline = options.deadline_ms.map_or(DeadlineSettings::RESP, |ms| {
-                DeadlineSettings::fixed(ms as i64 * 1000)
-            });
+            // the Worker's variables, parsed by the same code the Worker parses
+            // them with: both hosts get the same settings from the same test
+            let vars: serde_json::Value = serde_json::from_str(&worker_vars(options)).unwrap();
+            let lookup = |name: &str| {
+                let var = vars.get(name).and_then(|v| v.as_str()).map(str::to_string);
+                var.or_else(|| (name == "CACHE_TTL_MS").then(|| options.cache_ttl_ms.to_string()))
+            };
+            let edge = EdgeSettings::from_lookup(lookup).expect("the edge's settings");
+            let settings: PipelineConfig = edge.pipeline(Protocol::Resp);
+            let deadline = settings.deadline;
             let store = floodgate_edge::store::resp::RespStore::connect(
                 &redis.url(),
                 store_deadline(Duration::from_micros(deadline.ceiling as u64)),
             )
             .await
             .expect("connect to redis");
-            let settings = PipelineConfig {
-                cache_ttl: options.cache_ttl_ms * 1000,
-                deadline,
-                stats_flush_every: options.stats_flush_ms as i64 * 1000,
-                ..PipelineConfig::default()
-            };
             let pipeline = Pipeline::new(
                 NativeStore::Resp(store),
                 floodgate_shared::time::SystemClock,
                 settings,
             );
             let mut host = HostConfig::new(upstream);
-            host.rules.timeouts.upstream = Duration::from_millis(options.upstream_timeout_ms);
+            host.rules = edge.rules(upstream);
             let (url, stop) = serve_native(pipeline, host).await;
             EdgeInstance {
                 url,

@@ -111,6 +111,11 @@ fn a_bad_value_names_the_flag_and_the_expected_form() {
         ),
         (
             "floodgate-edge",
+            &["--upstream", "http://u", "--lease-lifetime-ms", "50"],
+            &["--lease-lifetime-ms", "100..=60000"],
+        ),
+        (
+            "floodgate-edge",
             &["--upstream", "http://u", "--log-format", "xml"],
             &["--log-format", "text", "json"],
         ),

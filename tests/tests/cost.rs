@@ -27,7 +27,8 @@ fn billed(redis: &RedisServer) -> Vec<(String, u64)> {
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
             let calls = rest.split(['=', ',']).nth(1)?.parse::<u64>().ok()?;
-            (!name.starts_with("info") && !name.starts_with("config")).then(|| (name.to_string(), calls))
+            (!name.starts_with("info") && !name.starts_with("config"))
+                .then(|| (name.to_string(), calls))
         })
         .collect()
 }
@@ -70,9 +71,20 @@ async fn an_exact_decision_bills_four_commands_and_bookkeeping_almost_none(kind:
     let by_name = billed(&redis);
     let total: u64 = by_name.iter().map(|(_, c)| c).sum();
     let per_request = total as f64 / n as f64;
-    println!("{kind:?}: {total} billed commands for {n} requests = {per_request:.3} per request: {by_name:?}");
-    let calls = |name: &str| by_name.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-    assert_eq!(calls("evalsha") + calls("eval"), n, "one script call per decision");
+    println!(
+        "{kind:?}: {total} billed commands for {n} requests = {per_request:.3} per request: {by_name:?}"
+    );
+    let calls = |name: &str| {
+        by_name
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, c)| *c)
+    };
+    assert_eq!(
+        calls("evalsha") + calls("eval"),
+        n,
+        "one script call per decision"
+    );
     assert!(
         per_request <= 4.1,
         "{per_request:.3} billed commands per request: {by_name:?}"

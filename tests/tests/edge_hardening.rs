@@ -667,25 +667,92 @@ async fn raw_exchange(base: &str, raw: &str) -> (u16, String) {
     (status, text)
 }
 
-/// A streamed (chunked) body that grows past the limit is refused with 413 once
-/// it does, on the native host (the Worker's platform bounds bodies itself).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streamed_body_past_the_limit_is_a_413() {
-    let s = stack(EdgeKind::Native).await;
+on_both_hosts!(
+    a_streamed_body_past_the_limit_is_a_413,
+    max_body_bytes_0_means_no_limit,
+);
+
+/// An 11 MiB body streamed in chunks, no Content-Length.
+fn streamed_body() -> reqwest::Body {
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         (0..11).map(|_| Ok(vec![b'x'; 1024 * 1024])).collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+/// A streamed (chunked) body that grows past the limit (10 MiB by default) is
+/// refused with 413 once it does, on both hosts (issue 21: the Worker checked
+/// only a declared Content-Length), and costs no quota.
+async fn a_streamed_body_past_the_limit_is_a_413(kind: EdgeKind) {
+    let s = stack(kind).await;
     let r = client()
         .post(format!("{}/stream", s.edge))
         .bearer_auth(&s.secret)
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
+        .body(streamed_body())
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"], "Request body too large");
+}
+
+/// `MAX_BODY_BYTES=0` is no limit on both hosts (issue 21: it was a 0-byte limit
+/// in the Worker): a declared and a streamed 11 MiB body reach the upstream.
+async fn max_body_bytes_0_means_no_limit(kind: EdgeKind) {
+    let options = EdgeOptions {
+        worker_env: vec![("MAX_BODY_BYTES".into(), "0".into())],
+        ..EdgeOptions::default()
+    };
+    let s = stack_with(kind, options).await;
+    let c = client();
+    let declared = c
+        .post(format!("{}/declared", s.edge))
+        .bearer_auth(&s.secret)
+        .body(vec![b'x'; 11 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(declared.status(), StatusCode::OK);
+    let streamed = c
+        .post(format!("{}/streamed", s.edge))
+        .bearer_auth(&s.secret)
+        .body(streamed_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), StatusCode::OK);
+    assert_eq!(s.upstream.total(), 2);
+}
+
+/// Settings outside their bounds are refused the same way on both hosts
+/// (issue 21: the Worker took DEADLINE_MS=0 as a 1 µs deadline and any lease
+/// lifetime ≥ 1 s): the Worker answers every request 500 naming the variable and
+/// its bounds; floodgate-edge exits naming the flag (`tests/cli_flags.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_refuses_settings_out_of_bounds_naming_them() {
+    for (var, value) in [
+        ("DEADLINE_MS", "0"),
+        ("LEASE_LIFETIME_MS", "50"),
+        ("LEASE_LIFETIME_MS", "60001"),
+    ] {
+        let options = EdgeOptions {
+            worker_env: vec![(var.into(), value.into())],
+            ..EdgeOptions::default()
+        };
+        let s = stack_with(EdgeKind::Worker, options).await;
+        let r = client()
+            .get(format!("{}/any", s.edge))
+            .bearer_auth(&s.secret)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 500, "{var}={value}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"], "Floodgate is misconfigured", "{v}");
+        let hint = v["hint"].as_str().unwrap_or_default();
+        assert!(hint.contains(var), "{var}={value}: {hint}");
+        assert_eq!(s.upstream.total(), 0);
+    }
 }
 
 on_both_hosts!(an_in_flight_slot_is_held_until_the_response_body_is_out);

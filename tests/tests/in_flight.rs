@@ -58,6 +58,10 @@ struct Stack {
 }
 
 async fn stack() -> Stack {
+    stack_with(Duration::from_millis(400)).await
+}
+
+async fn stack_with(upstream_timeout: Duration) -> Stack {
     let redis = RedisServer::start();
     let store = RespStore::connect(&redis.url(), Duration::from_secs(2))
         .await
@@ -77,7 +81,7 @@ async fn stack() -> Stack {
         },
     );
     let mut host = HostConfig::new(&up_url);
-    host.rules.timeouts.upstream = Duration::from_millis(400);
+    host.rules.timeouts.upstream = upstream_timeout;
     let (edge, edge_stop) = serve_native(pipeline, host).await;
     Stack {
         slots_key: format!("fg:{{k:{}}}:default:inflight", record.id),
@@ -163,6 +167,44 @@ async fn slots_come_back_on_response_disconnect_and_upstream_timeout() {
     let r = s.get("/sleep/5000").await.unwrap();
     assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
     s.until_held(0, Duration::from_secs(2)).await;
+}
+
+/// Clients that leave a slow request (issue 22: two clients that left a 10 s
+/// request after 0.5 s still held both slots a second later, and their upstream
+/// requests ran on): the upstream requests are cancelled and the slots come back
+/// at once, long before the upstream's timeout (30 s here) or answer (20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_cancels_its_upstream_request_and_frees_its_slot() {
+    let s = stack_with(Duration::from_secs(30)).await;
+    let hung: Vec<_> = (0..LIMIT)
+        .map(|_| tokio::spawn(s.get("/sleep/20000")))
+        .collect();
+    s.until_held(LIMIT, Duration::from_secs(5)).await;
+    let waits_upstream = Instant::now() + Duration::from_secs(5);
+    while s.gauge.now.load(Ordering::SeqCst) < LIMIT {
+        assert!(
+            Instant::now() < waits_upstream,
+            "the upstream sees the requests"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = s.get("/sleep/1").await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // the clients leave: their connections close
+    for h in &hung {
+        h.abort();
+    }
+    s.until_held(0, Duration::from_secs(2)).await;
+    let cancelled = Instant::now() + Duration::from_secs(2);
+    while s.gauge.now.load(Ordering::SeqCst) > 0 {
+        assert!(
+            Instant::now() < cancelled,
+            "{} upstream requests still running for clients that left",
+            s.gauge.now.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.get("/sleep/1").await.unwrap().status(), StatusCode::OK);
 }
 
 /// Many concurrent requests, a random half of them cancelled at random moments:

@@ -143,9 +143,17 @@ async fn regions_trade_latency_for_leakage_only_up_to_the_bound() {
             }
         }
         if mode.consistency() != "exact" && mode != Mode::InstanceLeases {
+            // warm requests are decided from sub-leases of the region's pool, in
+            // the edge's memory: the pool is called ahead, about once a sub-lease
+            eprintln!(
+                "{mode:?}: {} regional calls for {} requests",
+                warm.regional_calls, warm.requests
+            );
             assert!(
-                warm.regional_calls >= warm.requests,
-                "{mode:?}: one regional call per request"
+                warm.regional_calls > 0 && warm.regional_calls < warm.requests,
+                "{mode:?}: {} regional calls for {} requests",
+                warm.regional_calls,
+                warm.requests
             );
         }
     }

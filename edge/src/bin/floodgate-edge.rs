@@ -176,6 +176,7 @@ async fn regional_store(a: &Args) -> Result<Option<(NativeStore, DeadlineSetting
     };
     let deadline = a.edge.deadline(protocol(a.regional_rest_url.is_some()));
     let mut options = StoreOptions::new(url.as_str(), transport_deadline(&deadline));
+    options.start_unreachable = true;
     options.ca_file = a.store.redis_ca_file.clone();
     if a.regional_rest_url.is_some() {
         options.rest_token = Some(
@@ -219,7 +220,10 @@ async fn pipeline(a: &Args) -> Result<Pipeline<NativeStore, SystemClock>, String
         )
     } else {
         // the message names the URL, its password redacted
-        NativeStore::connect(&a.store.options(transport))
+        // an edge started during an outage serves by failure mode meanwhile
+        let mut options = a.store.options(transport);
+        options.start_unreachable = true;
+        NativeStore::connect(&options)
             .await
             .map_err(|e| e.to_string())?
     };

@@ -468,10 +468,32 @@ async fn forward(
     };
     let headers: HeaderMap = host.exchange().upstream_headers(req, admit, request_id);
     let fault = Arc::new(BodyFault::default());
+    let bodyless = hyper::body::Body::is_end_stream(&body);
     let up = upstream_request(host, parts, uri, headers, body, &fault);
-    let upstream = match up.await {
-        Ok(r) => r,
-        Err(r) => return refusal(r, held),
+    let answered = {
+        // a client that leaves while the upstream has not answered cancels the
+        // upstream request, and its slots are given back (`held` is dropped)
+        let gone = async {
+            match &held.in_flight {
+                Some(f) if bodyless => f.gone().await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = up => Some(r),
+            () = gone => None,
+        }
+    };
+    let upstream = match answered {
+        Some(Ok(r)) => r,
+        Some(Err(r)) => return refusal(r, held),
+        None => {
+            tracing::info!(
+                target: "floodgate::request",
+                "the client left before the upstream answered: the upstream request is cancelled"
+            );
+            return refusal(Refusal::ClientGone, held);
+        }
     };
     let (mut out, body) = upstream.into_parts();
     let length = out.headers.get(CONTENT_LENGTH).cloned();

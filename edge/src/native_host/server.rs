@@ -111,6 +111,9 @@ struct ConnState {
     /// the socket first.
     closing: AtomicU8,
     close: Notify,
+    /// The socket's descriptor (the connection owns it; [`Connection::gone`]
+    /// duplicates it while a request of the connection is being handled).
+    fd: std::os::fd::RawFd,
 }
 
 const CLOSE_SILENT: u8 = 1;
@@ -118,8 +121,9 @@ const CLOSE_408: u8 = 2;
 const CLOSE_503: u8 = 3;
 
 impl ConnState {
-    fn new(now: u64) -> Self {
+    fn new(now: u64, fd: std::os::fd::RawFd) -> Self {
         Self {
+            fd,
             in_flight: AtomicUsize::new(0),
             last_activity: AtomicU64::new(now),
             head_started: AtomicU64::new(0),
@@ -263,6 +267,36 @@ impl Drop for Watched {
 /// body finished, or the request was abandoned).
 pub struct InFlight(Arc<ConnState>);
 
+impl InFlight {
+    /// Completes once the client has closed its side of the connection (an
+    /// end of stream where the next request would be) while a request of it is
+    /// in progress: it left, and its upstream request is of use to nobody
+    /// (nginx and Envoy cancel it too). Never completes when the client has
+    /// sent more (a pipelined request: it is still there) or the socket cannot
+    /// be watched. Only for requests whose body has been read.
+    pub async fn gone(&self) {
+        use std::os::fd::{BorrowedFd, OwnedFd};
+        // SAFETY: the connection owns the descriptor and outlives the requests it
+        // serves, this one included; the duplicate is ours to close
+        let borrowed = unsafe { BorrowedFd::borrow_raw(self.0.fd) };
+        let watch = borrowed
+            .try_clone_to_owned()
+            .map(|fd: OwnedFd| std::net::TcpStream::from(fd))
+            .and_then(|s| {
+                s.set_nonblocking(true)?;
+                TcpStream::from_std(s)
+            });
+        let Ok(watch) = watch else {
+            return std::future::pending().await;
+        };
+        let mut byte = [0u8; 1];
+        match watch.peek(&mut byte).await {
+            Ok(0) | Err(_) => {}
+            Ok(_) => std::future::pending().await,
+        }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -368,7 +402,10 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let state = Arc::new(ConnState::new(epoch.ms()));
+        let state = Arc::new(ConnState::new(epoch.ms(), {
+            use std::os::fd::AsRawFd;
+            stream.as_raw_fd()
+        }));
         let Some((stream, id)) = register(&registry, &limits, stream, &state, epoch) else {
             continue;
         };

@@ -35,8 +35,7 @@ where
     C: Clock,
 {
     /// The last instant (Redis' clock) at which a call sent at `sent` with
-    /// `deadline` is still awaited: the stale-call guard follows the deadline the
-    /// call is raced against.
+    /// `deadline` may still be awaited: the stale-call guard.
     pub(super) fn until(&self, sent: Micros, deadline: Micros) -> When {
         self.offset
             .to_redis(sent + deadline)
@@ -55,7 +54,9 @@ where
         let owned = Arc::new(limits.checks());
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
-        let when = self.until(sent, deadline);
+        // a busy store's call is waited for up to the ceiling (Guarded::call): the
+        // guard is there; one the edge gave up on earlier is refunded if it admits
+        let when = self.until(sent, self.global.ceiling().max(deadline));
         let store = self.global.store.clone();
         let calls = owned.clone();
         let fut = boxed(async move {

@@ -5,9 +5,11 @@
 //!
 //! Open breaker: the store is not called at all. Half-open: this request
 //! health-checks the store first (`PING`). A call that misses the deadline is
-//! handed back still running ([`Called::Failed`] with the call); it counts as a
-//! breaker failure only when nothing came from the store since it was sent, and
-//! its reply, when it comes, teaches the deadline (see [`super::lane`]).
+//! waited for on while the store keeps answering other calls (a busy store, up
+//! to the ceiling: no 503 from a healthy store), else handed back still running
+//! ([`Called::Failed`] with the call); it counts as a breaker failure only when
+//! nothing came from the store since it was sent, and its reply, when it comes,
+//! teaches the deadline (see [`super::lane`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -106,6 +108,11 @@ where
         self.lane.deadline(now)
     }
 
+    /// The longest a call is waited for now (µs).
+    pub fn ceiling(&self) -> Micros {
+        self.lane.ceiling()
+    }
+
     pub fn phase(&self) -> Phase {
         self.lane.breaker.phase()
     }
@@ -188,6 +195,10 @@ where
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
+                let still = match self.wait_on(clock, still, mark, limit, &watch).await {
+                    Ok(v) => return Called::Done(v),
+                    Err(still) => still,
+                };
                 let e = late_error(limit);
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
                 if !self.lane.expired(mark) {
@@ -195,6 +206,43 @@ where
                     self.logged(self.lane.breaker.failure(clock.now(), &e));
                 }
                 Called::Failed(e, Some(self.observed(still, watch, sent)))
+            }
+        }
+    }
+
+    /// A call past its deadline while the store kept answering others is a busy
+    /// store's, not a dead one's: it is waited for one more deadline at a time,
+    /// as long as replies keep arriving, up to the ceiling, rather than turned
+    /// into a failure mode (a 503 from a healthy store). A store that stops
+    /// answering costs at most one more deadline. Its reply is a late one (it
+    /// raises the deadline). `Err`: the store went silent or the ceiling passed:
+    /// the call, still running.
+    async fn wait_on<T: 'static>(
+        &self,
+        clock: &impl Clock,
+        mut still: BoxFuture<'static, Result<T, StoreError>>,
+        mut mark: u64,
+        step: Duration,
+        watch: &Stopwatch,
+    ) -> Result<T, BoxFuture<'static, Result<T, StoreError>>> {
+        loop {
+            let left = self.lane.ceiling() - watch.elapsed().as_micros() as Micros;
+            if left <= 0 || !self.lane.replied_since(mark) {
+                return Err(still);
+            }
+            mark = self.lane.mark();
+            let limit = step.min(Duration::from_micros(left as u64));
+            match race(still, limit).await {
+                Raced::Done(Ok(v)) => {
+                    let now = clock.now();
+                    let latency = watch.elapsed().as_micros() as Micros;
+                    self.lane.waited_on(latency, now);
+                    self.logged(self.lane.breaker.success(now));
+                    return Ok(v);
+                }
+                // answered with an error: settled, handed back to fail as one
+                Raced::Done(Err(e)) => return Err(boxed(async move { Err(e) })),
+                Raced::Late(s) => still = s,
             }
         }
     }

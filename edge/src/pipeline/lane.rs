@@ -37,6 +37,7 @@ pub struct Lane {
     silent: AtomicU64,
     late_replies: AtomicU64,
     too_late: AtomicU64,
+    waited_on: AtomicU64,
 }
 
 /// What one store's deadlines did since the instance started (health, metrics).
@@ -57,6 +58,9 @@ pub struct DeadlineStats {
     /// Late replies within the ceiling (the deadline was raised), and after it.
     pub late_replies: u64,
     pub too_late: u64,
+    /// Calls that missed their deadline while the store kept answering others,
+    /// were waited for up to the ceiling and answered in time for their request.
+    pub waited_on: u64,
 }
 
 impl DeadlineStats {
@@ -71,6 +75,7 @@ impl DeadlineStats {
             "expired_silent": self.silent,
             "late_replies": self.late_replies,
             "too_late": self.too_late,
+            "waited_on": self.waited_on,
         })
     }
 }
@@ -86,6 +91,7 @@ impl Lane {
             silent: AtomicU64::new(0),
             late_replies: AtomicU64::new(0),
             too_late: AtomicU64::new(0),
+            waited_on: AtomicU64::new(0),
         }
     }
 
@@ -97,6 +103,25 @@ impl Lane {
     /// A mark to take when sending a call, for [`Lane::expired`].
     pub fn mark(&self) -> u64 {
         self.replies.load(Ordering::Relaxed)
+    }
+
+    /// Whether replies arrived since `mark`: the store is alive (busy, maybe),
+    /// not silent.
+    pub fn replied_since(&self, mark: u64) -> bool {
+        self.replies.load(Ordering::Relaxed) > mark
+    }
+
+    /// The longest a call may be waited for now (the deadline's ceiling, µs).
+    pub fn ceiling(&self) -> Micros {
+        lock(&self.estimator).settings().ceiling
+    }
+
+    /// A call that missed its deadline while the store kept answering was
+    /// waited for and answered after `latency`: a late reply (it raises the
+    /// deadline), and one its request could still use.
+    pub fn waited_on(&self, latency: Micros, now: Micros) -> Lateness {
+        self.waited_on.fetch_add(1, Ordering::Relaxed);
+        self.late_reply(latency, now)
     }
 
     /// A call answered in time, after `latency`.
@@ -155,6 +180,7 @@ impl Lane {
             silent: load(&self.silent),
             late_replies: load(&self.late_replies),
             too_late: load(&self.too_late),
+            waited_on: load(&self.waited_on),
         }
     }
 }

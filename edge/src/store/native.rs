@@ -36,6 +36,11 @@ pub struct StoreOptions {
     /// How long a connection may stay silent, calls waiting, before it is
     /// replaced (default: the deadline, at least 250 ms).
     pub silence: Option<Duration>,
+    /// Start even when a Redis server (RESP, Sentinel) cannot be reached yet —
+    /// refused or unanswered: calls reconnect on demand and fail, answered by
+    /// the policies' failure modes, until it answers. Refused credentials and
+    /// bad TLS still fail at once. The edge's choice; the CLI wants the error.
+    pub start_unreachable: bool,
 }
 
 impl StoreOptions {
@@ -47,6 +52,7 @@ impl StoreOptions {
             ca_file: None,
             rest_token: None,
             silence: None,
+            start_unreachable: false,
         }
     }
 

@@ -141,8 +141,22 @@ impl RespStore {
                     format!("connect: no answer within {connect_limit:?}"),
                 ))
             });
-        first.map_err(|e| super::native::at_connect(e, &options.url))?;
-        Ok(store)
+        match first {
+            Ok(_) => Ok(store),
+            Err(e)
+                if options.start_unreachable
+                    && matches!(e.kind, StoreErrorKind::Connect | StoreErrorKind::Timeout) =>
+            {
+                let e = super::native::at_connect(e, &options.url);
+                tracing::warn!(
+                    target: "floodgate::store",
+                    error = %e,
+                    "not reachable yet ({e}): starting anyway; calls fail (failure modes answer) until it answers"
+                );
+                Ok(store)
+            }
+            Err(e) => Err(super::native::at_connect(e, &options.url)),
+        }
     }
 
     /// The per-call deadline.

@@ -398,9 +398,12 @@ async fn forward(
     if !matches!(method, Method::Get | Method::Head)
         && let Some(body) = req.inner().body()
     {
+        // a declared length was checked from the head (and the platform holds the
+        // body to it): passed on as is, its framing kept; a streamed one is
+        // bounded as it flows
+        let declared = req.headers().has("content-length").unwrap_or(false);
         let stream = match rules.limits.max_body {
-            None => body,
-            Some(max) => {
+            Some(max) if !declared => {
                 let (b, done) =
                     BoundedBody::new(body, max).map_err(|_| Refusal::UpstreamUnavailable)?;
                 ctx.wait_until(done);
@@ -408,6 +411,7 @@ async fn forward(
                 bounded = Some(b);
                 readable
             }
+            _ => body,
         };
         init.with_body(Some(stream.into()));
     }
