@@ -477,6 +477,31 @@ impl World {
             regional_scripts(&self.regionals),
         )
     }
+
+    /// What a bill counts so far, every store together: every command served,
+    /// those scripts ran included (`INFO commandstats`; INFO and CONFIG, the
+    /// tests' own, left out).
+    pub fn billed(&self) -> u64 {
+        std::iter::once(&self.global)
+            .chain(&self.regionals)
+            .map(|s| billed_commands(&mut s.connection()))
+            .sum()
+    }
+}
+
+/// Commands `conn`'s server ran, scripts' included, but INFO and CONFIG.
+pub fn billed_commands(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(['=', ',']).nth(1)?.parse::<u64>().ok()?;
+            (!name.starts_with("info") && !name.starts_with("config")).then_some(calls)
+        })
+        .sum()
 }
 
 /// Zipf(s) over `n` subjects: subject k (0-based) with probability ∝ 1/(k+1)^s.

@@ -22,6 +22,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
+/// The tally of whole bodies, per path, beside the requests' (`\0` sorts first
+/// and starts no path).
+const COMPLETE: &str = "\0complete ";
+
 /// A running raw upstream; stops accepting when dropped.
 pub struct RawUpstream {
     pub url: String,
@@ -60,7 +64,17 @@ impl RawUpstream {
 
     /// Requests that reached the upstream, in total.
     pub fn total(&self) -> u64 {
-        self.seen.lock().unwrap().values().sum()
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(k, _)| !k.starts_with(COMPLETE))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Requests for `path` whose body arrived whole, as its framing says.
+    pub fn complete(&self, path: &str) -> u64 {
+        let seen = self.seen.lock().unwrap();
+        seen.get(&format!("{COMPLETE}{path}")).copied().unwrap_or(0)
     }
 
     /// Requests that reached the upstream for `path`.
@@ -111,6 +125,13 @@ async fn serve(socket: TcpStream, seen: Arc<Mutex<HashMap<String, u64>>>) {
     } else {
         ("none", Some(0))
     };
+    if body_len.is_some() {
+        *seen
+            .lock()
+            .unwrap()
+            .entry(format!("{COMPLETE}{path}"))
+            .or_default() += 1;
+    }
     let mut socket = reader.into_inner();
     if path == "/hang" {
         tokio::time::sleep(Duration::from_secs(60)).await;

@@ -691,9 +691,17 @@ async fn a_streamed_body_past_the_limit_is_a_413(kind: EdgeKind) {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let v: serde_json::Value = r.json().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["error"], "Request body too large");
+    // and the upstream never took a truncated body for a whole one
+    assert_eq!(
+        s.upstream.complete("/stream"),
+        0,
+        "a cut upload reached the upstream as complete"
+    );
 }
 
 /// `MAX_BODY_BYTES=0` is no limit on both hosts (issue 21: it was a 0-byte limit

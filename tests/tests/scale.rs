@@ -99,19 +99,22 @@ async fn regions_trade_latency_for_leakage_only_up_to_the_bound() {
         // leases and pools filled
         offer(&world, &edges, &secrets, &Subjects::One, 300, 1.0, 1).await;
         settle(one_way).await;
+        let billed_before = world.billed();
         let warm = offer(&world, &edges, &secrets, &Subjects::One, 300, 1.0, 2).await;
+        let billed = world.billed() - billed_before;
         let paid = warm.share_at_least(one_way * 2);
         let leaked = {
             let secrets = world.key(mode, &LEAK.plan(mode)).await;
             burst(&edges, &secrets, 70).await
         };
         eprintln!(
-            "{}: p50 {:.2} ms, p99 {:.2} ms, {:.1} % paid the round trip, {:.3} global calls/request, {leaked} of 60 admitted",
+            "{}: p50 {:.2} ms, p99 {:.2} ms, {:.1} % paid the round trip, {:.3} global calls/request, {:.2} billed commands/request (all stores), {leaked} of 60 admitted",
             mode.name(),
             warm.quantile_ms(0.5),
             warm.quantile_ms(0.99),
             paid * 100.0,
             warm.global_per_request(),
+            billed as f64 / warm.requests.max(1) as f64,
         );
         assert_eq!(
             (warm.admitted, warm.degraded),
@@ -130,8 +133,10 @@ async fn regions_trade_latency_for_leakage_only_up_to_the_bound() {
             }
             _ => {
                 assert!(paid < 0.02, "{mode:?}: {paid} paid the global round trip");
+                // pools refill more often with part of each chunk out on the
+                // edges' sub-leases (0.09-0.11 measured, 0.01 for instance leases)
                 assert!(
-                    warm.global_per_request() < 0.1,
+                    warm.global_per_request() < 0.15,
                     "{mode:?}: {}",
                     warm.global_per_request()
                 );

@@ -331,7 +331,8 @@ async fn serve(req: Request, env: Env, ctx: Context, id: Rc<str>) -> Result<Resp
 
 /// A request body bounded in bytes as it streams (the native host's 413 for a
 /// body past `MAX_BODY_BYTES` without a `Content-Length` saying so): piped through
-/// a transform that counts each chunk and errors the stream once past `max`.
+/// a transform that counts each chunk and, once past `max`, aborts the upstream
+/// request and errors the stream.
 struct BoundedBody {
     readable: web_sys::ReadableStream,
     /// Set when the body went past the limit.
@@ -341,7 +342,11 @@ struct BoundedBody {
 impl BoundedBody {
     /// The bounded body, and the work that keeps its counter alive until the
     /// client's body has been piped through (or failed): for `wait_until`.
-    fn new(body: web_sys::ReadableStream, max: u64) -> Result<(Self, impl Future<Output = ()>)> {
+    fn new(
+        body: web_sys::ReadableStream,
+        max: u64,
+        abort: Rc<RefCell<Option<AbortController>>>,
+    ) -> Result<(Self, impl Future<Output = ()>)> {
         let js = |e: wasm_bindgen::JsValue| worker::Error::JsError(format!("{e:?}"));
         let exceeded = Rc::new(Cell::new(false));
         let (flag, seen) = (exceeded.clone(), Cell::new(0u64));
@@ -353,6 +358,9 @@ impl BoundedBody {
                 seen.set(seen.get() + len);
                 if seen.get() > max {
                     flag.set(true);
+                    if let Some(upstream) = abort.borrow_mut().take() {
+                        upstream.abort();
+                    }
                     c.error_with_reason(&Refusal::BodyTooLarge.message().into());
                 } else {
                     let _ = c.enqueue_with_chunk(&chunk);
@@ -395,6 +403,15 @@ async fn forward(
     let mut init = RequestInit::new();
     init.with_method(method.clone()).with_headers(out.0);
     let mut bounded = None;
+    // shared with the body's counter: a body past the limit aborts the upstream
+    // request mid-body (workerd would otherwise end an errored body as if it were
+    // complete: the upstream would take a truncated upload for the whole)
+    let controller = Rc::new(RefCell::new(Some(AbortController::default())));
+    let signal = controller
+        .borrow()
+        .as_ref()
+        .map(AbortController::signal)
+        .expect("set above");
     if !matches!(method, Method::Get | Method::Head)
         && let Some(body) = req.inner().body()
     {
@@ -404,8 +421,8 @@ async fn forward(
         let declared = req.headers().has("content-length").unwrap_or(false);
         let stream = match rules.limits.max_body {
             Some(max) if !declared => {
-                let (b, done) =
-                    BoundedBody::new(body, max).map_err(|_| Refusal::UpstreamUnavailable)?;
+                let (b, done) = BoundedBody::new(body, max, controller.clone())
+                    .map_err(|_| Refusal::UpstreamUnavailable)?;
                 ctx.wait_until(done);
                 let readable = b.readable.clone();
                 bounded = Some(b);
@@ -417,8 +434,6 @@ async fn forward(
     }
     let upstream_req =
         Request::new_with_init(&target, &init).map_err(|_| Refusal::UpstreamUnavailable)?;
-    let controller = AbortController::default();
-    let signal = controller.signal();
     let sent = race(
         Box::pin(async move { Fetch::Request(upstream_req).send_with_signal(&signal).await }),
         rules.timeouts.upstream,
@@ -430,7 +445,9 @@ async fn forward(
         Raced::Done(Err(_)) if too_large() => Err(Refusal::BodyTooLarge),
         Raced::Done(Err(_)) => Err(Refusal::UpstreamUnavailable),
         Raced::Late(_) => {
-            controller.abort();
+            if let Some(c) = controller.borrow_mut().take() {
+                c.abort();
+            }
             Err(Refusal::UpstreamTimeout)
         }
     }
