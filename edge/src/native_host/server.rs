@@ -402,10 +402,8 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let state = Arc::new(ConnState::new(epoch.ms(), {
-            use std::os::fd::AsRawFd;
-            stream.as_raw_fd()
-        }));
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let state = Arc::new(ConnState::new(epoch.ms(), fd));
         let Some((stream, id)) = register(&registry, &limits, stream, &state, epoch) else {
             continue;
         };
