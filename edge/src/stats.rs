@@ -89,11 +89,13 @@ impl Pending {
             sink.add(&field, n);
         }
         let minute = now.div_euclid(MINUTE);
+        // the field's name rendered once, for both of its slots
+        let name = field.to_string();
         if field.is_fine() {
             let slot = Slot::TenSeconds(now.div_euclid(10 * MICROS_PER_SEC));
-            self.add(minute, slot, field.to_string(), n);
+            self.add(minute, slot, name.clone(), n);
         }
-        self.add(minute, Slot::Minute, field.to_string(), n);
+        self.add(minute, Slot::Minute, name, n);
     }
 
     fn count_key(&mut self, now: Micros, key_id: &str, counted: Counted) {
