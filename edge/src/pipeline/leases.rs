@@ -143,6 +143,16 @@ impl Held {
             .sum()
     }
 
+    /// Whether a refill is due — less than `size` tokens last until `soon` and
+    /// none is in flight — and if so, marks one in flight.
+    fn claim_refill(&mut self, soon: Micros, size: u64) -> bool {
+        if self.refilling || self.at_hand(soon) >= size {
+            return false;
+        }
+        self.refilling = true;
+        true
+    }
+
     /// Drops the leases it can spend no more (expired on this instance's clock):
     /// a sub-lease is reported done.
     fn drop_dead(&mut self, now: Micros, sub: bool) {
@@ -397,18 +407,10 @@ impl Leases {
             let cfg = self.settings.for_policy(p, regions);
             let refill = self.with(k, now, |h| {
                 let want = cfg.lease_size(h.switch.meter.per_sec(now));
-                let soon = now + self.settings.lifetime / 4;
-                let lasting: u64 = h
-                    .leases
-                    .iter()
-                    .filter(|l| l.live(soon))
-                    .map(|l| l.tokens)
-                    .sum();
                 // ahead: as soon as less than one lease's worth is left
-                if h.refilling || lasting >= want.max(1) {
+                if !h.claim_refill(now + self.settings.lifetime / 4, want.max(1)) {
                     return None;
                 }
-                h.refilling = true;
                 Some((want, std::mem::take(&mut h.retire).join(" ")))
             });
             if let Some((want, retire)) = refill {
@@ -459,21 +461,10 @@ impl Leases {
     ) -> Vec<String> {
         let mut due = vec![];
         for (k, p) in buckets {
-            let soon = now + self.settings.lifetime / 4;
             let low = self.with(k, now, |h| {
                 let per_sec = h.switch.meter.per_sec(now);
                 let size = self.settings.sub_lease_size(p, regions, per_sec);
-                let lasting: u64 = h
-                    .leases
-                    .iter()
-                    .filter(|l| l.live(soon))
-                    .map(|l| l.tokens)
-                    .sum();
-                if h.refilling || lasting >= size || now < h.sub_retry_at {
-                    return false;
-                }
-                h.refilling = true;
-                true
+                now >= h.sub_retry_at && h.claim_refill(now + self.settings.lifetime / 4, size)
             });
             if low {
                 due.push(k.to_string());
