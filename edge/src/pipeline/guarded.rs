@@ -174,11 +174,18 @@ where
         let mark = self.lane.mark();
         let sent = clock.now();
         let watch = Stopwatch::start();
-        match race(fut, limit).await {
+        let (raced, waited) = match race(fut, limit).await {
+            Raced::Late(still) => (self.wait_on(still, mark, limit, &watch).await, true),
+            done => (done, false),
+        };
+        match raced {
             Raced::Done(Ok(v)) => {
-                let now = clock.now();
-                self.lane
-                    .answered(watch.elapsed().as_micros() as Micros, now);
+                let (now, latency) = (clock.now(), watch.elapsed().as_micros() as Micros);
+                if waited {
+                    self.lane.waited_on(latency, now);
+                } else {
+                    self.lane.answered(latency, now);
+                }
                 self.logged(self.lane.breaker.success(now));
                 Called::Done(v)
             }
@@ -195,10 +202,6 @@ where
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
-                let still = match self.wait_on(clock, still, mark, limit, &watch).await {
-                    Ok(v) => return Called::Done(v),
-                    Err(still) => still,
-                };
                 let e = late_error(limit);
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
                 if !self.lane.expired(mark) {
@@ -214,35 +217,25 @@ where
     /// store's, not a dead one's: it is waited for one more deadline at a time,
     /// as long as replies keep arriving, up to the ceiling, rather than turned
     /// into a failure mode (a 503 from a healthy store). A store that stops
-    /// answering costs at most one more deadline. Its reply is a late one (it
-    /// raises the deadline). `Err`: the store went silent or the ceiling passed:
-    /// the call, still running.
+    /// answering costs at most one more deadline. `Late`: the store went silent
+    /// or the ceiling passed: the call, still running.
     async fn wait_on<T: 'static>(
         &self,
-        clock: &impl Clock,
         mut still: BoxFuture<'static, Result<T, StoreError>>,
         mut mark: u64,
         step: Duration,
         watch: &Stopwatch,
-    ) -> Result<T, BoxFuture<'static, Result<T, StoreError>>> {
+    ) -> Raced<Result<T, StoreError>, BoxFuture<'static, Result<T, StoreError>>> {
         loop {
             let left = self.lane.ceiling() - watch.elapsed().as_micros() as Micros;
             if left <= 0 || !self.lane.replied_since(mark) {
-                return Err(still);
+                return Raced::Late(still);
             }
             mark = self.lane.mark();
             let limit = step.min(Duration::from_micros(left as u64));
             match race(still, limit).await {
-                Raced::Done(Ok(v)) => {
-                    let now = clock.now();
-                    let latency = watch.elapsed().as_micros() as Micros;
-                    self.lane.waited_on(latency, now);
-                    self.logged(self.lane.breaker.success(now));
-                    return Ok(v);
-                }
-                // answered with an error: settled, handed back to fail as one
-                Raced::Done(Err(e)) => return Err(boxed(async move { Err(e) })),
                 Raced::Late(s) => still = s,
+                done => return done,
             }
         }
     }
