@@ -198,14 +198,35 @@ pub fn worst_excess(times: &[Micros], capacity: u64, emission: Micros) -> i64 {
 
 /// Script calls counted by `INFO commandstats` (evalsha + eval).
 pub fn script_calls(conn: &mut redis::Connection) -> u64 {
+    command_calls(conn)
+        .iter()
+        .filter(|(name, _)| name == "evalsha" || name == "eval")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Every command `conn`'s server ran since its counters were reset, by name,
+/// those scripts ran included (`INFO commandstats`).
+pub fn command_calls(conn: &mut redis::Connection) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(conn)
         .unwrap_or_default();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
-        .sum()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(['=', ',']).nth(1)?.parse::<u64>().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// What a bill counts of [`command_calls`]: all but INFO and CONFIG (the tests'
+/// own reads and resets), by name.
+pub fn billed_by_name(conn: &mut redis::Connection) -> Vec<(String, u64)> {
+    let mut calls = command_calls(conn);
+    calls.retain(|(name, _)| !name.starts_with("info") && !name.starts_with("config"));
+    calls
 }
 
 /// Script calls on `servers` together.
@@ -491,17 +512,7 @@ impl World {
 
 /// Commands `conn`'s server ran, scripts' included, but INFO and CONFIG.
 pub fn billed_commands(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(['=', ',']).nth(1)?.parse::<u64>().ok()?;
-            (!name.starts_with("info") && !name.starts_with("config")).then_some(calls)
-        })
-        .sum()
+    billed_by_name(conn).iter().map(|(_, n)| n).sum()
 }
 
 /// Zipf(s) over `n` subjects: subject k (0-based) with probability ∝ 1/(k+1)^s.

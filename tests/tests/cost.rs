@@ -19,18 +19,7 @@ const CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
 /// Every command the server ran since the last reset, by name (INFO and CONFIG,
 /// this test's own, left out).
 fn billed(redis: &RedisServer) -> Vec<(String, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.connection())
-        .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(['=', ',']).nth(1)?.parse::<u64>().ok()?;
-            (!name.starts_with("info") && !name.starts_with("config"))
-                .then(|| (name.to_string(), calls))
-        })
-        .collect()
+    floodgate_tests::scale::billed_by_name(&mut redis.connection())
 }
 
 async fn an_exact_decision_bills_four_commands_and_bookkeeping_almost_none(kind: EdgeKind) {
