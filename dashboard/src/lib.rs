@@ -32,6 +32,16 @@ pub mod time;
 #[cfg(feature = "ssr")]
 pub mod traffic;
 
+/// Request headers from `(name, value)` pairs, for the server side's unit tests.
+#[cfg(all(test, feature = "ssr"))]
+pub(crate) fn test_headers(pairs: &[(&'static str, &str)]) -> axum::http::HeaderMap {
+    let mut h = axum::http::HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(*k, v.parse().unwrap());
+    }
+    h
+}
+
 pub use floodgate_shared::policy;
 
 /// The browser entry point: readies the reactive system; Leptos' script then

@@ -349,13 +349,7 @@ pub fn server_fn_paths() -> Vec<(String, String)> {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::test_headers as headers;
 
     #[test]
     fn only_same_origin_mutations_pass() {

@@ -41,13 +41,7 @@ pub fn client_address(
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::test_headers as headers;
     #[test]
     fn the_client_is_the_peer_unless_a_trusted_proxy_says_otherwise() {
         let peer: IpAddr = "10.0.0.5".parse().unwrap();

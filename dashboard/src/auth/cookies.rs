@@ -69,13 +69,7 @@ pub fn device_token(headers: &HeaderMap) -> Option<&str> {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::test_headers as headers;
 
     #[test]
     fn the_session_cookie_is_read_strictly() {
