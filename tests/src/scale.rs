@@ -772,8 +772,38 @@ pub struct WorkerRegions {
     _upstream: crate::upstream::RawUpstream,
 }
 
+/// How [`WorkerRegions::start_with`] runs its Workers.
+#[derive(Debug, Clone)]
+pub struct WorkerSetup {
+    /// Workers per region (each behind its own proxy to the global store).
+    pub per_region: usize,
+    /// `CACHE_TTL_MS`.
+    pub cache_ttl_ms: i64,
+    /// `STATS_FLUSH_MS`.
+    pub stats_flush_ms: u64,
+    /// More of the Worker's variables.
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for WorkerSetup {
+    fn default() -> Self {
+        Self {
+            per_region: 1,
+            cache_ttl_ms: 60_000,
+            stats_flush_ms: crate::EdgeOptions::default().stats_flush_ms,
+            env: vec![],
+        }
+    }
+}
+
 impl WorkerRegions {
     pub async fn start(world: &World, pools: bool) -> Self {
+        Self::start_with(world, pools, &WorkerSetup::default()).await
+    }
+
+    /// [`WorkerRegions::start`] with `setup.per_region` Workers in each region
+    /// (`REGION` r0, r1, …, in turn: r0, r1, r0, r1 …) and the setup's variables.
+    pub async fn start_with(world: &World, pools: bool, setup: &WorkerSetup) -> Self {
         let token = "bench-token";
         let global = crate::Endpoint::start(&world.global, token).await;
         let port: u16 = global.url.rsplit(':').next().unwrap().parse().unwrap();
@@ -790,26 +820,26 @@ impl WorkerRegions {
             }
         }
         let (mut workers, mut proxies) = (vec![], vec![]);
-        for r in 0..world.regions() {
+        for n in 0..world.regions() * setup.per_region.max(1) {
+            let r = n % world.regions();
             let proxy = LatencyProxy::start(port, Duration::ZERO).await;
-            let env = [
-                ("REGION", format!("r{r}")),
+            let mut env = vec![
+                ("REGION".to_string(), format!("r{r}")),
                 (
-                    "REGIONAL_REST_URLS",
+                    "REGIONAL_REST_URLS".to_string(),
                     serde_json::Value::from(regional_urls.clone()).to_string(),
                 ),
                 (
-                    "REGIONAL_REST_TOKENS",
+                    "REGIONAL_REST_TOKENS".to_string(),
                     serde_json::Value::from(regional_tokens.clone()).to_string(),
                 ),
             ];
+            env.extend(setup.env.iter().cloned());
             let options = crate::EdgeOptions {
-                cache_ttl_ms: 60_000,
+                cache_ttl_ms: setup.cache_ttl_ms,
                 deadline_ms: Some(2_000),
-                worker_env: env
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.clone()))
-                    .collect(),
+                worker_env: env,
+                stats_flush_ms: setup.stats_flush_ms,
                 ..crate::EdgeOptions::default()
             };
             let url = format!("http://127.0.0.1:{}", proxy.port);

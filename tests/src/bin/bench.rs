@@ -31,6 +31,8 @@ use rand::{Rng, SeedableRng};
 
 #[path = "bench/clients.rs"]
 mod clients;
+#[path = "bench/cost.rs"]
+mod cost;
 #[path = "bench/scale.rs"]
 mod scale;
 
@@ -88,6 +90,10 @@ struct Args {
     /// only when named, any of them together (they take precedence).
     #[arg(value_enum, value_name = "SECTION")]
     sections: Vec<Section>,
+    /// `cost`: the lease lifetimes of its bounded rows, comma-separated (default:
+    /// 2,000 and the edge's default).
+    #[arg(long, value_delimiter = ',', value_name = "MS")]
+    lifetimes_ms: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -110,6 +116,10 @@ enum Section {
     Region,
     /// A hot `auto` key on one instance.
     Hotkey,
+    /// Billed commands per request, every store together: issue 22's deployment
+    /// (2 regions × 2 instances, a far global Redis), both hosts, exact and
+    /// bounded, @upstash/ratelimit beside them.
+    Cost,
 }
 
 impl Section {
@@ -117,7 +127,7 @@ impl Section {
     fn is_scale(self) -> bool {
         matches!(
             self,
-            Section::Cluster | Section::Lease | Section::Region | Section::Hotkey
+            Section::Cluster | Section::Lease | Section::Region | Section::Hotkey | Section::Cost
         )
     }
 }
@@ -149,7 +159,7 @@ fn main() {
         .collect();
     if !scale_sections.is_empty() {
         let rt = runtime();
-        scale::run(&scale_sections, pinned, scale, &rt);
+        scale::run(&scale_sections, pinned, scale, &args.lifetimes_ms, &rt);
         return;
     }
 
@@ -229,7 +239,7 @@ fn run_single(
         Section::Deadline => bench_deadline(server, rt, scale),
         Section::Decisions => bench_decisions(server, conn, rt, scale, sha),
         Section::Clients => clients::run(server, conn, rt, scale, sha),
-        Section::Cluster | Section::Lease | Section::Region | Section::Hotkey => {
+        Section::Cluster | Section::Lease | Section::Region | Section::Hotkey | Section::Cost => {
             unreachable!("the scale-out sections run on their own")
         }
     }

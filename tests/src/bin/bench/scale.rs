@@ -17,8 +17,15 @@ use floodgate_tests::scale::{
 
 use crate::{Section, drive};
 
-/// Runs the named sections, always in this order: cluster, lease, region, hotkey.
-pub fn run(sections: &[Section], pinned: bool, scale: usize, rt: &tokio::runtime::Runtime) {
+/// Runs the named sections, always in this order: cluster, lease, region, hotkey,
+/// cost.
+pub fn run(
+    sections: &[Section],
+    pinned: bool,
+    scale: usize,
+    lifetimes_ms: &[u32],
+    rt: &tokio::runtime::Runtime,
+) {
     let cpu = pinned.then_some(0);
     let has = |s: Section| sections.contains(&s);
     if has(Section::Cluster) {
@@ -32,6 +39,9 @@ pub fn run(sections: &[Section], pinned: bool, scale: usize, rt: &tokio::runtime
     }
     if has(Section::Hotkey) {
         hotkey(cpu, scale, rt);
+    }
+    if has(Section::Cost) {
+        crate::cost::cost(cpu, scale, lifetimes_ms, rt);
     }
 }
 
