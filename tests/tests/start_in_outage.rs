@@ -43,6 +43,8 @@ async fn an_edge_started_during_an_outage_serves_once_redis_is_back() {
         "{}",
         edge.stderr()
     );
+    // ... and says so at its health endpoint
+    assert_eq!(connected(&c, &url).await, Some(false));
     // Redis comes up: the edge reconnects on its own and decides
     let redis = RedisServer::start_on(port, &[]);
     let secret = seed(&redis, CONFIG).await.secret;
@@ -67,5 +69,17 @@ async fn an_edge_started_during_an_outage_serves_once_redis_is_back() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(upstream.total() >= 1);
+    assert_eq!(connected(&c, &url).await, Some(true));
     drop(edge);
+}
+
+/// The health endpoint's `connected` field.
+async fn connected(c: &reqwest::Client, url: &str) -> Option<bool> {
+    let r = c
+        .get(format!("{url}/__floodgate/health"))
+        .send()
+        .await
+        .ok()?;
+    let v: serde_json::Value = r.json().await.ok()?;
+    v["connected"].as_bool()
 }

@@ -44,6 +44,10 @@ pub struct Totals {
 /// (`GET /__floodgate/health`) for alerting on fail-open duration and volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
+    /// Whether this instance has read its configuration from the global store
+    /// yet: `false` for an instance started while its store was unreachable (it
+    /// answers 503 with `Retry-After` until then, as a fresh Worker isolate does).
+    pub connected: bool,
     pub breaker: Phase,
     pub stats: BreakerStats,
     /// Requests answered without Redis, per failure mode, since start: every
@@ -75,6 +79,7 @@ pub struct Health {
 impl Health {
     pub fn to_json(&self) -> String {
         serde_json::json!({
+            "connected": self.connected,
             "breaker": self.breaker.name(),
             "breaker_opened": self.stats.opened,
             "breaker_closed": self.stats.closed,
@@ -154,6 +159,7 @@ where
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (global, regional) = self.deadline_stats();
         Health {
+            connected: load(&t.config_digest) != 0,
             breaker: self.global.phase(),
             stats: self.breaker_stats(),
             fail_open: load(&t.fail_open),
