@@ -54,9 +54,14 @@ pub struct LeaseSettings {
 }
 
 impl Default for LeaseSettings {
+    /// A 30 s lifetime: what an edge holds lasts long enough that draws and pool
+    /// refills cost a few commands per key per half minute (`scripts/bench cost`:
+    /// 2 s cost 3.55 billed commands per request, 30 s 0.23). The bound does not
+    /// depend on it; it is how long tokens of a crashed holder stay out (a
+    /// shortfall).
     fn default() -> Self {
         Self {
-            lifetime: 2 * MICROS_PER_SEC,
+            lifetime: 30 * MICROS_PER_SEC,
             hot_per_sec: 50,
             cool_per_sec: 10,
         }
@@ -80,11 +85,16 @@ impl LeaseSettings {
         }
     }
 
-    /// Tokens one pool refill asks for: half of what the global store leases (two
-    /// regions' pools can be full at once; more regions share what is left).
+    /// Tokens one pool refill asks for: half of a region's share of what the
+    /// global store leases, so that every region can hold a chunk still draining
+    /// (its sub-leases out on instances) and a fresh one at once. (A chunk counts
+    /// against the bound until it is spent out; with chunks of half the bound, a
+    /// region's next chunk waited for its last one to drain, and every pool call
+    /// meanwhile asked the global store for a refill it could not grant.)
     pub fn pool_target(policy: &Policy, regions: u32) -> u64 {
         let bound = policy.max_overshoot().unwrap_or(0);
-        ((bound - u64::from(regions) * Self::credit(policy, regions)) / 2).max(1)
+        let leasable = bound - u64::from(regions) * Self::credit(policy, regions);
+        (leasable / (2 * u64::from(regions.max(1)))).max(1)
     }
 
     /// The size of a sub-lease an instance draws from its region's pool for a key
@@ -127,6 +137,11 @@ struct Held {
     /// No background sub-lease take before then: the last one found the pool
     /// without free tokens (its refill is on the way).
     sub_retry_at: Micros,
+    /// The sub-lease size in use, and when it was last set: the largest sized
+    /// within half a lifetime (the meter counts one second: a key of a request
+    /// every few seconds reads 0 between its requests).
+    sub_size: u64,
+    sub_size_at: Micros,
     switch: ModeSwitch,
     global: Option<GlobalView>,
     /// Tokens out on leases, all holders, as the last take reported.
@@ -135,6 +150,24 @@ struct Held {
 }
 
 impl Held {
+    /// The sub-lease size for `policy` now: what the rate meter says, unless a
+    /// larger one was sized within `horizon`.
+    fn sub_size(
+        &mut self,
+        settings: &LeaseSettings,
+        policy: &Policy,
+        regions: u32,
+        now: Micros,
+    ) -> u64 {
+        let per_sec = self.switch.meter.per_sec(now);
+        let size = settings.sub_lease_size(policy, regions, per_sec);
+        if size >= self.sub_size || now - self.sub_size_at > settings.lifetime / 2 {
+            self.sub_size = size;
+            self.sub_size_at = now;
+        }
+        self.sub_size
+    }
+
     fn at_hand(&self, now: Micros) -> u64 {
         self.leases
             .iter()
@@ -236,7 +269,18 @@ pub struct Leases {
     /// Leases of `auto` keys that cooled, to give back (bounded: beyond
     /// [`MAX_GIVE_BACKS`] they simply lapse).
     given_back: Mutex<Vec<GiveBack>>,
+    /// The sub-leased buckets this instance decided lately, with their policy and
+    /// when (bounded by [`MAX_RECENT`]): a draw for one bucket draws for those of
+    /// them that run low soon too, in the same pool call.
+    recent: Mutex<HashMap<String, (Policy, Micros)>>,
 }
+
+/// The most buckets remembered as candidates to draw for together.
+const MAX_RECENT: usize = 1_024;
+
+/// The most buckets one background draw asks for (one regional script call: its
+/// `MGET` and one `SET` per bucket).
+pub const MAX_DRAW: usize = 32;
 
 /// The most given-up leases waiting to go back to the global store.
 const MAX_GIVE_BACKS: usize = 1_000;
@@ -271,6 +315,7 @@ impl Leases {
             local: AtomicU64::new(0),
             global_failing: std::sync::atomic::AtomicBool::new(false),
             given_back: Mutex::new(Vec::new()),
+            recent: Mutex::new(HashMap::new()),
         }
     }
 
@@ -439,8 +484,7 @@ impl Leases {
     ) -> (u64, Vec<(String, u64)>) {
         self.with(key, now, |h| {
             h.drop_dead(now, true);
-            let per_sec = h.switch.meter.per_sec(now);
-            let want = self.settings.sub_lease_size(policy, regions, per_sec);
+            let want = h.sub_size(&self.settings, policy, regions, now);
             (want, std::mem::take(&mut h.done))
         })
     }
@@ -452,37 +496,101 @@ impl Leases {
 
     /// The buckets among `buckets` whose sub-leases run low (less than one
     /// sub-lease's worth at hand for the next quarter of a lifetime), each marked
-    /// as refilling until [`Leases::sub_leased`].
+    /// as refilling until [`Leases::sub_leased`]. With `together` (the regional
+    /// store takes any keys in one call), when any is due, so are the buckets this
+    /// instance decided within half a lifetime that are within half a sub-lease of
+    /// being due: one pool call draws for all of them (at most [`MAX_DRAW`]), and
+    /// the keys' draws fall into step instead of each paying its own call.
     pub fn sub_refills_due(
         &self,
         buckets: &[(&str, &Policy)],
         regions: u32,
         now: Micros,
-    ) -> Vec<String> {
+        together: bool,
+    ) -> Vec<(String, Policy)> {
         let mut due = vec![];
         for (k, p) in buckets {
-            let low = self.with(k, now, |h| {
-                let per_sec = h.switch.meter.per_sec(now);
-                let size = self.settings.sub_lease_size(p, regions, per_sec);
-                now >= h.sub_retry_at && h.claim_refill(now + self.settings.lifetime / 4, size)
-            });
-            if low {
-                due.push(k.to_string());
+            if self.sub_due(k, p, regions, now, 1.0) {
+                due.push((k.to_string(), (*p).clone()));
+            }
+        }
+        if together {
+            self.remember(buckets, now);
+            if !due.is_empty() {
+                self.companions(&mut due, regions, now);
             }
         }
         due
     }
 
+    /// Whether `key` holds less than `share` × a sub-lease for the next quarter of
+    /// a lifetime (and no draw is in flight or paused); if so, marks one in flight.
+    fn sub_due(&self, key: &str, policy: &Policy, regions: u32, now: Micros, share: f64) -> bool {
+        self.with(key, now, |h| {
+            let size = h.sub_size(&self.settings, policy, regions, now);
+            let size = ((size as f64 * share).ceil() as u64).max(1);
+            now >= h.sub_retry_at && h.claim_refill(now + self.settings.lifetime / 4, size)
+        })
+    }
+
+    /// Notes `buckets` as decided now, for later draws together.
+    fn remember(&self, buckets: &[(&str, &Policy)], now: Micros) {
+        let mut recent = lock(&self.recent);
+        for (k, p) in buckets {
+            if let Some((policy, seen)) = recent.get_mut(*k) {
+                if policy != *p {
+                    *policy = (*p).clone();
+                }
+                *seen = now;
+                continue;
+            }
+            if recent.len() >= MAX_RECENT {
+                let horizon = now - self.settings.lifetime / 2;
+                recent.retain(|_, (_, seen)| *seen > horizon);
+            }
+            if recent.len() < MAX_RECENT {
+                recent.insert(k.to_string(), ((*p).clone(), now));
+            }
+        }
+    }
+
+    /// Adds to `due` the recently decided buckets within half a sub-lease of being
+    /// due, up to [`MAX_DRAW`] in all.
+    fn companions(&self, due: &mut Vec<(String, Policy)>, regions: u32, now: Micros) {
+        let horizon = now - self.settings.lifetime / 2;
+        let candidates: Vec<(String, Policy)> = lock(&self.recent)
+            .iter()
+            .filter(|(k, (_, seen))| *seen > horizon && !due.iter().any(|(d, _)| d == *k))
+            .map(|(k, (p, _))| (k.clone(), p.clone()))
+            .collect();
+        for (k, p) in candidates {
+            if due.len() >= MAX_DRAW {
+                break;
+            }
+            if self.sub_due(&k, &p, regions, now, 1.5) {
+                due.push((k, p));
+            }
+        }
+    }
+
     /// A pool take sent at `sent` handed this instance the sub-lease `parts` of
     /// `key` (none when it failed or the pool held too few): spendable until `sent`
     /// plus each part's life. Ends a refill in flight; a take that got nothing
-    /// pauses the background ones for an eighth of a lifetime.
+    /// pauses the background ones for an eighth of a lifetime, and one that got
+    /// only parts of chunks about to die (which count for nothing a quarter of a
+    /// lifetime ahead) pauses them until those die: drawing again would only get
+    /// more of the same, one regional call after another, until the pool's next
+    /// chunk.
     pub fn sub_leased(&self, key: &str, parts: &[SubLease], sent: Micros) {
         let pause = self.settings.lifetime / 8;
+        let ahead = self.settings.lifetime / 4;
+        let longest = parts.iter().map(|p| p.life).max();
         self.with(key, sent, |h| {
             h.refilling = false;
-            if parts.is_empty() {
-                h.sub_retry_at = sent + pause;
+            match longest {
+                None => h.sub_retry_at = sent + pause,
+                Some(life) if life <= ahead => h.sub_retry_at = sent + life,
+                Some(_) => {}
             }
             h.leases.extend(parts.iter().map(|p| LocalLease {
                 member: p.chunk.clone(),

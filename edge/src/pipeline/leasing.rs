@@ -205,8 +205,10 @@ where
     }
 
     /// Draws more sub-leases, in the background, for the buckets whose sub-leased
-    /// tokens run low: one pool call of cost 0, which may ask this instance to
-    /// refill the pools from the global store too.
+    /// tokens run low — and, where the regional store takes any keys in one call,
+    /// for the other buckets this instance decided lately that run low soon (see
+    /// [`Leases::sub_refills_due`]): one pool call of cost 0, which may ask this
+    /// instance to refill the pools from the global store too.
     fn refill_sub_leases(
         &self,
         region: &Guarded<S>,
@@ -215,15 +217,11 @@ where
         now: Micros,
         later: &mut Vec<Task>,
     ) {
-        let due = self.leases.sub_refills_due(buckets, regions, now);
-        if due.is_empty() {
+        let together = region.store.one_slot();
+        let owned = self.leases.sub_refills_due(buckets, regions, now, together);
+        if owned.is_empty() {
             return;
         }
-        let owned: Vec<(String, Policy)> = buckets
-            .iter()
-            .filter(|(k, _)| due.iter().any(|d| d == k))
-            .map(|(k, p)| (k.to_string(), (*p).clone()))
-            .collect();
         let pools = self.pools(region, regions);
         later.push(boxed(async move {
             let buckets: Vec<(&str, &Policy)> =
@@ -394,6 +392,14 @@ where
                 Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
                 _ => (String::new(), 0),
             };
+            if got.is_some() && tokens == 0 && r.charge == 0 {
+                // the bound is taken (chunks still out): nothing to add and nothing
+                // charged, so the pool keeps its refill lock until it lapses — a
+                // back-off, instead of the next pool call asking again at once
+                let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
+                leases.refilled(&r, got.as_ref(), sent, full_at, false);
+                return;
+            }
             // charged when the global store answered; all the region's charged credit
             // is released once the bucket is out of debt (else it stays used)
             let charged = if got.is_some() { r.charge } else { 0 };
