@@ -9,6 +9,7 @@
 pub mod apikeys;
 pub mod audit;
 pub mod bucket;
+pub mod calendar;
 pub mod changes;
 pub mod config;
 pub mod contract;
