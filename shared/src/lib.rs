@@ -13,6 +13,7 @@ pub mod calendar;
 pub mod changes;
 pub mod config;
 pub mod contract;
+pub mod credits;
 pub mod deny;
 pub mod keys;
 pub mod lease;
