@@ -1,5 +1,5 @@
 //! API keys: their format, how they are read from a request, and how they are
-//! stored — ONLY as SHA-256 hashes, next to the key's metadata.
+//! stored — ONLY as SHA-256 hashes, next to the key's record ([`crate::keyrecord`]).
 //!
 //! A secret looks like `fg_<id>_<32 base62 characters>`: the id (10 base62
 //! characters) is not secret and names the key in logs, bucket keys and the
@@ -8,11 +8,10 @@
 //! Anything that cannot be a secret (too long, wrong shape) is refused before any
 //! lookup, so absurd headers cost nothing.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::keys::validate_key_id;
-use crate::policy::{PolicyError, validate_name};
+/// The record of a key: defined in [`crate::keyrecord`], named here as before.
+pub use crate::keyrecord::{KeyRecord, KeyStatus};
 
 pub const SECRET_PREFIX: &str = "fg_";
 pub const ID_LEN: usize = 10;
@@ -98,53 +97,6 @@ pub fn key_from_header(value: Option<&[u8]>, bearer: bool) -> Result<&str, KeyPr
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KeyStatus {
-    Active,
-    Revoked,
-}
-
-/// What Redis stores for a key (as JSON), under [`record_key`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyRecord {
-    pub id: String,
-    /// Who the key belongs to (free text for operators, at most 128 characters).
-    pub owner: String,
-    pub plan: String,
-    pub status: KeyStatus,
-    /// Unix seconds.
-    pub created: i64,
-}
-
-impl KeyRecord {
-    pub fn validate(&self) -> Result<(), PolicyError> {
-        validate_key_id(&self.id).map_err(|e| PolicyError::new("id", e.message))?;
-        validate_name("plan", &self.plan)?;
-        if self.owner.chars().count() > 128 || self.owner.chars().any(char::is_control) {
-            return Err(PolicyError::new(
-                "owner",
-                "must be at most 128 characters, without control characters",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Parses a stored record; anything unreadable is `None` (treated as unknown).
-    pub fn from_json(text: &[u8]) -> Option<Self> {
-        if text.len() > 4096 {
-            return None;
-        }
-        let r: Self = serde_json::from_slice(text).ok()?;
-        r.validate().ok().map(|()| r)
-    }
-
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a key record always serializes")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,38 +163,5 @@ mod tests {
                 String::from_utf8_lossy(&bad[..bad.len().min(40)])
             );
         }
-    }
-
-    #[test]
-    fn records_round_trip_and_garbage_is_unknown() {
-        let r = KeyRecord {
-            id: "Ab3dE5gH1j".into(),
-            owner: "Acme <ops@acme.test>".into(),
-            plan: "pro".into(),
-            status: KeyStatus::Active,
-            created: 1_764_000_000,
-        };
-        assert_eq!(
-            KeyRecord::from_json(r.to_json().as_bytes()),
-            Some(r.clone())
-        );
-        for bad in [
-            &b"{}"[..],
-            b"null",
-            b"[1]",
-            b"\xff",
-            br#"{"id":"x y","owner":"","plan":"pro","status":"active","created":1}"#,
-            br#"{"id":"Ab3dE5gH1j","owner":"","plan":"pro","status":"gone","created":1}"#,
-        ] {
-            assert_eq!(
-                KeyRecord::from_json(bad),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-        let mut long = r.clone();
-        long.owner = "o".repeat(129);
-        assert_eq!(long.validate().unwrap_err().field, "owner");
     }
 }

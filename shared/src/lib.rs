@@ -15,6 +15,7 @@ pub mod config;
 pub mod contract;
 pub mod credits;
 pub mod deny;
+pub mod keyrecord;
 pub mod keys;
 pub mod lease;
 pub mod policy;
