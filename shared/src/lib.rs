@@ -4,7 +4,9 @@
 //! token-bucket transition ([`bucket`]), the response contract ([`contract`]),
 //! bucket key naming ([`keys`]), the traffic counters and decision sample the edge
 //! writes and the dashboard reads ([`stats`]), and the Lua scripts with the pure
-//! halves of calling them ([`script`]). Builds for native targets and for wasm32.
+//! halves of calling them ([`script`]), API keys: their secrets ([`apikeys`]),
+//! records ([`keyrecord`]) and credits ([`credits`]), and UTC calendar windows
+//! ([`calendar`]). Builds for native targets and for wasm32.
 
 pub mod apikeys;
 pub mod audit;
