@@ -4,9 +4,10 @@
 //! token-bucket transition ([`bucket`]), the response contract ([`contract`]),
 //! bucket key naming ([`keys`]), the traffic counters and decision sample the edge
 //! writes and the dashboard reads ([`stats`]), and the Lua scripts with the pure
-//! halves of calling them ([`script`]), API keys: their secrets ([`apikeys`]),
-//! records ([`keyrecord`]) and credits ([`credits`]), and UTC calendar windows
-//! ([`calendar`]). Builds for native targets and for wasm32.
+//! halves of calling them ([`script`]); API keys: their secrets ([`apikeys`]),
+//! records ([`keyrecord`]), operators' changes of them ([`keychanges`]) and
+//! credits ([`credits`]); UTC calendar windows ([`calendar`]). Builds for native
+//! targets and for wasm32.
 
 pub mod apikeys;
 pub mod audit;
@@ -17,6 +18,7 @@ pub mod config;
 pub mod contract;
 pub mod credits;
 pub mod deny;
+pub mod keychanges;
 pub mod keyrecord;
 pub mod keys;
 pub mod lease;
