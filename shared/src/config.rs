@@ -148,6 +148,14 @@ fn validate_policies(spec: &ConfigSpec) -> Result<Vec<Policy>, PolicyError> {
                 format!("{:?} is used twice", policy.name()),
             ));
         }
+        if policy.has(Dimension::Identity) {
+            // a valid policy, but no host passes a key's identity yet: enforced as
+            // it stands, it would silently count per key
+            return Err(err(
+                format!("policies[{i}].dimensions"),
+                "identity is not enforced by this version of the edge yet",
+            ));
+        }
         policies.push(policy);
     }
     Ok(policies)
@@ -504,6 +512,17 @@ mod tests {
         );
         assert!(c.checks("Ab3dE5gH1j", "gold", None, None).is_none());
         assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn an_identity_policy_is_refused_until_the_edge_enforces_it() {
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        v["policies"].as_array_mut().unwrap().push(serde_json::json!(
+            {"name":"shared","dimensions":["identity","endpoint"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_open"}));
+        let at = v["policies"].as_array().unwrap().len() - 1;
+        let e = EdgeConfig::from_json(&v.to_string()).unwrap_err();
+        assert_eq!(e.field, format!("policies[{at}].dimensions"), "{e}");
+        assert!(e.message.contains("identity"), "{e}");
     }
 
     #[test]

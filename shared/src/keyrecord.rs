@@ -7,7 +7,8 @@
 //! out of the JSON when unset, so a v1 record reads, validates and writes back
 //! byte for byte as before, and a key nobody changes stays v1. The v2 fields:
 //! - `identity`: the operator's external id of the customer owning the key (the
-//!   keys of one identity can share limits, [`KeyRecord::principal`]);
+//!   keys of one identity share the buckets of `identity` policies,
+//!   [`crate::keys::identity_bucket_key`]);
 //! - `name`: a short label ("production", "CI");
 //! - `metadata`: an operator-set JSON object, at most [`MAX_METADATA_BYTES`] as
 //!   forwarded ([`metadata_header`]);
@@ -427,24 +428,6 @@ impl KeyRecord {
             retired_hash,
         })
     }
-
-    /// Whom the key's shared limits count for: its identity, or the key itself
-    /// when it has none.
-    pub fn principal(&self) -> Principal<'_> {
-        match &self.identity {
-            Some(i) => Principal::Identity(i),
-            None => Principal::Key(&self.id),
-        }
-    }
-}
-
-/// Whom a request's `identity`-keyed limits count for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Principal<'a> {
-    /// The identity of the key: every key of it shares the bucket.
-    Identity(&'a str),
-    /// A key without an identity: alone in its bucket.
-    Key(&'a str),
 }
 
 #[cfg(test)]
@@ -497,7 +480,7 @@ mod tests {
         let revoked = V1.replace("active", "revoked");
         let r = KeyRecord::from_json(revoked.as_bytes()).unwrap();
         assert_eq!((r.status, r.to_json()), (KeyStatus::Revoked, revoked));
-        assert_eq!(r.principal(), Principal::Key("Ab3dE5gH1j"));
+        assert_eq!(r.identity, None);
         assert!(!r.expired(i64::MAX));
     }
 
@@ -510,7 +493,6 @@ mod tests {
         assert!(json.contains(
             r#""credits":{"remaining":5,"refill":{"amount":1000,"interval":"monthly","day":15}}"#
         ));
-        assert_eq!(r.principal(), Principal::Identity("cus_42@acme.test"));
     }
 
     #[test]
@@ -681,9 +663,9 @@ mod tests {
         );
         assert_eq!(first.record.updated, Some(NOW + 10));
         assert_eq!(
-            first.record.principal(),
-            r.principal(),
-            "same key, same buckets"
+            (&first.record.id, &first.record.identity),
+            (&r.id, &r.identity),
+            "same key, same identity: same buckets"
         );
         assert_eq!(
             KeyRecord {
