@@ -14,7 +14,8 @@
 //! A CRC-32 detects every error confined to 32 consecutive bits, hence EVERY
 //! single-character substitution and every swap of two adjacent characters of a
 //! secret (a change in the checksum digits themselves too: the digits of a value
-//! are unique). A random string of the v2 shape passes with a chance of 2^-32.
+//! are unique). A random string of the v2 shape passes with a chance of 62^-6
+//! (one in 5.7 × 10^10): its last six characters must be the one checksum.
 //! The checksum is not a signature: whoever knows this format can compute one,
 //! so the unknown-key lookup budgets stay the second line (and v1-shaped strings
 //! are still looked up while v1 keys are accepted).
@@ -324,6 +325,29 @@ mod tests {
             key_from_header(Some(header.as_bytes()), true),
             Err(KeyProblem::Malformed)
         );
+    }
+
+    #[test]
+    fn random_strings_of_the_v2_shape_are_refused() {
+        // a fixed xorshift stream: deterministic; each passes with chance 62^-6
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            BASE62[(x % 62) as usize]
+        };
+        let mut passed = 0;
+        for _ in 0..200_000 {
+            let mut s = b"fg_".to_vec();
+            s.extend((0..ID_LEN).map(|_| next()));
+            s.push(b'_');
+            s.extend((0..RANDOM_LEN + CHECK_LEN).map(|_| next()));
+            let s = String::from_utf8(s).unwrap();
+            assert!(looks_like_secret(&s));
+            passed += usize::from(check_secret(&s).is_ok());
+        }
+        assert_eq!(passed, 0);
     }
 
     mod properties {

@@ -496,6 +496,29 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_record_every_bound_allows_is_still_read() {
+        // every text at its bound, in the characters that take the most bytes
+        let metadata = serde_json::json!({ "a": "\"".repeat((MAX_METADATA_BYTES - 8) / 2) });
+        let r = KeyRecord {
+            id: "i".repeat(32),
+            owner: "😀".repeat(MAX_OWNER_CHARS),
+            plan: "p".repeat(32),
+            identity: Some("c".repeat(MAX_IDENTITY_LEN)),
+            name: Some("\"".repeat(MAX_NAME_CHARS)),
+            metadata: Some(metadata_from_value(&metadata).unwrap()),
+            created: i64::MIN,
+            expires_at: Some(i64::MIN),
+            updated: Some(i64::MIN),
+            last_used: Some(i64::MIN),
+            ..v2()
+        };
+        assert_eq!(r.check(), Ok(()));
+        let json = r.to_json();
+        assert!(json.len() <= MAX_RECORD_JSON, "{} bytes", json.len());
+        assert_eq!(KeyRecord::from_json(json.as_bytes()), Some(r));
+    }
+
+    #[test]
     fn garbage_and_out_of_bounds_records_are_unknown() {
         for bad in [
             &b"{}"[..],
