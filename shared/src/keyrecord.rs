@@ -235,12 +235,13 @@ pub fn check_identity(id: &str) -> Result<(), RecordError> {
 }
 
 /// Metadata as one header value: compact JSON with every non-ASCII character
-/// escaped (`\uXXXX`), so it is printable ASCII that any HTTP stack carries.
+/// and DEL escaped (`\uXXXX`; JSON escapes the other control characters), so it
+/// is printable ASCII that any HTTP stack carries.
 pub fn metadata_header(meta: &Metadata) -> String {
     let json = serde_json::to_string(meta).expect("a JSON object serializes");
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        if c.is_ascii() {
+        if c.is_ascii() && c != '\x7f' {
             out.push(c);
         } else {
             let mut units = [0u16; 2];
@@ -634,6 +635,19 @@ mod tests {
         assert_eq!(back, m);
         let wide = serde_json::json!({ "a": "é".repeat(170) });
         assert_eq!(v(wide).unwrap_err().field(), "metadata");
+    }
+
+    #[test]
+    fn forwarded_metadata_is_printable_ascii_whatever_the_values_hold() {
+        let m = metadata_from_value(&serde_json::json!({"c": "\u{7f}\u{1}\t\n\u{80}"})).unwrap();
+        let header = metadata_header(&m);
+        assert_eq!(header, r#"{"c":"\u007f\u0001\t\n\u0080"}"#);
+        assert!(
+            header.bytes().all(|b| (0x20..0x7f).contains(&b)),
+            "{header}"
+        );
+        let back: Metadata = serde_json::from_str(&header).unwrap();
+        assert_eq!(back, m);
     }
 
     #[test]

@@ -377,12 +377,10 @@ where
         match FailureMode::strictest(candidates.iter().map(|p| p.failure_mode())) {
             FailureMode::FailOpen => {
                 self.degraded(None, FailureMode::FailOpen, route_name);
-                Ok(Admit {
-                    key_id: None,
-                    route: route_name.map(str::to_string),
-                    headers: vec![(DEGRADED_HEADER, "fail-open".into())],
-                    slots: vec![],
-                })
+                Ok(Admit::anonymous(
+                    route_name.map(str::to_string),
+                    vec![(DEGRADED_HEADER, "fail-open".into())],
+                ))
             }
             // a local share needs the key's plan: an unverified key has none
             FailureMode::LocalFallback | FailureMode::FailClosed => {
