@@ -8,6 +8,7 @@
 //! floodgate-cli [STORE] config show              the JSON on stdout, its version on stderr
 //! floodgate-cli [STORE] key create --plan <plan> [--owner <text>]   prints the secret ONCE
 //!                      [--expires-at <RFC 3339 | Unix s> | --expires-in <duration>]
+//!                      [--identity <id>] [--name <label>] [--metadata <JSON object>]
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
 //! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
@@ -130,6 +131,16 @@ enum KeyCommand {
         /// How long from now the key works: a duration like 90m, 12h or 30d.
         #[arg(long, value_name = "DURATION", value_parser = span)]
         expires_in: Option<i64>,
+        /// The customer the key belongs to (your external id): its keys share
+        /// the buckets of `identity` policies; sent upstream as X-Floodgate-Identity.
+        #[arg(long, value_name = "ID")]
+        identity: Option<String>,
+        /// A label for the key ("production", "CI").
+        #[arg(long)]
+        name: Option<String>,
+        /// A JSON object (at most 1 KB) sent upstream as X-Floodgate-Key-Meta.
+        #[arg(long, value_name = "JSON", value_parser = json_value)]
+        metadata: Option<serde_json::Value>,
     },
     /// Lists the API keys (id, status, plan, created in UTC, owner).
     List,
@@ -181,6 +192,12 @@ fn instant(v: &str) -> Result<i64, String> {
     chrono::DateTime::parse_from_rfc3339(v)
         .map(|t| t.timestamp())
         .map_err(|e| format!("{e} (expected RFC 3339, like 2027-01-01T00:00:00Z, or Unix seconds)"))
+}
+
+/// JSON as `--metadata` takes it (whether it is an object within the bound is
+/// the record's rule, checked with the other fields).
+fn json_value(v: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(v).map_err(|e| format!("not JSON: {e}"))
 }
 
 /// Whole seconds of a duration as `--expires-in` takes it (`90m`, `30d`).
@@ -303,6 +320,9 @@ async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), Cli
             owner,
             expires_at,
             expires_in,
+            identity,
+            name,
+            metadata,
         } => {
             let now = now_secs();
             let new = KeyChanges {
@@ -311,6 +331,9 @@ async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), Cli
                 expires_at: expires_at
                     .or(expires_in.map(|s| now.saturating_add(s)))
                     .map(Some),
+                identity: identity.map(Some),
+                name: name.map(Some),
+                metadata: metadata.map(Some),
                 ..KeyChanges::default()
             };
             let (record, secret) = admin::create_key_with(store, &new, now).await?;

@@ -304,7 +304,8 @@ async fn identity_and_metadata_reach_the_upstream_and_client_copies_never_do(kin
 
 /// `key create --expires-in/--expires-at` store the expiry; one in the past (or
 /// now) is refused naming `expires_at`, nothing stored; both at once is a usage
-/// error.
+/// error. `--identity`, `--name` and `--metadata` are stored, each bad value
+/// refused naming its field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_creates_expiring_keys_and_refuses_an_expiry_in_the_past() {
     let redis = RedisServer::start();
@@ -330,6 +331,15 @@ async fn the_cli_creates_expiring_keys_and_refuses_an_expiry_in_the_past() {
             "{past:?}: {e}"
         );
     }
+    for (bad, field) in [
+        (vec!["--metadata", "[1]"], "metadata: must be a JSON object"),
+        (vec!["--metadata", "{\"a\":1"], "not JSON"),
+        (vec!["--identity", "two words"], "identity: "),
+        (vec!["--name", "a\nb"], "name: "),
+    ] {
+        let e = run(&bad).await.unwrap_err();
+        assert!(e.contains(field), "{bad:?}: {e}");
+    }
     assert!(
         admin::list_keys(&store).await.unwrap().is_empty(),
         "nothing stored"
@@ -338,6 +348,24 @@ async fn the_cli_creates_expiring_keys_and_refuses_an_expiry_in_the_past() {
     assert!(both.unwrap_err().contains("cannot be used with"));
     let bad = run(&["--expires-in", "soon"]).await.unwrap_err();
     assert!(bad.contains("expected a duration"), "{bad}");
+    run(&[
+        "--identity",
+        "cus_42",
+        "--name",
+        "CI",
+        "--metadata",
+        r#"{"tier":"gold"}"#,
+    ])
+    .await
+    .unwrap();
+    let keys = admin::list_keys(&store).await.unwrap();
+    assert_eq!(keys[0].identity.as_deref(), Some("cus_42"));
+    assert_eq!(keys[0].name.as_deref(), Some("CI"));
+    assert_eq!(
+        keys[0].metadata,
+        serde_json::json!({"tier": "gold"}).as_object().cloned()
+    );
+    assert_eq!(keys[0].expires_at, None);
     let before = now_secs();
     run(&["--expires-in", "1h"]).await.unwrap();
     run(&["--expires-at", "2099-01-01T00:00:00+01:00"])
@@ -347,6 +375,7 @@ async fn the_cli_creates_expiring_keys_and_refuses_an_expiry_in_the_past() {
         .await
         .unwrap()
         .iter()
+        .filter(|k| k.identity.is_none())
         .map(|k| k.expires_at.expect("an expiry"))
         .collect();
     expiries.sort();
