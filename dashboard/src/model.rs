@@ -507,6 +507,7 @@ pub fn dimension_name(d: floodgate_shared::policy::Dimension) -> &'static str {
         ApiKey => "api_key",
         Endpoint => "endpoint",
         ClientIp => "client_ip",
+        Identity => "identity",
     }
 }
 

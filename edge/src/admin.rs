@@ -14,6 +14,7 @@ use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY, AuditEntry, CONFIG_CAS, Sav
 use floodgate_shared::changes::{CHANGED, Change, LOG_KEEP, LOG_KEY, REV_KEY};
 use floodgate_shared::config::{CONFIG_KEY, ConfigSpec, EdgeConfig};
 use floodgate_shared::deny::DenyList;
+use floodgate_shared::keychanges::KeyChanges;
 use floodgate_shared::policy::{PolicyError, validate_name};
 use rand::RngCore;
 
@@ -296,18 +297,30 @@ pub async fn create_key<S: Store>(
     plan: &str,
     now_secs: i64,
 ) -> Result<(KeyRecord, String), AdminError> {
-    validate_name("plan", plan)?;
+    let new = KeyChanges {
+        owner: Some(owner.to_string()),
+        plan: Some(plan.to_string()),
+        ..KeyChanges::default()
+    };
+    create_key_with(store, &new, now_secs).await
+}
+
+/// Creates a key with the fields of `new` (a plan, and optionally an owner,
+/// identity, name, metadata and an expiry after `now_secs`), every one checked
+/// before anything is stored; the secret is returned once and never stored.
+/// Credits are refused until the edge spends them.
+pub async fn create_key_with<S: Store>(
+    store: &S,
+    new: &KeyChanges,
+    now_secs: i64,
+) -> Result<(KeyRecord, String), AdminError> {
+    if new.credits.is_some() {
+        return Err(PolicyError::new("credits", "are not enforced by the edge yet").into());
+    }
     let mut random = [0u8; ID_LEN + RANDOM_LEN];
     rand::rng().fill_bytes(&mut random);
     let (id, secret) = new_secret(&random);
-    let record = KeyRecord {
-        id: id.clone(),
-        owner: owner.to_string(),
-        plan: plan.to_string(),
-        status: KeyStatus::Active,
-        created: now_secs,
-    };
-    record.validate()?;
+    let record = new.create(&id, now_secs).map_err(PolicyError::from)?;
     let hash = hash_secret(&secret);
     let replies = store
         .pipeline(&[

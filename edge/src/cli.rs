@@ -7,6 +7,8 @@
 //! floodgate-cli [STORE] config set <file | -> [--based-on VERSION | --force]
 //! floodgate-cli [STORE] config show              the JSON on stdout, its version on stderr
 //! floodgate-cli [STORE] key create --plan <plan> [--owner <text>]   prints the secret ONCE
+//!                      [--expires-at <RFC 3339 | Unix s> | --expires-in <duration>]
+//!                      [--identity <id>] [--name <label>] [--metadata <JSON object>]
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
 //! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
@@ -40,8 +42,10 @@ use crate::store::{NativeStore, Store, StoreError};
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::contract::Answer;
 use floodgate_shared::deny::{DenyList, UnknownList};
-use floodgate_shared::policy::{PolicyError, Quota};
+use floodgate_shared::keychanges::KeyChanges;
+use floodgate_shared::policy::{Period, PolicyError, Quota};
 use floodgate_shared::script::Check;
+use floodgate_shared::time::MICROS_PER_SEC;
 
 /// Administer Floodgate's configuration, API keys and buckets in its store.
 #[derive(Debug, Parser)]
@@ -120,6 +124,23 @@ enum KeyCommand {
         /// Who the key is for (free text).
         #[arg(long, default_value = "")]
         owner: String,
+        /// When the key stops working (401 "API key expired"): RFC 3339
+        /// (2027-01-01T00:00:00Z) or Unix seconds; must be in the future.
+        #[arg(long, value_name = "TIME", value_parser = instant, conflicts_with = "expires_in")]
+        expires_at: Option<i64>,
+        /// How long from now the key works: a duration like 90m, 12h or 30d.
+        #[arg(long, value_name = "DURATION", value_parser = span)]
+        expires_in: Option<i64>,
+        /// The customer the key belongs to (your external id): its keys share
+        /// the buckets of `identity` policies; sent upstream as X-Floodgate-Identity.
+        #[arg(long, value_name = "ID")]
+        identity: Option<String>,
+        /// A label for the key ("production", "CI").
+        #[arg(long)]
+        name: Option<String>,
+        /// A JSON object (at most 1 KB) sent upstream as X-Floodgate-Key-Meta.
+        #[arg(long, value_name = "JSON", value_parser = json_value)]
+        metadata: Option<serde_json::Value>,
     },
     /// Lists the API keys (id, status, plan, created in UTC, owner).
     List,
@@ -161,6 +182,28 @@ fn deny_list(name: &str) -> Result<DenyList, String> {
 
 fn quota(v: &str) -> Result<Quota, String> {
     Quota::parse_short(v).map_err(|e| format!("{e} (expected LIMIT/PERIOD, like 1000/1m)"))
+}
+
+/// An instant as `--expires-at` takes it: RFC 3339, or Unix seconds.
+fn instant(v: &str) -> Result<i64, String> {
+    if let Ok(secs) = v.parse::<i64>() {
+        return Ok(secs);
+    }
+    chrono::DateTime::parse_from_rfc3339(v)
+        .map(|t| t.timestamp())
+        .map_err(|e| format!("{e} (expected RFC 3339, like 2027-01-01T00:00:00Z, or Unix seconds)"))
+}
+
+/// JSON as `--metadata` takes it (whether it is an object within the bound is
+/// the record's rule, checked with the other fields).
+fn json_value(v: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(v).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// Whole seconds of a duration as `--expires-in` takes it (`90m`, `30d`).
+fn span(v: &str) -> Result<i64, String> {
+    let period = Period::parse(v)?;
+    Ok(period.0.div_euclid(MICROS_PER_SEC))
 }
 
 /// Why a command failed.
@@ -272,10 +315,32 @@ async fn config_command(store: &NativeStore, command: ConfigCommand) -> Result<(
 
 async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), CliError> {
     let (action, record) = match command {
-        KeyCommand::Create { plan, owner } => {
-            let (record, secret) = admin::create_key(store, &owner, &plan, now_secs()).await?;
+        KeyCommand::Create {
+            plan,
+            owner,
+            expires_at,
+            expires_in,
+            identity,
+            name,
+            metadata,
+        } => {
+            let now = now_secs();
+            let new = KeyChanges {
+                owner: Some(owner),
+                plan: Some(plan),
+                expires_at: expires_at
+                    .or(expires_in.map(|s| now.saturating_add(s)))
+                    .map(Some),
+                identity: identity.map(Some),
+                name: name.map(Some),
+                metadata: metadata.map(Some),
+                ..KeyChanges::default()
+            };
+            let (record, secret) = admin::create_key_with(store, &new, now).await?;
+            let expiry = record.expires_at.map(utc_seconds);
+            let expiry = expiry.map(|t| format!(", expires {t}")).unwrap_or_default();
             eprintln!(
-                "created key {} (plan {}); the secret is shown this once:",
+                "created key {} (plan {}{expiry}); the secret is shown this once:",
                 record.id, record.plan
             );
             println!("{secret}");

@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
+use floodgate_shared::contract::{KEY_IDENTITY_HEADER, KEY_META_HEADER};
 use floodgate_shared::time::Clock;
 
 use crate::pipeline::{Admit, Pipeline, Reply, RequestHead, Task};
@@ -118,12 +119,7 @@ where
             .check_head(&head_size(req))
             .map_err(|r| r.answer())?;
         if !self.limiter {
-            return Ok(Admit {
-                key_id: None,
-                route: None,
-                headers: vec![],
-                slots: vec![],
-            });
+            return Ok(Admit::anonymous(None, vec![]));
         }
         let subject = req.subject.clone()?;
         let credentials = req.headers.first(&self.rules.key_header);
@@ -172,7 +168,8 @@ pub fn client_request_id<H: HeaderList>(headers: &H, fresh: impl FnOnce() -> u12
 }
 
 /// The upstream request's headers: the client's, filtered by the rules, with the
-/// caller's identity, the request id and `X-Forwarded-For` the edge sets.
+/// caller's key id (and its identity and metadata, when the key has them), the
+/// request id and `X-Forwarded-For` the edge sets.
 pub fn upstream_headers<H: HeaderList>(
     rules: &ProxyRules,
     req: &Incoming<'_, H>,
@@ -187,6 +184,12 @@ pub fn upstream_headers<H: HeaderList>(
     });
     if let Some(id) = &admit.key_id {
         out.set(&rules.identity_header, id);
+    }
+    if let Some(identity) = &admit.identity {
+        out.set(KEY_IDENTITY_HEADER, identity);
+    }
+    if let Some(meta) = &admit.key_meta {
+        out.set(KEY_META_HEADER, meta);
     }
     out.set(REQUEST_ID_HEADER, request_id);
     let existing = from.texts("x-forwarded-for");
@@ -256,6 +259,7 @@ impl HeaderList for Vec<(String, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floodgate_shared::apikeys::KeyRecord;
 
     type List = Vec<(String, Vec<u8>)>;
 
@@ -277,6 +281,8 @@ mod tests {
             ("authorization", "Bearer fg_x"),
             ("x-floodgate-key-id", "forged"),
             ("X_Floodgate_Key_Id", "forged too"),
+            ("x-floodgate-identity", "forged"),
+            ("X_FLOODGATE_KEY_META", "{}"),
             ("connection", "keep-alive, x-drop"),
             ("x-drop", "1"),
             ("accept", "*/*"),
@@ -291,7 +297,7 @@ mod tests {
             country: None,
             subject: Subject::of("/v1", ip),
         };
-        let admit = Admit::caller("k1", None, vec![], vec![]);
+        let admit = Admit::caller(&KeyRecord::new("k1", "", "free", 0), None, vec![], vec![]);
         let out: List = upstream_headers(&rules, &req, &admit, "rid");
         let get = |n: &str| out.first(n).map(|v| String::from_utf8(v.to_vec()).unwrap());
         assert_eq!(get("accept").as_deref(), Some("*/*"));
@@ -312,6 +318,32 @@ mod tests {
             get("x-forwarded-for").as_deref(),
             Some("10.0.0.1, 127.0.0.9")
         );
+        let spelled = |name: &str| {
+            out.iter()
+                .filter(|(k, _)| k.to_ascii_lowercase().replace('_', "-") == name)
+                .count()
+        };
+        assert_eq!(
+            (
+                spelled("x-floodgate-identity"),
+                spelled("x-floodgate-key-meta")
+            ),
+            (0, 0),
+            "a key without identity or metadata: none, and no client copy"
+        );
+        let mut record = KeyRecord::new("k1", "", "free", 0);
+        record.identity = Some("cus_7".into());
+        record.metadata = serde_json::json!({"tier": "gold"}).as_object().cloned();
+        let admit = Admit::caller(&record, None, vec![], vec![]);
+        let out: List = upstream_headers(&rules, &req, &admit, "rid");
+        let all = |name: &str| -> Vec<String> {
+            out.iter()
+                .filter(|(k, _)| k.to_ascii_lowercase().replace('_', "-") == name)
+                .map(|(_, v)| String::from_utf8(v.clone()).unwrap())
+                .collect()
+        };
+        assert_eq!(all("x-floodgate-identity"), ["cus_7"]);
+        assert_eq!(all("x-floodgate-key-meta"), [r#"{"tier":"gold"}"#]);
     }
 
     #[test]
@@ -332,7 +364,13 @@ mod tests {
             ("content-type", "text/plain"),
             ("x-ratelimit-limit", "forged"),
         ]);
-        let admit = Admit::caller("k", None, vec![("X-RateLimit-Limit", "10".into())], vec![]);
+        let record = KeyRecord::new("k", "", "free", 0);
+        let admit = Admit::caller(
+            &record,
+            None,
+            vec![("X-RateLimit-Limit", "10".into())],
+            vec![],
+        );
         response_headers(&rules, &mut h, &admit);
         let names: Vec<&str> = h.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, ["content-type", "x-ratelimit-limit"]);

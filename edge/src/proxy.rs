@@ -7,7 +7,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use floodgate_shared::contract::{HOP_BY_HOP, IDENTITY_HEADER};
+use floodgate_shared::contract::{
+    HOP_BY_HOP, IDENTITY_HEADER, KEY_IDENTITY_HEADER, KEY_META_HEADER,
+};
 use floodgate_shared::routes::MAX_PATH_LEN;
 
 use crate::pipeline::Reply;
@@ -143,13 +145,16 @@ impl ProxyRules {
     /// Whether a request header named `name` is forwarded upstream. `named`: the
     /// names the request's `Connection` header lists (see [`connection_named`]).
     /// Dropped: hop-by-hop headers, the ones `Connection` names, every spelling of
-    /// the identity header (the edge sets its own) and of the key header unless
+    /// the headers the edge sets about the caller (the key id, the identity and
+    /// the key's metadata: the edge sets its own) and of the key header unless
     /// the key is forwarded — "spelling" in the CGI sense: `X_Floodgate_Key_Id`
     /// reaches a WSGI/CGI application as the same variable as
     /// `X-Floodgate-Key-Id`.
     pub fn forwards_request_header(&self, name: &str, named: &[String]) -> bool {
         !(is_hop_by_hop(name, named)
             || same_variable(name, &self.identity_header)
+            || same_variable(name, KEY_IDENTITY_HEADER)
+            || same_variable(name, KEY_META_HEADER)
             || (!self.forward_key && same_variable(name, &self.key_header)))
     }
 
@@ -388,12 +393,17 @@ mod tests {
             "X-Floodgate-Key-Id",
             "x_floodgate_key_id",
             "X_Floodgate-Key_ID",
+            "X-Floodgate-Identity",
+            "x_floodgate_identity",
+            "X-FLOODGATE-KEY-META",
+            "X_Floodgate_Key-Meta",
             "authorization",
             "AUTHORIZATION",
         ] {
             assert!(!r.forwards_request_header(h, &[]), "{h}");
         }
         assert!(r.forwards_request_header("x-floodgate-key-idx", &[]));
+        assert!(r.forwards_request_header("x-floodgate-identity-hint", &[]));
         r.forward_key = true;
         assert!(r.forwards_request_header("Authorization", &[]));
         r.key_header = "x-api-key".into();

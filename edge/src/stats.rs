@@ -316,19 +316,12 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use floodgate_shared::apikeys::KeyStatus;
     use floodgate_shared::stats::{Minute, key_minute_key};
 
     const T: Micros = 1_764_000_000_000_000;
 
     fn key(id: &str) -> KeyRecord {
-        KeyRecord {
-            id: id.into(),
-            owner: String::new(),
-            plan: "free".into(),
-            status: KeyStatus::Active,
-            created: 1,
-        }
+        KeyRecord::new(id, "", "free", 1)
     }
 
     fn route(name: &str, o: Outcome) -> String {

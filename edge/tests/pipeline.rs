@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{
-    MemStore, T0, advance, changed, head, header, mem, minute_sum, retry_after, seed,
+    MemStore, T0, advance, changed, edit_key, head, header, mem, minute_sum, retry_after, seed,
     set_key_status, settle, status,
 };
 use floodgate_edge::pipeline::{Admit, Pipeline, PipelineConfig, RequestHead};
@@ -193,6 +193,46 @@ async fn an_expired_cache_is_served_while_one_background_read_refreshes_it() {
         "the broken one is read once, then the good one serves another TTL"
     );
     assert_eq!(p.breaker_phase(), floodgate_edge::breaker::Phase::Closed);
+}
+
+/// A key past its `expires_at` is refused (401 `API key expired`) from the record
+/// the instance holds, at its second: no store call on the way, no quota spent.
+#[tokio::test]
+async fn an_expired_key_is_refused_from_the_cached_record_without_a_store_call() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "free");
+    // within the cache's TTL (5 s): the record stays fresh throughout
+    let expires = T0 / MICROS_PER_SEC + 2;
+    edit_key(store, |r| r.expires_at = Some(expires));
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    let calls = |s: &MemStore| {
+        (
+            s.gets.load(Ordering::SeqCst),
+            s.checks.load(Ordering::SeqCst),
+        )
+    };
+    let before = calls(store);
+    // one microsecond before the second it expires at: still admitted
+    advance(&clock, store, 2 * MICROS_PER_SEC - 1);
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    let before = (before.0, before.1 + 1);
+    advance(&clock, store, 1);
+    for _ in 0..3 {
+        let d = p.gate(head(&auth)).await;
+        let Err(reply) = &d.gate else {
+            panic!("an expired key was admitted")
+        };
+        assert_eq!(reply.status, 401);
+        assert_eq!(reply.body, r#"{"error":"API key expired"}"#);
+        let _ = settle(d).await;
+    }
+    assert_eq!(
+        calls(store),
+        before,
+        "no read, no check: the cached record decided"
+    );
 }
 
 /// Stale copies are served for one TTL past their expiry, no longer: an instance

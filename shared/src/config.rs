@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::deny::{Deny, DenySpec};
-use crate::keys::{KeyError, Subject, bucket_key};
+use crate::keys::{KeyError, Subject, identity_bucket_key};
 use crate::policy::{Dimension, Policy, PolicyError, PolicySpec, validate_name};
 use crate::routes::{Route, RouteTable};
 use crate::script::MAX_CHECKS;
@@ -216,11 +216,13 @@ impl Names<'_> {
     }
 }
 
-/// A plan's or a key override's policy: per API key, not per endpoint.
+/// A plan's or a key override's policy: per API key (or its identity), not per
+/// endpoint.
 fn per_key(p: &Policy) -> Result<(), String> {
-    if !p.has(Dimension::ApiKey) || p.has(Dimension::Endpoint) {
+    let keyed = p.has(Dimension::ApiKey) || p.has(Dimension::Identity);
+    if !keyed || p.has(Dimension::Endpoint) {
         Err(format!(
-            "policy {:?} must be keyed by api_key and not by endpoint (endpoint limits go on routes)",
+            "policy {:?} must be keyed by api_key or identity and not by endpoint (endpoint limits go on routes)",
             p.name()
         ))
     } else {
@@ -437,10 +439,12 @@ impl EdgeConfig {
     }
 
     /// The buckets one request must pass: `(bucket key, policy)` for each policy of
-    /// [`EdgeConfig::applicable`]. `None` when the plan is not configured.
+    /// [`EdgeConfig::applicable`], for the key `key_id` of `identity` (`None`: a
+    /// key without one, whose `identity` policies count per key,
+    /// [`identity_bucket_key`]). `None` when the plan is not configured.
     pub fn checks<'a>(
         &'a self,
-        key_id: &str,
+        (key_id, identity): (&str, Option<&str>),
         plan: &str,
         route: Option<&Route>,
         ip: Option<IpAddr>,
@@ -453,7 +457,7 @@ impl EdgeConfig {
         Some(
             self.applicable(key_id, plan, route, ip.is_some())?
                 .into_iter()
-                .map(|(p, _)| bucket_key(p, &subject).map(|k| (k, p)))
+                .map(|(p, _)| identity_bucket_key(p, &subject, identity).map(|k| (k, p)))
                 .collect(),
         )
     }
@@ -479,7 +483,7 @@ mod tests {
         let ip = Some("203.0.113.9".parse().unwrap());
         let search = c.routes().resolve("/v1/search").cloned();
         let keys: Vec<String> = c
-            .checks("Ab3dE5gH1j", "free", search.as_ref(), ip)
+            .checks(("Ab3dE5gH1j", None), "free", search.as_ref(), ip)
             .unwrap()
             .unwrap()
             .into_iter()
@@ -496,14 +500,64 @@ mod tests {
         let other = c.routes().resolve("/v1/anything/else");
         assert!(other.is_none());
         assert_eq!(
-            c.checks("Ab3dE5gH1j", "free", None, None)
+            c.checks(("Ab3dE5gH1j", None), "free", None, None)
                 .unwrap()
                 .unwrap()
                 .len(),
             1
         );
-        assert!(c.checks("Ab3dE5gH1j", "gold", None, None).is_none());
+        assert!(c.checks(("Ab3dE5gH1j", None), "gold", None, None).is_none());
         assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn an_identity_policy_keys_its_buckets_by_the_keys_identity() {
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        v["policies"].as_array_mut().unwrap().push(serde_json::json!(
+            {"name":"shared","dimensions":["identity"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_open"}));
+        v["plans"]["team"] = serde_json::json!(["shared"]);
+        let c = EdgeConfig::from_json(&v.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let bucket = |key: (&str, Option<&str>)| {
+            let checks = c.checks(key, "team", None, None).unwrap().unwrap();
+            checks.into_iter().map(|(k, _)| k).collect::<Vec<_>>()
+        };
+        let one = bucket(("Ab3dE5gH1j", Some("cus_42")));
+        assert_eq!(
+            one,
+            bucket(("Zz9yX8wV7u", Some("cus_42"))),
+            "one identity, one bucket"
+        );
+        assert!(one[0].contains("{i:cus_42}"), "{one:?}");
+        assert_ne!(one, bucket(("Ab3dE5gH1j", Some("cus_43"))));
+        // without an identity, a key counts alone, named as an api_key bucket
+        assert_ne!(bucket(("Ab3dE5gH1j", None)), bucket(("Zz9yX8wV7u", None)));
+        assert!(bucket(("Ab3dE5gH1j", None))[0].contains("Ab3dE5gH1j"));
+        // identity and endpoint: on a route, per identity and route
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        v["policies"].as_array_mut().unwrap().push(serde_json::json!(
+            {"name":"team_search","dimensions":["identity","endpoint"],"quota":{"capacity":10,"period":"1m"},"failure_mode":"fail_open"}));
+        v["routes"][0]["policies"] = serde_json::json!(["search", "team_search"]);
+        let c = EdgeConfig::from_json(&v.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let route = c.routes().resolve("/v1/search");
+        let keys = |key: (&str, Option<&str>)| {
+            let checks = c.checks(key, "free", route, None).unwrap().unwrap();
+            let mut keys: Vec<String> = checks.into_iter().map(|(k, _)| k).collect();
+            keys.retain(|k| k.contains(":team_search"));
+            keys
+        };
+        assert_eq!(
+            keys(("Ab3dE5gH1j", Some("cus_42"))),
+            ["fg:{i:cus_42}:team_search:e:search"]
+        );
+        assert_eq!(
+            keys(("Ab3dE5gH1j", Some("cus_42"))),
+            keys(("Zz9yX8wV7u", Some("cus_42")))
+        );
+        // an endpoint policy on a plan is refused, naming both ways to key it
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        v["plans"]["free"] = serde_json::json!(["search"]);
+        let e = EdgeConfig::from_json(&v.to_string()).unwrap_err();
+        assert!(e.message.contains("api_key or identity"), "{e}");
     }
 
     #[test]
@@ -533,7 +587,7 @@ mod tests {
             ("default".into(), Source::Plan("free".into()))
         );
         let keys: Vec<String> = c
-            .checks("Ab3dE5gH1j", "free", None, None)
+            .checks(("Ab3dE5gH1j", None), "free", None, None)
             .unwrap()
             .unwrap()
             .into_iter()

@@ -45,6 +45,16 @@ pub const HOP_BY_HOP: &[&str] = &[
 /// The header the edge sets to the caller's API key id (any client value is replaced).
 pub const IDENTITY_HEADER: &str = "x-floodgate-key-id";
 
+/// The header the edge sets to the caller's identity (the operator's external id
+/// of the customer owning the key), when the key has one. Any client value, in
+/// any spelling, is dropped.
+pub const KEY_IDENTITY_HEADER: &str = "x-floodgate-identity";
+
+/// The header the edge sets to the caller's key metadata, as compact JSON of at
+/// most 1 KB in printable ASCII ([`crate::keyrecord::metadata_header`]), when the
+/// key has metadata. Any client value, in any spelling, is dropped.
+pub const KEY_META_HEADER: &str = "x-floodgate-key-meta";
+
 /// The quota headers of one decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitHeaders {

@@ -1,35 +1,52 @@
 //! Bucket key naming.
 //!
 //! ```text
-//! fg:{k:<key id>}:<policy>[:e:<route>][:ip:<client ip>]   policies keyed by API key
+//! fg:{k:<key id>}:<policy>[:e:<route>][:ip:<client ip>]   policies keyed by API key or identity,
+//!                                                          for a key without an identity
+//! fg:{i:<identity>}:<policy>[:k:<key id>][:e:<route>][:ip:<client ip>]
+//!                                                          the same for a key with an identity
+//!                                                          (`:k:` for api_key policies only)
 //! fg:{ip:<client ip>}:<policy>[:e:<route>]                 keyed by IP, not by API key
 //! fg:{e:<route>}:<policy>                                  keyed by route alone
 //! ```
 //!
 //! - A key holds exactly the policy's dimensions and nothing else: a per-API-key
 //!   policy has no route in its key, so its bucket is shared by every endpoint.
+//! - An `identity` policy's bucket is shared by every key of the identity; a key
+//!   without an identity falls back to its own id, so its bucket is named exactly
+//!   as an `api_key` policy's of the same name would be.
 //! - The policy name is part of the key, so two policies on the same dimensions
 //!   (say 10/s and 1000/h) never share a bucket.
-//! - The Redis Cluster hash tag (`{...}`) is the request's principal: its API key
-//!   when the policy has one, else its IP, else its route. All buckets one request
-//!   checks for one principal hash to one slot, so one atomic script can check them
-//!   together, also on Redis Cluster.
+//! - The Redis Cluster hash tag (`{...}`) is the request's principal: its API key's
+//!   identity when it has one, else the API key when the policy has one, else its
+//!   IP, else its route. All buckets one request checks for one principal hash to
+//!   one slot, so one atomic script can check them together, also on Redis
+//!   Cluster. (So a key's own buckets are named by its identity once it has one:
+//!   giving a key an identity, or another one, starts its buckets afresh.)
 //! - Only validated values enter a key: key ids and names are `[A-Za-z0-9_-]`,
-//!   routes are configured route names (never raw paths, so no request can mint a
-//!   new key), IPv6 addresses are grouped by /64 (one end site). A key is at most
-//!   [`MAX_KEY_LEN`] bytes.
+//!   identities `[A-Za-z0-9_.@-]`, routes are configured route names (never raw
+//!   paths, so no request can mint a new key), IPv6 addresses are grouped by /64
+//!   (one end site). A key is at most [`MAX_KEY_LEN`] bytes.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+use crate::keyrecord::{MAX_IDENTITY_LEN, check_identity};
 use crate::policy::{Dimension, MAX_NAME_LEN, Policy, PolicyError, validate_name};
 
 pub const KEY_PREFIX: &str = "fg:";
 /// The longest IP part: `ffff:ffff:ffff:ffff::/64`.
 const MAX_IP_LEN: usize = 24;
-/// The longest bucket key any policy and request can produce.
-pub const MAX_KEY_LEN: usize =
-    KEY_PREFIX.len() + "{k:}:".len() + MAX_NAME_LEN * 3 + ":e:".len() + ":ip:".len() + MAX_IP_LEN;
+/// The longest bucket key any policy and request can produce: an api_key policy
+/// with endpoint and client_ip, for a key with an identity.
+pub const MAX_KEY_LEN: usize = KEY_PREFIX.len()
+    + "{i:}:".len()
+    + MAX_IDENTITY_LEN
+    + ":k:".len()
+    + MAX_NAME_LEN * 3
+    + ":e:".len()
+    + ":ip:".len()
+    + MAX_IP_LEN;
 
 /// Who and what a request is, as far as bucket keys are concerned.
 #[derive(Debug, Clone, Copy, Default)]
@@ -84,20 +101,47 @@ pub fn ip_part(ip: IpAddr) -> String {
     }
 }
 
-/// The bucket key of `policy` for `subject`.
+/// The bucket key of `policy` for `subject`, whose API key (if any) has no
+/// identity.
 pub fn bucket_key(policy: &Policy, subject: &Subject<'_>) -> Result<String, KeyError> {
+    identity_bucket_key(policy, subject, None)
+}
+
+/// The API key id a policy keyed by api_key or identity needs (validated).
+fn key_id<'a>(policy: &Policy, subject: &Subject<'a>) -> Result<Option<&'a str>, KeyError> {
+    let dimension = if policy.has(Dimension::ApiKey) {
+        Dimension::ApiKey
+    } else if policy.has(Dimension::Identity) {
+        Dimension::Identity
+    } else {
+        return Ok(None);
+    };
+    let id = subject.api_key_id.ok_or_else(|| KeyError::Missing {
+        policy: policy.name().to_string(),
+        dimension,
+    })?;
+    validate_key_id(id)?;
+    Ok(Some(id))
+}
+
+/// The bucket key of `policy` for `subject`, whose API key belongs to
+/// `identity` (`None`: it has none, and falls back to its own id).
+pub fn identity_bucket_key(
+    policy: &Policy,
+    subject: &Subject<'_>,
+    identity: Option<&str>,
+) -> Result<String, KeyError> {
     let missing = |dimension| KeyError::Missing {
         policy: policy.name().to_string(),
         dimension,
     };
-    let key_id = if policy.has(Dimension::ApiKey) {
-        let id = subject
-            .api_key_id
-            .ok_or_else(|| missing(Dimension::ApiKey))?;
-        validate_key_id(id)?;
-        Some(id)
-    } else {
-        None
+    let key_id = key_id(policy, subject)?;
+    let identity = match identity.filter(|_| key_id.is_some()) {
+        Some(i) => {
+            check_identity(i).map_err(|e| KeyError::Invalid(e.into()))?;
+            Some(i)
+        }
+        None => None,
     };
     let route = if policy.has(Dimension::Endpoint) {
         let r = subject.route.ok_or_else(|| missing(Dimension::Endpoint))?;
@@ -119,12 +163,16 @@ pub fn bucket_key(policy: &Policy, subject: &Subject<'_>) -> Result<String, KeyE
     let mut key = String::with_capacity(64);
     key.push_str(KEY_PREFIX);
     // writing into a String cannot fail
-    let _ = match (key_id, &ip, route) {
-        (Some(id), _, _) => write!(key, "{{k:{id}}}:{}", policy.name()),
-        (None, Some(ip), _) => write!(key, "{{ip:{ip}}}:{}", policy.name()),
-        (None, None, Some(r)) => write!(key, "{{e:{r}}}:{}", policy.name()),
-        (None, None, None) => unreachable!("a validated policy has at least one dimension"),
+    let _ = match (key_id, identity, &ip, route) {
+        (Some(_), Some(i), _, _) => write!(key, "{{i:{i}}}:{}", policy.name()),
+        (Some(id), None, _, _) => write!(key, "{{k:{id}}}:{}", policy.name()),
+        (None, _, Some(ip), _) => write!(key, "{{ip:{ip}}}:{}", policy.name()),
+        (None, _, None, Some(r)) => write!(key, "{{e:{r}}}:{}", policy.name()),
+        (None, _, None, None) => unreachable!("a validated policy has at least one dimension"),
     };
+    if let (Some(id), Some(_), true) = (key_id, identity, policy.has(Dimension::ApiKey)) {
+        let _ = write!(key, ":k:{id}");
+    }
     if let (Some(r), true) = (route, key_id.is_some() || ip.is_some()) {
         let _ = write!(key, ":e:{r}");
     }
@@ -199,6 +247,112 @@ mod tests {
                 bucket_key(&policy("default", dims), &s).unwrap(),
                 expected,
                 "{dims}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_keys_of_one_identity_share_its_bucket_and_a_key_without_one_has_its_own() {
+        let s = subject();
+        let other = Subject {
+            api_key_id: Some("Other-key"),
+            ..subject()
+        };
+        let shared = policy("shared", r#"["identity"]"#);
+        let ours = identity_bucket_key(&shared, &s, Some("cus_42@acme.test")).unwrap();
+        assert_eq!(ours, "fg:{i:cus_42@acme.test}:shared");
+        assert_eq!(
+            identity_bucket_key(&shared, &other, Some("cus_42@acme.test")).unwrap(),
+            ours
+        );
+        // no identity: the key's own id, named as an api_key policy's bucket would be
+        let alone = identity_bucket_key(&shared, &s, None).unwrap();
+        assert_eq!(alone, "fg:{k:Ab3_x-9}:shared");
+        assert_eq!(
+            alone,
+            bucket_key(&policy("shared", r#"["api_key"]"#), &s).unwrap()
+        );
+        assert_eq!(bucket_key(&shared, &s).unwrap(), alone);
+        let cases = [
+            (r#"["identity","endpoint"]"#, "fg:{i:cus_1}:p:e:search"),
+            (
+                r#"["identity","client_ip"]"#,
+                "fg:{i:cus_1}:p:ip:203.0.113.7",
+            ),
+            (r#"["api_key"]"#, "fg:{i:cus_1}:p:k:Ab3_x-9"),
+            (
+                r#"["api_key","endpoint","client_ip"]"#,
+                "fg:{i:cus_1}:p:k:Ab3_x-9:e:search:ip:203.0.113.7",
+            ),
+            // no API key in the policy: the identity plays no part
+            (
+                r#"["client_ip","endpoint"]"#,
+                "fg:{ip:203.0.113.7}:p:e:search",
+            ),
+            (r#"["endpoint"]"#, "fg:{e:search}:p"),
+        ];
+        for (dims, expected) in cases {
+            let key = identity_bucket_key(&policy("p", dims), &s, Some("cus_1")).unwrap();
+            assert_eq!(key, expected, "{dims}");
+        }
+    }
+
+    #[test]
+    fn without_an_identity_every_existing_key_name_is_unchanged() {
+        let s = subject();
+        for dims in [
+            r#"["api_key"]"#,
+            r#"["api_key","endpoint"]"#,
+            r#"["api_key","client_ip"]"#,
+            r#"["client_ip","endpoint"]"#,
+            r#"["endpoint"]"#,
+        ] {
+            let p = policy("p", dims);
+            assert_eq!(
+                identity_bucket_key(&p, &s, None),
+                bucket_key(&p, &s),
+                "{dims}"
+            );
+        }
+    }
+
+    #[test]
+    fn all_buckets_of_a_key_with_an_identity_share_its_hash_tag() {
+        let s = subject();
+        let tags: Vec<_> = [
+            r#"["identity"]"#,
+            r#"["identity","endpoint"]"#,
+            r#"["api_key"]"#,
+            r#"["api_key","client_ip"]"#,
+        ]
+        .iter()
+        .map(|d| {
+            let key = identity_bucket_key(&policy("p", d), &s, Some("cus_1")).unwrap();
+            hash_tag(&key).to_string()
+        })
+        .collect();
+        assert!(tags.iter().all(|t| t == "i:cus_1"), "{tags:?}");
+    }
+
+    #[test]
+    fn a_missing_key_or_a_hostile_identity_is_an_error_not_a_key() {
+        let p = policy("p", r#"["identity"]"#);
+        let keyless = Subject {
+            api_key_id: None,
+            ..subject()
+        };
+        assert!(matches!(
+            identity_bucket_key(&p, &keyless, Some("cus_1")),
+            Err(KeyError::Missing {
+                dimension: Dimension::Identity,
+                ..
+            })
+        ));
+        for bad in ["", "a b", "a}b", "a{b", "a:b", "é", &"i".repeat(65)] {
+            let e = identity_bucket_key(&p, &subject(), Some(bad));
+            assert!(
+                matches!(&e, Err(KeyError::Invalid(p)) if p.field == "identity"),
+                "{bad:?}: {e:?}"
             );
         }
     }
@@ -282,7 +436,17 @@ mod tests {
             route: Some(&route),
             client_ip: Some("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap()),
         };
-        assert_eq!(bucket_key(&p, &s).unwrap().len(), MAX_KEY_LEN);
+        // without an identity: the longest key as it always was
+        let v1_longest = KEY_PREFIX.len()
+            + "{k:}:".len()
+            + MAX_NAME_LEN * 3
+            + ":e:".len()
+            + ":ip:".len()
+            + MAX_IP_LEN;
+        assert_eq!(bucket_key(&p, &s).unwrap().len(), v1_longest);
+        let identity = "c".repeat(MAX_IDENTITY_LEN);
+        let longest = identity_bucket_key(&p, &s, Some(&identity)).unwrap();
+        assert_eq!(longest.len(), MAX_KEY_LEN);
     }
 
     #[test]

@@ -4,15 +4,22 @@
 //! token-bucket transition ([`bucket`]), the response contract ([`contract`]),
 //! bucket key naming ([`keys`]), the traffic counters and decision sample the edge
 //! writes and the dashboard reads ([`stats`]), and the Lua scripts with the pure
-//! halves of calling them ([`script`]). Builds for native targets and for wasm32.
+//! halves of calling them ([`script`]); API keys: their secrets ([`apikeys`]),
+//! records ([`keyrecord`]), operators' changes of them ([`keychanges`]) and
+//! credits ([`credits`]); UTC calendar windows ([`calendar`]). Builds for native
+//! targets and for wasm32.
 
 pub mod apikeys;
 pub mod audit;
 pub mod bucket;
+pub mod calendar;
 pub mod changes;
 pub mod config;
 pub mod contract;
+pub mod credits;
 pub mod deny;
+pub mod keychanges;
+pub mod keyrecord;
 pub mod keys;
 pub mod lease;
 pub mod policy;

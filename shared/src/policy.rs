@@ -293,6 +293,10 @@ pub enum Dimension {
     Endpoint,
     /// The client address (IPv6 grouped by /64).
     ClientIp,
+    /// The API key's identity (the operator's customer): every key of one
+    /// identity shares the bucket; a key without an identity has a bucket of its
+    /// own, named by its id as with `api_key` (`shared/src/keys.rs`).
+    Identity,
 }
 
 /// What the edge does when Redis cannot give a decision (see `docs/failure.md`).
@@ -545,12 +549,13 @@ pub fn validate_name(field: &str, name: &str) -> Result<(), PolicyError> {
 }
 
 impl PolicySpec {
-    pub fn validate(&self) -> Result<Policy, PolicyError> {
-        validate_name("name", &self.name)?;
+    /// The dimensions, sorted: at least one, none twice, not both identity and
+    /// api_key.
+    fn checked_dimensions(&self) -> Result<Vec<Dimension>, PolicyError> {
         if self.dimensions.is_empty() {
             return Err(PolicyError::new(
                 "dimensions",
-                "must name at least one of api_key, endpoint, client_ip",
+                "must name at least one of api_key, identity, endpoint, client_ip",
             ));
         }
         let mut dimensions = self.dimensions.clone();
@@ -562,6 +567,19 @@ impl PolicySpec {
                 "must not repeat a dimension",
             ));
         }
+        if dimensions.contains(&Dimension::Identity) && dimensions.contains(&Dimension::ApiKey) {
+            return Err(PolicyError::new(
+                "dimensions",
+                "names identity and api_key together: an identity's bucket is shared by \
+                 its keys, a key's is its own; choose one",
+            ));
+        }
+        Ok(dimensions)
+    }
+
+    pub fn validate(&self) -> Result<Policy, PolicyError> {
+        validate_name("name", &self.name)?;
+        let dimensions = self.checked_dimensions()?;
         let period =
             Period::parse(&self.quota.period).map_err(|m| PolicyError::new("quota.period", m))?;
         let quota = Quota::new(
@@ -901,6 +919,29 @@ mod tests {
     }
 
     #[test]
+    fn an_identity_policy_round_trips_alone_or_with_endpoint_and_client_ip() {
+        for dims in [
+            r#"["identity"]"#,
+            r#"["endpoint","identity"]"#,
+            r#"["identity","client_ip"]"#,
+        ] {
+            let p = Policy::from_json(&with("dimensions", dims)).unwrap();
+            assert!(
+                p.has(Dimension::Identity) && !p.has(Dimension::ApiKey),
+                "{dims}"
+            );
+            assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
+            assert!(p.to_json().contains(r#""identity""#));
+        }
+        assert_eq!(
+            serde_json::to_string(&Dimension::Identity).unwrap(),
+            r#""identity""#
+        );
+        let e = err(&with("dimensions", r#"["api_key","identity"]"#));
+        assert!(e.message.contains("identity and api_key"), "{e}");
+    }
+
+    #[test]
     fn emission_interval_rounds_up_so_rounding_never_over_admits() {
         let q = Quota::new(7, 7, 60 * MICROS_PER_SEC).unwrap();
         assert_eq!(q.emission_interval(), 8_571_429);
@@ -941,6 +982,8 @@ mod tests {
             ("dimensions", "[]", "dimensions"),
             ("dimensions", "[\"api_key\",\"api_key\"]", "dimensions"),
             ("dimensions", "[\"user\"]", "dimensions[0]"),
+            ("dimensions", "[\"identity\",\"api_key\"]", "dimensions"),
+            ("dimensions", "[\"identity\",\"identity\"]", "dimensions"),
             ("dimensions", "\"api_key\"", "dimensions"),
             ("failure_mode", "\"maybe\"", "failure_mode"),
             ("failure_mode", "\"local_fallback\"", "local_share_percent"),

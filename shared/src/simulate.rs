@@ -151,7 +151,7 @@ pub fn replay(config: &EdgeConfig, requests: &[SampleEntry]) -> BTreeMap<Endpoin
             .entry(Endpoint::of(route.map(|x| x.name.as_str())))
             .or_default();
         entry.requests += 1;
-        let checks = match config.checks(&r.key_id, &r.plan, route, None) {
+        let checks = match config.checks((&r.key_id, None), &r.plan, route, None) {
             Some(Ok(c)) => c,
             _ => {
                 entry.throttled += 1;

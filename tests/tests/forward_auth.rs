@@ -394,3 +394,51 @@ async fn caddy_replaces_a_spoofed_identity_when_the_edge_has_none() {
     assert_eq!(echo.header("X-Floodgate-Key-Id"), [""]);
     drop(s);
 }
+
+/// Caddy copying the key's identity and metadata too (as docs/forward-auth.md
+/// shows): the upstream gets the edge's values and never the client's, and
+/// empty ones for a key that has neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_forwards_the_keys_identity_and_metadata_and_never_the_clients() {
+    let s = stack().await;
+    let store =
+        floodgate_edge::store::resp::RespStore::connect(&s._redis.url(), Duration::from_secs(2))
+            .await
+            .unwrap();
+    let new = floodgate_shared::keychanges::KeyChanges {
+        plan: Some("free".into()),
+        identity: Some(Some("cus_42".into())),
+        metadata: Some(Some(serde_json::json!({"tier": "gold"}))),
+        ..Default::default()
+    };
+    let (record, secret) = floodgate_edge::admin::create_key_with(&store, &new, 1_764_000_000)
+        .await
+        .unwrap();
+    let gw = Gateway::caddy(&format!(
+        "\troute {{\n\t\tforward_auth {edge} {{\n\t\t\turi /\n\t\t\tcopy_headers X-Floodgate-Key-Id X-Floodgate-Identity X-Floodgate-Key-Meta\n\t\t}}\n\t\treverse_proxy {up}\n\t}}",
+        edge = authority(&s.edge),
+        up = authority(&s.upstream.url),
+    ));
+    let seen = |secret: String| {
+        let url = format!("{}/v1/items", gw.url);
+        async move {
+            let r = client()
+                .get(url)
+                .bearer_auth(secret)
+                .header("X-Floodgate-Identity", "spoofed")
+                .header("X-Floodgate-Key-Meta", r#"{"tier":"platinum"}"#)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            Echo(r.json().await.unwrap())
+        }
+    };
+    let echo = seen(secret).await;
+    assert_eq!(echo.header("X-Floodgate-Key-Id"), [record.id]);
+    assert_eq!(echo.header("X-Floodgate-Identity"), ["cus_42"]);
+    assert_eq!(echo.header("X-Floodgate-Key-Meta"), [r#"{"tier":"gold"}"#]);
+    let plain = seen(s.key.secret.clone()).await;
+    assert_eq!(plain.header("X-Floodgate-Identity"), [""]);
+    assert_eq!(plain.header("X-Floodgate-Key-Meta"), [""]);
+}

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use floodgate_shared::contract::{KEY_IDENTITY_HEADER, KEY_META_HEADER};
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -437,7 +438,7 @@ async fn proxied(
 }
 
 /// Forward-auth's admission: the gateway proxies, with the quota headers and the
-/// identity to copy upstream (the slots, if any, are given back once this answer
+/// caller's key id, identity and metadata to copy upstream (the slots, if any, are given back once this answer
 /// is written).
 fn admitted_auth(host: &Host, admit: &Admit, held: Held) -> Response<ProxyBody> {
     let mut r = Response::new(ProxyBody::full(Bytes::new(), held));
@@ -447,6 +448,11 @@ fn admitted_auth(host: &Host, admit: &Admit, held: Held) -> Response<ProxyBody> 
     // client-sent value (Caddy 2.6 keeps the client's when it is absent)
     let id = admit.key_id.as_deref().unwrap_or_default();
     r.headers_mut().set(&host.config.rules.identity_header, id);
+    // the key's identity and metadata likewise: empty when the key has none
+    let identity = admit.identity.as_deref().unwrap_or_default();
+    r.headers_mut().set(KEY_IDENTITY_HEADER, identity);
+    let meta = admit.key_meta.as_deref().unwrap_or_default();
+    r.headers_mut().set(KEY_META_HEADER, meta);
     r
 }
 

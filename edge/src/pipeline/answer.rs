@@ -2,7 +2,9 @@
 //! answer it itself ([`Reply`]) — a `Result<Admit, Reply>`, so a host never has to
 //! guess which one it holds — and the answers it builds.
 
+use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::contract::{DENIED_BODY, DENIED_STATUS, JSON_CONTENT_TYPE, RateLimitHeaders};
+use floodgate_shared::keyrecord::metadata_header;
 
 /// Marks every answer given without Redis: `fail-open`, `fail-closed` or
 /// `local-fallback` (see `docs/failure.md`).
@@ -15,6 +17,11 @@ pub struct Admit {
     /// verify while the store was down, forwarded by a fail-open policy without an
     /// identity).
     pub key_id: Option<String>,
+    /// The caller's identity and its key's metadata as one header value
+    /// ([`metadata_header`]), for the upstream: each `None` when the key has
+    /// none (or the caller is unverified).
+    pub identity: Option<String>,
+    pub key_meta: Option<String>,
     pub route: Option<String>,
     /// Added to the upstream's response (the quota headers).
     pub headers: Vec<(&'static str, String)>,
@@ -41,18 +48,33 @@ pub struct Slot {
 }
 
 impl Admit {
-    /// Forwards an identified caller.
+    /// Forwards the caller whose key is `record`.
     pub fn caller(
-        key_id: &str,
+        record: &KeyRecord,
         route: Option<&str>,
         headers: Vec<(&'static str, String)>,
         slots: Vec<Slot>,
     ) -> Admit {
         Admit {
-            key_id: Some(key_id.to_string()),
+            key_id: Some(record.id.clone()),
+            identity: record.identity.clone(),
+            key_meta: record.metadata.as_ref().map(metadata_header),
             route: route.map(str::to_string),
             headers,
             slots,
+        }
+    }
+
+    /// Forwards a caller without an identity (the limiter is off, or a key the
+    /// edge could not verify under a fail-open policy).
+    pub fn anonymous(route: Option<String>, headers: Vec<(&'static str, String)>) -> Admit {
+        Admit {
+            key_id: None,
+            identity: None,
+            key_meta: None,
+            route,
+            headers,
+            slots: vec![],
         }
     }
 
@@ -151,9 +173,28 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(v["hint"], "store down");
-        let a = Admit::caller("k", Some("r"), vec![], vec![]).with_header("A", "b");
+        let a = Admit::caller(
+            &KeyRecord::new("k", "", "free", 0),
+            Some("r"),
+            vec![],
+            vec![],
+        )
+        .with_header("A", "b");
         assert_eq!(a.key_id.as_deref(), Some("k"));
         assert_eq!(a.header("a"), Some("b"));
+        assert_eq!((a.identity, a.key_meta), (None, None));
+    }
+
+    #[test]
+    fn an_admitted_caller_carries_its_identity_and_metadata_as_forwarded() {
+        let mut record = KeyRecord::new("k", "", "free", 0);
+        record.identity = Some("cus_42".into());
+        record.metadata = serde_json::json!({"tier": "gold", "n": 1})
+            .as_object()
+            .cloned();
+        let a = Admit::caller(&record, None, vec![], vec![]);
+        assert_eq!(a.identity.as_deref(), Some("cus_42"));
+        assert_eq!(a.key_meta.as_deref(), Some(r#"{"n":1,"tier":"gold"}"#));
     }
 
     #[test]

@@ -12,13 +12,11 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use floodgate_shared::apikeys::{
-    KeyProblem, KeyRecord, KeyStatus, hash_secret, key_from_header, record_key,
-};
+use floodgate_shared::apikeys::{KeyProblem, KeyRecord, hash_secret, key_from_header, record_key};
 use floodgate_shared::changes::{REV_KEY, parse_rev};
 use floodgate_shared::config::{CONFIG_KEY, EdgeConfig};
 use floodgate_shared::policy::FailureMode;
-use floodgate_shared::time::{Clock, Micros, ceil_secs};
+use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros, ceil_secs};
 
 use super::events::LogEvent;
 use super::guarded::{Called, drain};
@@ -168,9 +166,10 @@ where
     S: Store + Clone + MaybeSend + MaybeSync + 'static,
     C: Clock,
 {
-    /// The caller's key record and the configuration (see the module's doc): an
-    /// active key, or the answer to a missing, unknown or revoked one, to an
-    /// address that spent its unknown-key budget, or to a store that cannot say.
+    /// The caller's key record and the configuration (see the module's doc): a
+    /// key that admits the request, or the answer to a missing, unknown, revoked,
+    /// expired or rotated-out one, to an address that spent its unknown-key
+    /// budget, or to a store that cannot say.
     pub(super) async fn caller(
         &self,
         secret: &str,
@@ -201,10 +200,14 @@ where
             let config = cached.config.any().expect("fresh or stale");
             (cached.key.any().flatten(), config)
         };
-        match key {
-            Some(record) if record.status == KeyStatus::Active => Ok(Caller { record, config }),
-            Some(_) => Err(Err(Reply::json(401, "API key revoked", None))),
-            None => Err(Err(Reply::json(401, "Invalid API key", None))),
+        let Some(record) = key else {
+            return Err(Err(Reply::json(401, "Invalid API key", None)));
+        };
+        // revoked, expired or rotated out: decided on the record as cached, so an
+        // expiry takes effect at its second with no store call
+        match record.refusal(&hash, now.div_euclid(MICROS_PER_SEC)) {
+            None => Ok(Caller { record, config }),
+            Some(r) => Err(Err(Reply::json(401, r.message(), None))),
         }
     }
 
@@ -374,12 +377,10 @@ where
         match FailureMode::strictest(candidates.iter().map(|p| p.failure_mode())) {
             FailureMode::FailOpen => {
                 self.degraded(None, FailureMode::FailOpen, route_name);
-                Ok(Admit {
-                    key_id: None,
-                    route: route_name.map(str::to_string),
-                    headers: vec![(DEGRADED_HEADER, "fail-open".into())],
-                    slots: vec![],
-                })
+                Ok(Admit::anonymous(
+                    route_name.map(str::to_string),
+                    vec![(DEGRADED_HEADER, "fail-open".into())],
+                ))
             }
             // a local share needs the key's plan: an unverified key has none
             FailureMode::LocalFallback | FailureMode::FailClosed => {

@@ -129,7 +129,7 @@ where
             )),
             FailureMode::FailOpen => {
                 self.degraded(Some(limits), mode, route);
-                Ok(Admit::caller(&limits.record.id, route, vec![], vec![])
+                Ok(Admit::caller(&limits.record, route, vec![], vec![])
                     .with_header(DEGRADED_HEADER, "fail-open"))
             }
             FailureMode::LocalFallback => {
@@ -148,13 +148,12 @@ where
             .collect();
         let verdict = self.local.check(&local, self.clock.now());
         match Answer::for_decision(verdict.headline()) {
-            Answer::Forward { headers } => Ok(Admit::caller(
-                &limits.record.id,
-                limits.route_name(),
-                headers.pairs(),
-                vec![],
-            )
-            .with_header(DEGRADED_HEADER, "local-fallback")),
+            Answer::Forward { headers } => {
+                Ok(
+                    Admit::caller(&limits.record, limits.route_name(), headers.pairs(), vec![])
+                        .with_header(DEGRADED_HEADER, "local-fallback"),
+                )
+            }
             Answer::Reject { headers, .. } => {
                 Err(Reply::rate_limited(&headers).with_header(DEGRADED_HEADER, "local-fallback"))
             }

@@ -115,7 +115,7 @@ where
         self.count(limits, Outcome::Allowed, None);
         self.count_admitted(limits, None);
         Some(Admit::caller(
-            &limits.record.id,
+            &limits.record,
             limits.route_name(),
             headers,
             vec![],

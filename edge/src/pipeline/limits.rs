@@ -142,7 +142,8 @@ where
         req: &RequestHead<'_>,
     ) -> Result<Limits<'c>, Reply> {
         let route = config.routes().resolve(req.path);
-        let policies = match config.checks(&record.id, &record.plan, route, req.client_ip) {
+        let key = (record.id.as_str(), record.identity.as_deref());
+        let policies = match config.checks(key, &record.plan, route, req.client_ip) {
             None => {
                 return Err(Reply::json(
                     403,

@@ -257,7 +257,7 @@ where
             // a plan without policies: admitted, and counted like any decision
             self.count(&limits, Outcome::Allowed, None);
             return Ok(Admit::caller(
-                &limits.record.id,
+                &limits.record,
                 limits.route_name(),
                 vec![],
                 vec![],
@@ -277,7 +277,7 @@ where
         let held = self.slots(&limits, &mut checked, later).await?;
         self.count(&limits, Outcome::Allowed, latency);
         self.count_admitted(&limits, Some(&verdict));
-        let admit = |slots| Admit::caller(&limits.record.id, limits.route_name(), headers, slots);
+        let admit = |slots| Admit::caller(&limits.record, limits.route_name(), headers, slots);
         Ok(match held {
             Held::Slots(slots) => admit(slots),
             Held::Unlimited => admit(vec![]).with_header(DEGRADED_HEADER, "fail-open"),

@@ -415,13 +415,7 @@ impl Store for &MemStore {
 /// A configuration and one key of `plan` in `store`; the store's clock at T0.
 pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
     let (id, secret) = new_secret(&[7u8; 42]);
-    let record = KeyRecord {
-        id,
-        owner: String::new(),
-        plan: plan.into(),
-        status: KeyStatus::Active,
-        created: 0,
-    };
+    let record = KeyRecord::new(&id, "", plan, 0);
     let mut r = store.records.lock().unwrap();
     r.insert(CONFIG_KEY.into(), config.as_bytes().to_vec());
     r.insert(REV_KEY.into(), b"1".to_vec());
@@ -436,6 +430,12 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
 /// Sets the status of the one API key `seed` stored, and says so in the change
 /// log as the admin functions do.
 pub fn set_key_status(store: &MemStore, status: KeyStatus) {
+    edit_key(store, |rec| rec.status = status);
+}
+
+/// Changes the record of the one API key `seed` stored with `edit`, and says so
+/// in the change log as the admin functions do.
+pub fn edit_key(store: &MemStore, edit: impl FnOnce(&mut KeyRecord)) {
     let key = {
         let mut records = store.records.lock().unwrap();
         let key = records
@@ -444,7 +444,7 @@ pub fn set_key_status(store: &MemStore, status: KeyStatus) {
             .cloned()
             .expect("a seeded key");
         let mut rec = KeyRecord::from_json(&records[&key]).unwrap();
-        rec.status = status;
+        edit(&mut rec);
         records.insert(key.clone(), rec.to_json().into_bytes());
         key
     };
