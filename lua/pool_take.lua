@@ -35,6 +35,10 @@
 --                "<member>=<tokens>" separated by spaces
 -- ARGV[5n+2]     the refill lock's lifetime in ms (1 ..)
 -- ARGV[5n+3]     how long before its chunk a sub-lease ends, µs (the hop back)
+-- ARGV[5n+4]     optional, µs (0 ..; 0 when absent): tokens of chunks that die
+--                within this long count for nothing against the low-water mark,
+--                so a pool is refilled before its chunks die instead of running
+--                dry when they do
 --
 -- A bucket admits from its live chunks (those expiring first first), or else on
 -- credit while the credit in use stays within the cap; admitted = 1 when every
@@ -44,8 +48,8 @@
 --
 -- Returns {admitted, now, then per bucket: tokens left, refill, unconfirmed, k,
 -- k x 3 integers, j, j x 5 integers}: refill = 1 when this caller took bucket i's
--- refill lock (one refill at a time per region) — taken when the tokens left fall
--- below the low-water mark or credit is in use — and must then charge the
+-- refill lock (one refill at a time per region) — taken when the tokens left that
+-- outlive the horizon fall below the low-water mark or credit is in use — and must then charge the
 -- `unconfirmed` (uncharged) credit to the global bucket and retire the k spent
 -- chunks ({id, tokens, base} of "<id>:<tokens>:<base>") with its take; the j
 -- parts of the sub-lease, {id, tokens, base} of their chunk, tokens granted, µs
@@ -57,8 +61,8 @@
 
 local MAX_INSTANT = 4503599627370496
 local n = #KEYS
-if n < 1 or #ARGV ~= 5 * n + 3 then
-  return redis.error_reply('ERR floodgate: pool take expects n keys and 3 + 5 x n arguments')
+if n < 1 or (#ARGV ~= 5 * n + 3 and #ARGV ~= 5 * n + 4) then
+  return redis.error_reply('ERR floodgate: pool take expects n keys and 3 + 5 x n or 4 + 5 x n arguments')
 end
 local now = ARGV[1]
 local expires = nil
@@ -82,8 +86,10 @@ else
   end
 end
 local lock_ms, margin = tonumber(ARGV[5 * n + 2]), tonumber(ARGV[5 * n + 3])
-if not (lock_ms and lock_ms >= 1 and lock_ms % 1 == 0 and margin and margin >= 0) then
-  return redis.error_reply('ERR floodgate: bad refill lock lifetime or margin')
+local ahead = tonumber(ARGV[5 * n + 4] or '0')
+if not (lock_ms and lock_ms >= 1 and lock_ms % 1 == 0 and margin and margin >= 0
+    and ahead and ahead >= 0 and ahead % 1 == 0) then
+  return redis.error_reply('ERR floodgate: bad refill lock lifetime, margin or horizon')
 end
 
 -- A pool as read: its credit, lock, live chunks and spent members. Corrupt: empty,
@@ -133,6 +139,15 @@ end
 local function free(pool)
   local total = 0
   for _, c in ipairs(pool.chunks) do total = total + c[2] end
+  return total
+end
+
+-- Free tokens of the chunks still live at `at`.
+local function lasting(pool, at)
+  local total = 0
+  for _, c in ipairs(pool.chunks) do
+    if c[4] > at then total = total + c[2] end
+  end
   return total
 end
 
@@ -198,7 +213,7 @@ for i = 1, n do
   end
   local left = free(pool)
   local refill, unconfirmed, spent = 0, 0, {}
-  if (left < low or pool.used > 0) and pool.lock <= now then
+  if (lasting(pool, now + ahead) < low or pool.used > 0) and pool.lock <= now then
     refill, unconfirmed, spent = 1, pool.uncharged, pool.spent
     pool.lock, pool.spent = now + lock_ms * 1000, {}
   end

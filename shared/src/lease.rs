@@ -153,6 +153,19 @@ pub fn pool_take_args(
     lock_ms: u64,
     margin: Micros,
 ) -> Vec<String> {
+    pool_take_args_ahead(clock, buckets, lock_ms, margin, 0)
+}
+
+/// [`pool_take_args`] with a horizon: tokens of chunks that die within `ahead`
+/// µs count for nothing against the low-water mark (0: the argument is left out,
+/// as before), so the pool is refilled before its chunks die.
+pub fn pool_take_args_ahead(
+    clock: String,
+    buckets: &[PoolAsk],
+    lock_ms: u64,
+    margin: Micros,
+    ahead: Micros,
+) -> Vec<String> {
     let mut args = Vec::with_capacity(3 + 5 * buckets.len());
     args.push(clock);
     for b in buckets {
@@ -165,6 +178,9 @@ pub fn pool_take_args(
     }
     args.push(lock_ms.max(1).to_string());
     args.push(margin.max(0).to_string());
+    if ahead > 0 {
+        args.push(ahead.to_string());
+    }
     args
 }
 
@@ -222,6 +238,15 @@ pub struct Pool {
 impl Pool {
     fn live(&self) -> u64 {
         self.chunks.iter().map(|c| c.free).sum()
+    }
+
+    /// Free tokens of the chunks still live at `at`.
+    fn lasting(&self, at: Micros) -> u64 {
+        self.chunks
+            .iter()
+            .filter(|c| c.expires > at)
+            .map(|c| c.free)
+            .sum()
     }
 
     /// The script's settling: sub-leases reported done, dead chunks dropped,
@@ -296,6 +321,19 @@ impl Pool {
         lock: Micros,
         margin: Micros,
     ) -> PoolTaken {
+        Self::take_ahead(pools, asks, now, lock, margin, 0)
+    }
+
+    /// [`Pool::take`] with a horizon (`ARGV[5n+4]`): chunks dying within `ahead`
+    /// count for nothing against the low-water mark.
+    pub fn take_ahead(
+        pools: &mut [&mut Pool],
+        asks: &[PoolAsk],
+        now: Micros,
+        lock: Micros,
+        margin: Micros,
+        ahead: Micros,
+    ) -> PoolTaken {
         for (p, a) in pools.iter_mut().zip(asks) {
             p.settle(&a.done, now);
         }
@@ -333,7 +371,8 @@ impl Pool {
                 (false, _) => vec![],
             };
             let l = p.live();
-            let take_lock = (l < a.low || p.credit > 0) && p.locked_until <= now;
+            let take_lock =
+                (p.lasting(now + ahead) < a.low || p.credit > 0) && p.locked_until <= now;
             if take_lock {
                 p.locked_until = now + lock;
             }
@@ -1218,6 +1257,35 @@ mod tests {
         }
         assert_eq!(spent_members(&[12, 3, 900]).unwrap(), ["12:3:900"]);
         assert!(spent_members(&[12, 3]).is_err());
+    }
+
+    #[test]
+    fn a_pool_is_refilled_before_its_chunks_die_not_after() {
+        let chunk = |expires| Chunk {
+            member: "1:10:0".into(),
+            free: 10,
+            out: 0,
+            expires,
+        };
+        let mut p = Pool {
+            chunks: vec![chunk(1_000)],
+            ..Pool::default()
+        };
+        let low = ask(0, 5, 0);
+        // plenty left and no horizon: no refill until the chunk is gone
+        let got = Pool::take(&mut [&mut p], std::slice::from_ref(&low), 900, 10, 0);
+        assert!(!got.refill[0]);
+        // the chunk dies within the horizon: its tokens do not count, the caller
+        // refills now, while the chunk still serves
+        let got = Pool::take_ahead(&mut [&mut p], std::slice::from_ref(&low), 900, 10, 0, 200);
+        assert!(got.refill[0]);
+        assert_eq!(got.left, vec![10]);
+        // a chunk that outlives the horizon counts
+        let mut q = Pool {
+            chunks: vec![chunk(2_000)],
+            ..Pool::default()
+        };
+        assert!(!Pool::take_ahead(&mut [&mut q], &[low], 900, 10, 0, 200).refill[0]);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! A healthy store under a burst is waited for, not failed (issue 22: the Worker
 //! answered `503 … no reply within 246ms` to 3 of 1,000 requests from 3 × 40
 //! connections against one healthy floodgate-rest, and one token went to a
-//! refused request). With the hosts' default, adaptive deadlines: exactly the
-//! quota admitted, every other answer a 429, none a 503, on both hosts.
+//! refused request). With the hosts' default, adaptive deadlines, three edges ×
+//! 40 connections on one store: exactly the quota admitted, every other answer a
+//! 429, none a 503, on both hosts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,10 @@ async fn a_burst_on_a_healthy_store_gets_the_quota_and_no_503(kind: EdgeKind) {
         deadline_ms: None,
         ..EdgeOptions::default()
     };
-    let edge = start_edge_with(kind, &redis, &upstream.url, &options).await;
+    let mut edges = vec![];
+    for _ in 0..3 {
+        edges.push(start_edge_with(kind, &redis, &upstream.url, &options).await);
+    }
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .pool_max_idle_per_host(40)
@@ -32,9 +36,9 @@ async fn a_burst_on_a_healthy_store_gets_the_quota_and_no_503(kind: EdgeKind) {
         .unwrap();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..40 {
+    for n in 0..3 * 40 {
         let (c, next, secret) = (c.clone(), next.clone(), secret.clone());
-        let url = format!("{}/v1/burst", edge.url);
+        let url = format!("{}/v1/burst", edges[n % 3].url);
         tasks.spawn(async move {
             let mut statuses = vec![];
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 1_000 {

@@ -125,7 +125,7 @@ fn lease_scripts_match_their_pure_twin() {
 #[test]
 fn pool_scripts_match_their_pure_twin() {
     use floodgate_shared::lease::{
-        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_key, pool_take_args,
+        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_key, pool_take_args_ahead,
     };
     let server = RedisServer::start();
     let mut c = server.connection();
@@ -183,7 +183,14 @@ fn pool_scripts_match_their_pure_twin() {
                 })
                 .collect();
             let k: Vec<&str> = which.iter().map(|b| keys[*b].as_str()).collect();
-            let args = pool_take_args(now.to_string(), &asks, lock_ms, margin);
+            // half the calls with a horizon (chunks dying within it do not count
+            // against the low-water mark), half without (the argument left out)
+            let ahead = if rng.random_bool(0.5) {
+                rng.random_range(1..1_500_000)
+            } else {
+                0
+            };
+            let args = pool_take_args_ahead(now.to_string(), &asks, lock_ms, margin, ahead);
             let reply = eval(&mut c, POOL_TAKE.source, &k, &args);
             let got = PoolTaken::from_reply(&reply, which.len())
                 .expect("a well-formed reply")
@@ -195,7 +202,7 @@ fn pool_scripts_match_their_pure_twin() {
                     [0] => vec![a],
                     _ => vec![b],
                 };
-                Pool::take(&mut pools, &asks, now, lock_ms as i64 * 1000, margin)
+                Pool::take_ahead(&mut pools, &asks, now, lock_ms as i64 * 1000, margin, ahead)
             };
             assert_eq!(
                 got, want,

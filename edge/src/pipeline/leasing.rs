@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use floodgate_shared::bucket::Decision;
 use floodgate_shared::lease::{
-    LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_key, pool_take_args,
+    LeaseConfig, POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_key, pool_take_args_ahead,
 };
 use floodgate_shared::policy::{Consistency, Policy};
 use floodgate_shared::script::Verdict;
@@ -322,7 +322,10 @@ where
         let lock_ms = (self.settings.lifetime / 2_000).max(1) as u64;
         // the regional store's own clock: a pool take it runs late spends tokens of
         // a request the exact path then decided (a shortfall, never an overshoot)
-        let args = pool_take_args(String::new(), &asks, lock_ms, POOL_MARGIN);
+        // chunks that die before the edges' sub-leases would be drawn again count
+        // for nothing: the pool is refilled ahead of their death, not after it
+        let ahead = self.settings.lifetime / 4 + POOL_MARGIN;
+        let args = pool_take_args_ahead(String::new(), &asks, lock_ms, POOL_MARGIN, ahead);
         let keys = buckets.iter().map(|(k, _)| pool_key(k)).collect();
         (keys, args, done)
     }

@@ -153,6 +153,11 @@ impl MemStore {
                 .collect();
             let lock = num(1 + 5 * n) * 1000;
             let margin = num(2 + 5 * n);
+            let ahead = if args.len() > 3 + 5 * n {
+                num(3 + 5 * n)
+            } else {
+                0
+            };
             let mut pools = self.pools.lock().unwrap();
             let mut taken: Vec<Pool> = keys
                 .iter()
@@ -160,7 +165,7 @@ impl MemStore {
                 .collect();
             let got = {
                 let mut refs: Vec<&mut Pool> = taken.iter_mut().collect();
-                Pool::take(&mut refs, &asks, now, lock, margin)
+                Pool::take_ahead(&mut refs, &asks, now, lock, margin, ahead)
             };
             for (k, p) in keys.iter().zip(taken) {
                 pools.insert(k.to_string(), p);
