@@ -125,7 +125,8 @@ fn lease_scripts_match_their_pure_twin() {
 #[test]
 fn pool_scripts_match_their_pure_twin() {
     use floodgate_shared::lease::{
-        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_key, pool_take_args_ahead,
+        POOL_ADD, POOL_TAKE, Pool, PoolAsk, PoolTaken, pool_key, pool_take_args,
+        pool_take_args_ahead,
     };
     let server = RedisServer::start();
     let mut c = server.connection();

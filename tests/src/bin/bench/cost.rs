@@ -163,7 +163,7 @@ impl Bills {
             .map(|(k, n)| (k.clone(), n - self.by_name.get(k).copied().unwrap_or(0)))
             .filter(|(_, n)| *n > 0)
             .collect();
-        names.sort_by(|a, b| b.1.cmp(&a.1));
+        names.sort_by_key(|n| std::cmp::Reverse(n.1));
         (
             later.global - self.global,
             later.regional - self.regional,
