@@ -748,8 +748,9 @@ mod tests {
         let due = l.refills_due(&[("k", &p)], 0, T0 + 20);
         assert_eq!(due[0].retire, first);
         l.refilled(&due[0], Some(&taken(5, T0 + 20)), T0 + 20, None, true);
+        let lifetime = l.settings().lifetime;
         assert!(
-            l.spend(&[("k", &p)], T0 + 20 + 2_000_000).is_none(),
+            l.spend(&[("k", &p)], T0 + 20 + lifetime).is_none(),
             "expired with its global lease"
         );
     }

@@ -395,14 +395,6 @@ where
                 Some(t) if t.leased > 0 && life > 0 => (r.member(t), t.leased),
                 _ => (String::new(), 0),
             };
-            if got.is_some() && tokens == 0 && r.charge == 0 {
-                // the bound is taken (chunks still out): nothing to add and nothing
-                // charged, so the pool keeps its refill lock until it lapses — a
-                // back-off, instead of the next pool call asking again at once
-                let full_at = got.map(|t| sent + (t.full_at - t.now).max(0));
-                leases.refilled(&r, got.as_ref(), sent, full_at, false);
-                return;
-            }
             // charged when the global store answered; all the region's charged credit
             // is released once the bucket is out of debt (else it stays used)
             let charged = if got.is_some() { r.charge } else { 0 };
