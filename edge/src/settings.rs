@@ -114,7 +114,7 @@ pub struct EdgeSettings {
     #[arg(long, env = "FLOODGATE_STATS_FLUSH_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(100..=600_000))]
     pub stats_flush_ms: u32,
     /// How long a lease (or a pool's chunk) of bounded consistency lives.
-    #[arg(long, env = "FLOODGATE_LEASE_LIFETIME_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u32).range(100..=60_000))]
+    #[arg(long, env = "FLOODGATE_LEASE_LIFETIME_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(100..=60_000))]
     pub lease_lifetime_ms: u32,
 }
 
@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(s.key_header, "authorization");
         assert_eq!(s.cache_ttl_ms, 5_000);
         assert_eq!(s.max_body_bytes, 10 * 1024 * 1024);
-        assert_eq!(s.lease_lifetime_ms, 30_000);
+        assert_eq!(s.lease_lifetime_ms, 2_000);
         assert!(!s.forward_key);
         let p = s.pipeline(Protocol::Rest);
         assert_eq!(p.deadline, DeadlineSettings::REST);

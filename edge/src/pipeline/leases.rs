@@ -54,14 +54,15 @@ pub struct LeaseSettings {
 }
 
 impl Default for LeaseSettings {
-    /// A 30 s lifetime: what an edge holds lasts long enough that draws and pool
-    /// refills cost a few commands per key per half minute (`scripts/bench cost`:
-    /// 2 s cost 3.55 billed commands per request, 30 s 0.23). The bound does not
-    /// depend on it; it is how long tokens of a crashed holder stay out (a
-    /// shortfall).
+    /// A 2 s lifetime. A longer one makes regional pools far cheaper
+    /// (`scripts/bench cost`: 3.44 billed commands per request at 2 s, 0.79 at
+    /// 30 s) but sizes leases by time alone: at 30 s, ten instances leasing one
+    /// key of a tight bound left most of them deciding exactly
+    /// (`many_instances_share_one_bound`), so the default stays until leases are
+    /// sized by the bound too.
     fn default() -> Self {
         Self {
-            lifetime: 30 * MICROS_PER_SEC,
+            lifetime: 2 * MICROS_PER_SEC,
             hot_per_sec: 50,
             cool_per_sec: 10,
         }
