@@ -687,6 +687,43 @@ impl Default for EdgeOptions {
     }
 }
 
+/// `clients` concurrent clients, each with its own `make()` client: client i
+/// sends `each` GETs of `/v1/items/{i}/{j}` one after another to
+/// `edges[i % edges.len()]` with `secrets[(i / edges.len()) % secrets.len()]`.
+/// The answers that were 200, all clients together.
+pub async fn admitted_across(
+    make: fn() -> reqwest::Client,
+    edges: &[String],
+    secrets: &[String],
+    clients: usize,
+    each: usize,
+) -> u32 {
+    let mut tasks = vec![];
+    for i in 0..clients {
+        let edge = edges[i % edges.len()].clone();
+        let secret = secrets[(i / edges.len()) % secrets.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let c = make();
+            let mut ok = 0;
+            for j in 0..each {
+                let r = c
+                    .get(format!("{edge}/v1/items/{i}/{j}"))
+                    .bearer_auth(&secret)
+                    .send()
+                    .await
+                    .unwrap();
+                ok += u32::from(r.status() == reqwest::StatusCode::OK);
+            }
+            ok
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    admitted
+}
+
 /// Starts an edge of `kind` in front of `upstream`, reading config, keys and buckets
 /// from `redis`.
 pub async fn start_edge(

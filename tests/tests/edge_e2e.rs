@@ -359,28 +359,9 @@ async fn fifty_clients_over_three_edges_admit_exactly_the_quota(kind: EdgeKind) 
     let e2 = start_edge(kind, &s.redis, &s.upstream, 5_000).await;
     let e3 = start_edge(kind, &s.redis, &s.upstream, 5_000).await;
     let edges = [s.edge.clone(), e2.url.clone(), e3.url.clone()];
-    let mut tasks = vec![];
-    for i in 0..50 {
-        let (edge, secret) = (edges[i % 3].clone(), s.secret.clone());
-        tasks.push(tokio::spawn(async move {
-            let c = client();
-            let mut ok = 0;
-            for j in 0..30 {
-                let r = c
-                    .get(format!("{edge}/v1/items/{i}/{j}"))
-                    .bearer_auth(&secret)
-                    .send()
-                    .await
-                    .unwrap();
-                ok += u32::from(r.status() == StatusCode::OK);
-            }
-            ok
-        }));
-    }
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += t.await.unwrap();
-    }
+    let admitted =
+        floodgate_tests::admitted_across(client, &edges, std::slice::from_ref(&s.secret), 50, 30)
+            .await;
     assert_eq!(admitted, 1000, "1,500 attempts against a bucket of 1,000");
     assert_eq!(s.seen.total(), 1000);
 }

@@ -420,28 +420,7 @@ async fn two_keys_of_one_identity_share_one_bucket_exactly(kind: EdgeKind) {
     let e2 = start_edge_with(kind, &s.redis, &s.upstream.url, &options).await;
     let e3 = start_edge_with(kind, &s.redis, &s.upstream.url, &options).await;
     let edges = [s.edge.clone(), e2.url.clone(), e3.url.clone()];
-    let mut tasks = vec![];
-    for i in 0..30 {
-        let (edge, secret) = (edges[i % 3].clone(), secrets[(i / 3) % 2].clone());
-        tasks.push(tokio::spawn(async move {
-            let c = client();
-            let mut ok = 0;
-            for j in 0..20 {
-                let r = c
-                    .get(format!("{edge}/v1/items/{i}/{j}"))
-                    .bearer_auth(&secret)
-                    .send()
-                    .await
-                    .unwrap();
-                ok += u32::from(r.status() == StatusCode::OK);
-            }
-            ok
-        }));
-    }
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += t.await.unwrap();
-    }
+    let admitted = floodgate_tests::admitted_across(client, &edges, &secrets[..2], 30, 20).await;
     assert_eq!(admitted, 300, "600 attempts by two keys of one identity");
     let buckets: Vec<String> = redis::cmd("KEYS")
         .arg("fg:{i:cus_42}*")
