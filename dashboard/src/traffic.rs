@@ -498,7 +498,7 @@ mod tests {
             .unwrap()
         };
         // without regions the whole bound is leased; with 2, each region holds
-        // max_overshoot / 4 on credit (the edge's LeaseSettings::for_policy)
+        // max_overshoot / 8 on credit (the edge's LeaseSettings::for_policy)
         let rows = leasing_policies(&config(0));
         let shown: Vec<(&str, u64, u64)> = rows
             .iter()
@@ -510,7 +510,7 @@ mod tests {
             .iter()
             .map(|r| (r.policy.as_str(), r.leasable))
             .collect();
-        assert_eq!(shown, [("burst", 6), ("search", 26)]);
+        assert_eq!(shown, [("burst", 8), ("search", 38)]);
         let hashes = vec![
             vec![
                 ("policy:search|local".to_string(), 90),

@@ -258,12 +258,12 @@ async fn a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool() 
     let auth = seed(global, &roomy, "bounded");
     *regional.now.lock().unwrap() = T0;
     let clock = clock();
-    // the lifetime this test was sized for (2 s, the default before issue 22's cost
-    // work): with the 30 s default, sub-leases of 10 tokens from chunks of 20
-    // under a bound of 40 keep the third instance waiting more often (41 of 300)
+    // the chunk lifetime this test was sized for (2 s, the default before issue
+    // 22's cost work): at 30 s, sub-leases of 10 tokens from chunks of 20 under a
+    // bound of 40 kept the third instance waiting more often (41 of 300)
     let settings = PipelineConfig {
         leases: floodgate_edge::pipeline::leases::LeaseSettings {
-            lifetime: 2_000_000,
+            pool_lifetime: 2_000_000,
             ..Default::default()
         },
         ..PipelineConfig::default()

@@ -16,7 +16,7 @@ use floodgate_tests::{EdgeOptions, Endpoint, RedisServer, seed, serve_native, st
 use reqwest::StatusCode;
 
 /// 100 per hour per key (nothing refills while a test runs), bounded by 40, shared
-/// by two regions (10 tokens of credit each, 20 leased from the global bucket).
+/// by two regions (5 tokens of credit each, 30 leased from the global bucket).
 fn config(consistency: &str) -> String {
     let bound = if consistency == "exact" {
         String::new()

@@ -986,7 +986,7 @@ async fn the_traffic_page_shows_each_bounded_limits_local_share_calls_saved_and_
         assert!(row.contains(text), "{text} in {row}");
     }
     assert!(!html.contains("id=\"no-bounded\""));
-    // with two regions, each holds max_overshoot / 4 on credit: leases get 26
+    // with two regions, each holds max_overshoot / 8 on credit: leases get 38
     let mut config = stored_config(&redis);
     config["regions"] = 2.into();
     let store = floodgate_edge::store::resp::RespStore::connect(
@@ -1000,10 +1000,10 @@ async fn the_traffic_page_shows_each_bounded_limits_local_share_calls_saved_and_
         .unwrap();
     let t = op.json("leasing", &[("range", "15m")]).await;
     assert_eq!(t["regions"], 2, "{t}");
-    assert_eq!(leasing_row(&t, "search")["leasable"], 26, "{t}");
+    assert_eq!(leasing_row(&t, "search")["leasable"], 38, "{t}");
     let (_, html) = op.page("/").await;
     let html = html.replace("<!>", "");
-    assert!(html.contains("10.0 of 26 tokens (38 %)"), "{html}");
+    assert!(html.contains("10.0 of 38 tokens (26 %)"), "{html}");
     assert!(html.contains("With 2 regions"));
     // refills that cost more than local decisions saved are explained
     seed_leasing(&redis, minute, "search", [0, 0, 200, 0]);

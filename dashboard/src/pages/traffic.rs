@@ -170,7 +170,7 @@ fn leasing_view(t: LeasingFigures) -> impl IntoView {
         })
         .collect_view();
     let regions = (t.regions > 0).then(|| format!(
-        " With {r} regions, each region may admit max_overshoot / (2 × {r}) tokens of a key on credit; N is what that leaves of the bound.",
+        " With {r} regions, each region may admit max_overshoot / (4 × {r}) tokens of a key on credit; N is what that leaves of the bound.",
         r = t.regions
     ));
     let table = (!t.policies.is_empty()).then(|| view! {

@@ -44,8 +44,11 @@ use crate::sync::lock;
 /// bound is each policy's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseSettings {
-    /// A lease's (and a pool chunk's) lifetime.
+    /// An instance lease's lifetime (taken from the global store).
     pub lifetime: Micros,
+    /// A regional pool chunk's lifetime, and so the longest a sub-lease of it
+    /// lives: an instance with a regional store spends this one.
+    pub pool_lifetime: Micros,
     /// `auto` policies turn bounded for a key when this instance sees at least this
     /// many requests/s of it...
     pub hot_per_sec: u64,
@@ -54,15 +57,18 @@ pub struct LeaseSettings {
 }
 
 impl Default for LeaseSettings {
-    /// A 2 s lifetime. A longer one makes regional pools far cheaper
-    /// (`scripts/bench cost`: 3.44 billed commands per request at 2 s, 0.79 at
-    /// 30 s) but sizes leases by time alone: at 30 s, ten instances leasing one
-    /// key of a tight bound left most of them deciding exactly
-    /// (`many_instances_share_one_bound`), so the default stays until leases are
-    /// sized by the bound too.
+    /// Instance leases live 2 s, regional pools' chunks 60 s. Instance leases are
+    /// sized by time (half a lifetime of the instance's traffic, at most half the
+    /// bound): at 30 s, ten instances leasing one key of a tight bound left most
+    /// of them deciding exactly at the global store
+    /// (`many_instances_share_one_bound`). A pool's chunk is a share of the bound
+    /// whatever its lifetime, and a long one is what makes pools cheap: each pool
+    /// pays one global refill per chunk lifetime and each instance about two
+    /// draws per key (`scripts/bench cost`, docs/cost.md).
     fn default() -> Self {
         Self {
             lifetime: 2 * MICROS_PER_SEC,
+            pool_lifetime: 60 * MICROS_PER_SEC,
             hot_per_sec: 50,
             cool_per_sec: 10,
         }
@@ -86,16 +92,19 @@ impl LeaseSettings {
         }
     }
 
-    /// Tokens one pool refill asks for: half of a region's share of what the
+    /// Tokens one pool refill asks for: a third of a region's share of what the
     /// global store leases, so that every region can hold a chunk still draining
-    /// (its sub-leases out on instances) and a fresh one at once. (A chunk counts
-    /// against the bound until it is spent out; with chunks of half the bound, a
-    /// region's next chunk waited for its last one to drain, and every pool call
-    /// meanwhile asked the global store for a refill it could not grant.)
+    /// (its sub-leases out on instances), the one it draws from and the one it
+    /// took ahead of the first's death at once. (A chunk counts against the bound
+    /// until it is spent out or dies. With chunks of half the bound, a region's
+    /// next chunk waited for its last one to drain; with chunks of half a
+    /// region's share, the refill ahead of a chunk's death found the bound full,
+    /// and the global store was asked again and again for a chunk it could not
+    /// grant: 75 of 132 refills in 30 s of `scripts/bench cost`'s load.)
     pub fn pool_target(policy: &Policy, regions: u32) -> u64 {
         let bound = policy.max_overshoot().unwrap_or(0);
         let leasable = bound - u64::from(regions) * Self::credit(policy, regions);
-        (leasable / (2 * u64::from(regions.max(1)))).max(1)
+        (leasable / (CHUNKS_PER_REGION * u64::from(regions.max(1)))).max(1)
     }
 
     /// The size of a sub-lease an instance draws from its region's pool for a key
@@ -109,12 +118,17 @@ impl LeaseSettings {
     }
 
     /// What one region may admit on credit per key of `policy`, unconfirmed by
-    /// the global store: `max_overshoot / (2 × regions)` (0 without regions).
+    /// the global store: `max_overshoot / (4 × regions)` (0 without regions), a
+    /// quarter of the bound for all regions together. Credit covers a key's
+    /// first requests in a region and its requests while a refill is on its way
+    /// (a global round trip); the rest of the bound is what the global store
+    /// leases, in chunks. (At half the bound, the chunks were too few for the
+    /// refills ahead of their deaths.)
     pub fn credit(policy: &Policy, regions: u32) -> u64 {
         if regions == 0 {
             return 0;
         }
-        policy.max_overshoot().unwrap_or(0) / (2 * u64::from(regions))
+        policy.max_overshoot().unwrap_or(0) / (4 * u64::from(regions))
     }
 }
 
@@ -228,6 +242,9 @@ impl Held {
     }
 }
 
+/// The chunks a region's pool may hold at once ([`LeaseSettings::pool_target`]).
+pub const CHUNKS_PER_REGION: u64 = 3;
+
 /// Most buckets tracked at once (the least recently used go first).
 const MAX_HELD: usize = 100_000;
 
@@ -299,7 +316,18 @@ pub struct GiveBack {
 }
 
 impl Leases {
+    /// What an instance holds: instance leases, or with `regional` sub-leases of
+    /// its region's pools, which live as long as the pools' chunks (the settings'
+    /// `lifetime` is then `pool_lifetime`).
     pub fn new(settings: LeaseSettings, seed: Micros, regional: bool) -> Self {
+        let settings = if regional {
+            LeaseSettings {
+                lifetime: settings.pool_lifetime,
+                ..settings
+            }
+        } else {
+            settings
+        };
         // a numeric id prefix of 20 random bits: ids stay below 2^53
         let prefix = {
             use std::hash::{BuildHasher, Hasher};

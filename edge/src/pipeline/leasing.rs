@@ -164,7 +164,7 @@ where
             global: self.global.store.clone(),
             leases: self.leases.clone(),
             stats: self.stats.clone(),
-            settings: self.settings.leases,
+            settings: *self.leases.settings(),
             regions,
         }
     }
@@ -246,7 +246,7 @@ where
     fn lease_refill(&self, r: Refill, policy: &Policy, regions: u32) -> Task {
         let store = self.global.store.clone();
         let leases = self.leases.clone();
-        let cfg = self.settings.leases.for_policy(policy, regions);
+        let cfg = self.leases.settings().for_policy(policy, regions);
         let q = *policy.quota();
         let sent = self.clock.now();
         boxed(async move {
@@ -278,6 +278,10 @@ fn count_refill(stats: &Stats, leases: &Leases, now: Micros, key: &str, policy: 
         outstanding,
     );
 }
+
+/// The longest a pool's refill lock outlives a refiller that never answered
+/// (ms): a few global round trips, whatever the chunks' lifetime.
+const REFILL_LOCK_MAX_MS: i64 = 5_000;
 
 /// What a call to a region's pools needs, owned: a request's own call and the
 /// background sub-lease refills share it.
@@ -319,7 +323,10 @@ where
                 done: reported,
             });
         }
-        let lock_ms = (self.settings.lifetime / 2_000).max(1) as u64;
+        // the refill's answer releases the lock; its lifetime only matters when
+        // the refilling instance died first (an evicted isolate): then the pool
+        // waits at most half a lifetime, and never more than REFILL_LOCK_MAX_MS
+        let lock_ms = (self.settings.lifetime / 2_000).clamp(1, REFILL_LOCK_MAX_MS) as u64;
         // the regional store's own clock: a pool take it runs late spends tokens of
         // a request the exact path then decided (a shortfall, never an overshoot)
         // chunks that die before the edges' sub-leases would be drawn again count

@@ -83,7 +83,7 @@ pub fn cost(cpu: Option<usize>, scale: usize, lifetimes_ms: &[u32], rt: &tokio::
     let world = rt.block_on(World::start_on(2, &config(&[LOAD, QUOTA], 2), cpu));
     world.set_one_way(ONE_WAY);
     let zipf = Subjects::Zipf(Arc::new(Zipf::new(16, 1.1)));
-    let default_life = LeaseSettings::default().lifetime;
+    let default_life = LeaseSettings::default().pool_lifetime;
     let mut rows = vec![];
     let mut lifetimes: Vec<Micros> = lifetimes_ms
         .iter()
@@ -119,7 +119,7 @@ fn mode_name(mode: Mode, lifetime: Micros) -> String {
     match mode {
         Mode::ExactGlobal => "exact".into(),
         _ => format!(
-            "{}, lease lifetime {} s",
+            "{}, chunk lifetime {} s",
             mode.name(),
             lifetime as f64 / 1e6
         ),
@@ -185,6 +185,7 @@ async fn native(
     let settings = PipelineConfig {
         leases: LeaseSettings {
             lifetime,
+            pool_lifetime: lifetime,
             ..LeaseSettings::default()
         },
         ..PipelineConfig::default()
@@ -259,7 +260,9 @@ async fn worker(
         per_region: PER_REGION,
         cache_ttl_ms: 5_000,
         stats_flush_ms: 10_000,
-        env: vec![("LEASE_LIFETIME_MS".into(), (lifetime / 1_000).to_string())],
+        env: ["LEASE_LIFETIME_MS", "POOL_LIFETIME_MS"]
+            .map(|v| (v.to_string(), (lifetime / 1_000).to_string()))
+            .to_vec(),
     };
     let workers = WorkerRegions::start_with(world, mode == Mode::RegionalPools, &setup).await;
     workers.set_one_way(ONE_WAY);
