@@ -44,7 +44,8 @@
 -- credit while the credit in use stays within the cap; admitted = 1 when every
 -- bucket admits (then all are spent), 0 otherwise (nothing is spent anywhere, no
 -- sub-lease is handed out). A sub-lease takes up to the tokens wanted from the
--- chunks expiring last.
+-- chunks expiring first among those living more than twice the horizon, then
+-- from the chunks expiring last.
 --
 -- Returns {admitted, now, then per bucket: tokens left, refill, unconfirmed, k,
 -- k x 3 integers, j, j x 5 integers}: refill = 1 when this caller took bucket i's
@@ -199,16 +200,19 @@ for i = 1, n do
       local spend = math.min(due, c[2])
       c[2], due = c[2] - spend, due - spend
     end
-    for j = #pool.chunks, 1, -1 do
-      local c = pool.chunks[j]
+    -- first from the chunks expiring first among those living more than twice
+    -- the horizon (a young chunk is drawn out, then retired, instead of keeping a
+    -- remainder behind newer chunks until it dies), then from those expiring last
+    local function lease(c, young)
       local life = c[4] - now - margin
-      if want == 0 then break end
-      if life > 0 and c[2] > 0 then
+      if want > 0 and life > young and c[2] > 0 then
         local k = math.min(want, c[2])
         c[2], c[3], want = c[2] - k, c[3] + k, want - k
         parts[#parts + 1] = {c[1], k, life}
       end
     end
+    for j = 1, #pool.chunks do lease(pool.chunks[j], 2 * ahead) end
+    for j = #pool.chunks, 1, -1 do lease(pool.chunks[j], 0) end
     settle(pool, '')
   end
   local left = free(pool)

@@ -275,14 +275,19 @@ impl Pool {
             .sort_by(|a, b| (a.expires, &a.member).cmp(&(b.expires, &b.member)));
     }
 
-    /// Spends `cost` from the chunks expiring first, then leases up to `want` from
-    /// those expiring last (only while more than `margin` of their life is left).
+    /// Spends `cost` from the chunks expiring first, then leases up to `want`:
+    /// first from the chunks expiring first among those living more than `young`
+    /// (a young chunk is drawn out, then retired, instead of keeping a remainder
+    /// behind newer chunks until it dies: with 60 s chunks, a key's chunks were
+    /// never retired and filled the bound), then from those expiring last (only
+    /// while more than `margin` of their life is left).
     fn spend_and_lease(
         &mut self,
         cost: u64,
         want: u64,
         now: Micros,
         margin: Micros,
+        young: Micros,
     ) -> Vec<SubLease> {
         let mut due = cost;
         for c in self.chunks.iter_mut() {
@@ -292,12 +297,9 @@ impl Pool {
         }
         let mut parts = vec![];
         let mut want = want;
-        for c in self.chunks.iter_mut().rev() {
+        let mut lease = |c: &mut Chunk, young: Micros| {
             let life = c.expires - now - margin;
-            if want == 0 {
-                break;
-            }
-            if life > 0 && c.free > 0 {
+            if want > 0 && life > young && c.free > 0 {
                 let k = want.min(c.free);
                 c.free -= k;
                 c.out += k;
@@ -308,6 +310,12 @@ impl Pool {
                     life,
                 });
             }
+        };
+        for c in self.chunks.iter_mut() {
+            lease(c, young);
+        }
+        for c in self.chunks.iter_mut().rev() {
+            lease(c, 0);
         }
         self.settle(&[], now);
         parts
@@ -367,7 +375,7 @@ impl Pool {
                     p.uncharged += a.cost;
                     vec![]
                 }
-                (true, _) => p.spend_and_lease(a.cost, a.want, now, margin),
+                (true, _) => p.spend_and_lease(a.cost, a.want, now, margin, 2 * ahead),
                 (false, _) => vec![],
             };
             let l = p.live();
@@ -1286,6 +1294,47 @@ mod tests {
             ..Pool::default()
         };
         assert!(!Pool::take_ahead(&mut [&mut q], &[low], 900, 10, 0, 200).refill[0]);
+    }
+
+    /// Two live chunks, the older still young: sub-leases draw the older one out
+    /// first, so once its sub-leases are done it is retired (its room in the
+    /// bound freed) while the newer serves. Drawn from the newer first, the older
+    /// kept its remainder until it died, and a busy key's chunks filled the bound.
+    #[test]
+    fn a_young_chunk_is_drawn_out_first_and_retired() {
+        let mut p = Pool::default();
+        p.add("1:10:0", 10, 60_000, 0, true, 0);
+        p.add("2:10:0", 10, 60_000, 0, true, 5_000);
+        let sub = |want, done: &[(&str, u64)]| PoolAsk {
+            want,
+            done: done.iter().map(|(m, k)| (m.to_string(), *k)).collect(),
+            ..ask(0, 0, 0)
+        };
+        let ahead = 15_000;
+        let got = Pool::take_ahead(&mut [&mut p], &[sub(8, &[])], 6_000, 100, 50, ahead);
+        assert_eq!(got.leases[0].len(), 1);
+        assert_eq!(got.leases[0][0].chunk, "1:10:0", "the older, still young");
+        let got = Pool::take_ahead(&mut [&mut p], &[sub(4, &[])], 7_000, 100, 50, ahead);
+        let from: Vec<(&str, u64)> = got.leases[0]
+            .iter()
+            .map(|l| (l.chunk.as_str(), l.tokens))
+            .collect();
+        assert_eq!(from, [("1:10:0", 2), ("2:10:0", 2)]);
+        // both of its sub-leases done: the older chunk is spent, retired with the
+        // next refill
+        let low = PoolAsk {
+            low: 100,
+            ..sub(0, &[("1:10:0", 8), ("1:10:0", 2)])
+        };
+        let got = Pool::take_ahead(&mut [&mut p], &[low], 8_000, 100, 50, ahead);
+        assert!(got.refill[0]);
+        assert_eq!(got.retire[0], ["1:10:0"]);
+        // an old chunk (less than twice the horizon left) is drawn from last
+        let mut q = Pool::default();
+        q.add("3:10:0", 10, 20_000, 0, true, 0);
+        q.add("4:10:0", 10, 60_000, 0, true, 0);
+        let got = Pool::take_ahead(&mut [&mut q], &[sub(5, &[])], 1_000, 100, 50, ahead);
+        assert_eq!(got.leases[0][0].chunk, "4:10:0");
     }
 
     #[test]
