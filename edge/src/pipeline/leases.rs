@@ -109,11 +109,20 @@ impl LeaseSettings {
 
     /// The size of a sub-lease an instance draws from its region's pool for a key
     /// it sees at `per_sec` requests/s: what it spends in half a lifetime, at most
-    /// half of one pool refill (so instances share a pool), at least 1.
+    /// an eighth of one pool refill ([`SUB_LEASES_PER_CHUNK`], [`SUB_LEASE_FLOOR`]),
+    /// at least 1.
     pub fn sub_lease_size(&self, policy: &Policy, regions: u32, per_sec: u64) -> u64 {
-        let max = (Self::pool_target(policy, regions) / 2).max(1);
-        let half =
-            (u128::from(per_sec) * self.lifetime as u128 / 2 / MICROS_PER_SEC as u128) as u64;
+        self.sub_lease_for(policy, regions, per_sec, MICROS_PER_SEC)
+    }
+
+    /// [`LeaseSettings::sub_lease_size`] for a key of `tokens` asked for over
+    /// `over` µs.
+    pub fn sub_lease_for(&self, policy: &Policy, regions: u32, tokens: u64, over: Micros) -> u64 {
+        let target = Self::pool_target(policy, regions);
+        let max = (target / SUB_LEASES_PER_CHUNK)
+            .max(SUB_LEASE_FLOOR.min(target / 2))
+            .max(1);
+        let half = (u128::from(tokens) * self.lifetime as u128 / 2 / over.max(1) as u128) as u64;
         half.clamp(1, max)
     }
 
@@ -152,11 +161,12 @@ struct Held {
     /// No background sub-lease take before then: the last one found the pool
     /// without free tokens (its refill is on the way).
     sub_retry_at: Micros,
-    /// The sub-lease size in use, and when it was last set: the largest sized
-    /// within half a lifetime (the meter counts one second: a key of a request
-    /// every few seconds reads 0 between its requests).
+    /// The sub-lease size in use (0: not sized yet), when it was set, and the
+    /// tokens this instance's requests of the key asked for since: the next size
+    /// comes from their mean rate (see [`Held::sub_size`]).
     sub_size: u64,
     sub_size_at: Micros,
+    seen: u64,
     switch: ModeSwitch,
     global: Option<GlobalView>,
     /// Tokens out on leases, all holders, as the last take reported.
@@ -165,8 +175,16 @@ struct Held {
 }
 
 impl Held {
-    /// The sub-lease size for `policy` now: what the rate meter says, unless a
-    /// larger one was sized within `horizon`.
+    /// The sub-lease size for `policy` now: half a lifetime of this instance's
+    /// traffic of the key, measured over at least [`SIZING_REQUESTS`] requests or
+    /// half a lifetime, whichever comes first (and never less than a second);
+    /// until the first measurement, what the one-second rate meter says over
+    /// [`FIRST_SUB_LEASE`] at most. (Sized from the meter alone, and the largest
+    /// of half a lifetime kept, a key of one request every two seconds read 2-3
+    /// requests/s at times and drew 30 s of that: its sub-leases held ten times
+    /// its traffic, its pools asked for chunk after chunk, and with 60 s chunks
+    /// the bound filled and the global store was asked again and again for
+    /// chunks it could not grant.)
     fn sub_size(
         &mut self,
         settings: &LeaseSettings,
@@ -174,11 +192,22 @@ impl Held {
         regions: u32,
         now: Micros,
     ) -> u64 {
-        let per_sec = self.switch.meter.per_sec(now);
-        let size = settings.sub_lease_size(policy, regions, per_sec);
-        if size >= self.sub_size || now - self.sub_size_at > settings.lifetime / 2 {
-            self.sub_size = size;
+        let elapsed = now - self.sub_size_at;
+        if self.sub_size == 0 {
+            let per_sec = self.switch.meter.per_sec(now);
+            let first = LeaseSettings {
+                lifetime: settings.lifetime.min(2 * FIRST_SUB_LEASE),
+                ..*settings
+            };
+            self.sub_size = first.sub_lease_size(policy, regions, per_sec);
             self.sub_size_at = now;
+            self.seen = 0;
+        } else if elapsed >= MICROS_PER_SEC
+            && (self.seen >= SIZING_REQUESTS || elapsed >= settings.lifetime / 2)
+        {
+            self.sub_size = settings.sub_lease_for(policy, regions, self.seen, elapsed);
+            self.sub_size_at = now;
+            self.seen = 0;
         }
         self.sub_size
     }
@@ -241,6 +270,30 @@ impl Held {
         true
     }
 }
+
+/// A sub-lease is at most this share of a pool refill (but see
+/// [`SUB_LEASE_FLOOR`]). What a region's instances hold of a key (each up to
+/// two sub-leases and a half: the one it spends, the one drawn ahead, and a
+/// companion draw's) and its pool (below the low-water mark, then a fresh chunk)
+/// must fit the region's share of the bound, or the pool's refills find the
+/// bound full: `scripts/bench cost`'s busiest key (10 requests/s per instance,
+/// 60 s chunks) billed 0.35 commands per request with sub-leases of half a
+/// refill, 0.32 with a quarter and 0.25 with an eighth.
+pub const SUB_LEASES_PER_CHUNK: u64 = 8;
+
+/// The cap of [`SUB_LEASES_PER_CHUNK`] never takes a sub-lease below this many
+/// tokens (or half a refill, for smaller pools): sub-leases of a token or two
+/// turn every request into a pool call (`bounded.rs`: 300 pool takes for 300
+/// requests under a bound of 40).
+pub const SUB_LEASE_FLOOR: u64 = 8;
+
+/// Requests a sub-lease's size is measured over (or half a lifetime, when the
+/// key is slower).
+const SIZING_REQUESTS: u64 = 8;
+
+/// The most traffic a key's first sub-lease on an instance covers (µs), before
+/// its rate is measured.
+const FIRST_SUB_LEASE: Micros = 5 * MICROS_PER_SEC;
 
 /// The chunks a region's pool may hold at once ([`LeaseSettings::pool_target`]).
 pub const CHUNKS_PER_REGION: u64 = 3;
@@ -390,6 +443,7 @@ impl Leases {
             Consistency::Exact => false,
             Consistency::Bounded => {
                 self.with(key, now, |h| {
+                    h.seen += u64::from(policy.cost());
                     h.switch.meter.record(now, u64::from(policy.cost()))
                 });
                 true
@@ -397,6 +451,7 @@ impl Leases {
             Consistency::Auto => {
                 let cfg = self.settings.for_policy(policy, 0);
                 let (mode, gave_up) = self.with(key, now, |h| {
+                    h.seen += u64::from(policy.cost());
                     let was = h.switch.mode;
                     let mode = h.switch.observe(&cfg, now, u64::from(policy.cost()));
                     let gave_up = if was == Mode::Leased && mode == Mode::Exact {
@@ -751,6 +806,44 @@ mod tests {
             expires_at: now + 2_000_000,
             outstanding: leased,
         }
+    }
+
+    /// A key of one request every two seconds, with now and then three in one
+    /// second: its sub-leases follow its mean rate (half a 60 s lifetime of 0.5
+    /// requests/s: about 15), not its busiest second (the meter's 3/s kept for
+    /// half a lifetime drew 90, ten times its traffic); a key of 10 requests/s
+    /// gets what the bound allows (half a pool refill).
+    #[test]
+    fn sub_leases_follow_the_mean_rate_not_the_busiest_second() {
+        let l = Leases::new(LeaseSettings::default(), 7, true);
+        let p = Policy::from_json(
+            r#"{"name":"p","dimensions":["api_key"],"quota":{"capacity":60000,"period":"1m"},
+               "failure_mode":"fail_closed","consistency":"bounded","max_overshoot":3000}"#,
+        )
+        .unwrap();
+        let sec = MICROS_PER_SEC;
+        let mut wants = vec![];
+        for i in 0..60 {
+            let at = T0 + i * 2 * sec;
+            let burst = if i % 10 == 5 { 3 } else { 1 };
+            for b in 0..burst {
+                assert!(l.leased("slow", &p, at + b * 100_000));
+            }
+            wants.push(l.sub_ask("slow", &p, 2, at + 300_000).0);
+        }
+        let late = &wants[20..];
+        assert!(late.iter().all(|w| (10..=25).contains(w)), "{wants:?}");
+        let mut hot = vec![];
+        for i in 0..100 {
+            assert!(l.leased("hot", &p, T0 + i * 250_000));
+            if i % 10 == 9 {
+                hot.push(l.sub_ask("hot", &p, 2, T0 + i * 250_000).0);
+            }
+        }
+        // first sized from the meter over 5 s at most (4-5/s: 20-25), then measured
+        // (4/s over 30 s: 120, more than the bound lets one instance hold)
+        let max = LeaseSettings::pool_target(&p, 2) / SUB_LEASES_PER_CHUNK;
+        assert!((15..=25).contains(&hot[0]) && hot[9] == max, "{hot:?}");
     }
 
     #[test]
