@@ -308,15 +308,13 @@ pub async fn create_key<S: Store>(
 /// Creates a key with the fields of `new` (a plan, and optionally an owner,
 /// identity, name, metadata and an expiry after `now_secs`), every one checked
 /// before anything is stored; the secret is returned once and never stored.
-/// Credits are refused until the edge spends them.
+/// Credits start from the record's count (no live count is written: an absent
+/// one is the record's, see `shared/src/credits.rs`).
 pub async fn create_key_with<S: Store>(
     store: &S,
     new: &KeyChanges,
     now_secs: i64,
 ) -> Result<(KeyRecord, String), AdminError> {
-    if new.credits.is_some() {
-        return Err(PolicyError::new("credits", "are not enforced by the edge yet").into());
-    }
     let mut random = [0u8; ID_LEN + RANDOM_LEN];
     rand::rng().fill_bytes(&mut random);
     let (id, secret) = new_secret(&random);
