@@ -495,7 +495,8 @@ pub trait Store: MaybeSync {
         }
     }
 
-    /// [`Store::refund`] for a [`Store::check_credited`] call: its credits too.
+    /// [`Store::refund`] for a [`Store::check_credited`] call: its credits too
+    /// (without credits, exactly [`Store::refund`]).
     fn refund_credited(
         &self,
         checks: &[Check<'_>],
@@ -503,6 +504,9 @@ pub trait Store: MaybeSync {
         credited: &Credited,
     ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
         async move {
+            if credits.is_none() {
+                return self.refund(checks, &credited.verdict).await;
+            }
             match credited_refund_call(checks, credits, credited) {
                 Some((keys, args)) => self.run(&REFUND, &keys, &args).await?.ok().map(|_| ()),
                 None => Ok(()),
