@@ -458,3 +458,77 @@ fn malformed_credit_and_calendar_entries_are_refused_with_a_clear_error() {
     let n: i64 = redis::cmd("EXISTS").arg(&k).query(&mut conn).unwrap();
     assert_eq!(n, 0);
 }
+
+/// On a real Redis Cluster (3 masters), a key's credits and its buckets, with and
+/// without an identity, are one call in one slot: 3 credits admit 3 requests
+/// beside a calendar quota and an identity bucket, and the live count sits on the
+/// master owning the buckets' slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credits_share_the_slot_of_the_keys_buckets_on_a_cluster() {
+    use floodgate_edge::store::cluster::ClusterStore;
+    use floodgate_shared::keys::{Subject, credits_key, hash_tag, identity_bucket_key};
+    use floodgate_shared::policy::Policy;
+    use floodgate_shared::slot::key_slot;
+    let cluster = floodgate_tests::cluster::RedisCluster::start(3, 0);
+    let store = ClusterStore::connect(&cluster.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let month = Policy::from_json(
+        r#"{"name":"month","dimensions":["identity"],"quota":{"capacity":100,"period":"month"},"failure_mode":"fail_closed"}"#,
+    )
+    .unwrap();
+    let credits = Credits {
+        remaining: 3,
+        refill: None,
+    };
+    for identity in [None, Some("cus_42")] {
+        let subject = Subject {
+            api_key_id: Some("Ab3dE5gH1j"),
+            ..Subject::default()
+        };
+        let bucket = identity_bucket_key(&month, &subject, identity).unwrap();
+        let ck = credits_key("Ab3dE5gH1j", identity);
+        assert_eq!(hash_tag(&bucket), hash_tag(&ck));
+        let checks = [Check::new(&bucket, month.quota(), 1)];
+        let credit = CreditCheck {
+            key: &ck,
+            credits: &credits,
+            origin: 0,
+            cost: 1,
+        };
+        let mut admitted = 0;
+        for _ in 0..5 {
+            let got = store
+                .check_credited(&checks, Some(&credit), When::Redis, "fg:rev")
+                .await
+                .unwrap();
+            admitted += u32::from(got.verdict.admitted);
+        }
+        assert_eq!(admitted, 3, "identity {identity:?}");
+        let owner = cluster
+            .nodes
+            .iter()
+            .find(|n| {
+                let keys: i64 = redis::cmd("CLUSTER")
+                    .arg("COUNTKEYSINSLOT")
+                    .arg(key_slot(&ck))
+                    .query(&mut n.connection())
+                    .unwrap_or(0);
+                keys > 0
+            })
+            .expect("a master holds the slot's keys");
+        let raw: String = redis::cmd("GET")
+            .arg(&ck)
+            .query(&mut owner.connection())
+            .unwrap();
+        assert_eq!(CreditState::parse_stored(&raw).unwrap().remaining, 0);
+        let count: String = redis::cmd("GET")
+            .arg(&bucket)
+            .query(&mut owner.connection())
+            .unwrap();
+        assert!(
+            count.ends_with(":3"),
+            "{count}: the bucket spent 3, the refusals none"
+        );
+    }
+}
