@@ -32,12 +32,11 @@
 //! amount); without a refill it never expires (it is the only record of what was
 //! spent) and goes with the key.
 //!
-//! **Changing credits later.** The live count wins over the record once the key
-//! spent one: changing the record's `remaining` alone does not change it (a new
-//! `refill` applies from the next request). Setting a new count is writing the
-//! live count: [`CreditState::stored`] of `{remaining, as_of: now}`, with
-//! [`Refill::live_ttl_ms`]'s expiry. The edge's admin code does not do that yet;
-//! see `docs/keys.md`.
+//! **Changing credits later.** Setting new credits writes the live count:
+//! [`CreditState::stored`] of `{remaining, as_of: now}` (Redis' clock), with
+//! [`Refill::live_ttl_ms`]'s expiry (`edge/src/admin.rs`, `set_live_credits`);
+//! removing them deletes it. Editing a record's credits without that would leave
+//! a spent count in force.
 
 use serde::{Deserialize, Serialize};
 

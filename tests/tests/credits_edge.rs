@@ -370,3 +370,51 @@ async fn the_cli_creates_keys_with_credits_and_refuses_bad_ones_naming_the_field
         (5, Some((100, Some(31))))
     );
 }
+
+/// An operator changing a key's credits starts its live count again from the
+/// new count (in Redis' clock); removing them removes it, and the key is then
+/// limited by its policies alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_a_keys_credits_starts_its_live_count_again() {
+    let s = stack(EdgeKind::Native).await;
+    let c = client();
+    let (id, secret) = key(&s.store, "bare", Some(r#"{"remaining": 3}"#)).await;
+    for left in ["2", "1"] {
+        let r = get(&c, &s.edge.url, &secret).await;
+        assert_eq!(header(&r, "x-floodgate-credits-remaining"), Some(left));
+    }
+    let monthly = floodgate_shared::credits::Credits {
+        remaining: 10,
+        refill: Some(floodgate_shared::credits::Refill {
+            amount: 50,
+            interval: floodgate_shared::credits::Interval::Monthly,
+            day: None,
+        }),
+    };
+    admin::update_key(&s.store, &id, |r| r.credits = Some(monthly))
+        .await
+        .unwrap();
+    let state = live(&s.redis, &id).expect("a live count");
+    assert_eq!(state.remaining, 10);
+    assert!((now_secs() - 5..=now_secs()).contains(&(state.as_of / MICROS_PER_SEC)));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(credits_key(&id, None))
+        .query(&mut s.redis.connection())
+        .unwrap();
+    let to_refill = month_window(state.as_of).reset - state.as_of;
+    assert!(
+        (to_refill / 1000 - 5_000..=to_refill / 1000 + 1).contains(&pttl),
+        "{pttl}"
+    );
+    let r = get(&c, &s.edge.url, &secret).await;
+    assert_eq!(header(&r, "x-floodgate-credits-remaining"), Some("9"));
+    // an unrelated change leaves the live count alone
+    admin::update_key(&s.store, &id, |r| r.owner = "acme".into())
+        .await
+        .unwrap();
+    assert_eq!(live(&s.redis, &id).map(|c| c.remaining), Some(9));
+    admin::update_key(&s.store, &id, |r| r.credits = None)
+        .await
+        .unwrap();
+    assert_eq!(live(&s.redis, &id), None, "no credits, no live count");
+}
