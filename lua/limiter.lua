@@ -13,10 +13,24 @@
 --                returns {2, now} (stale: the caller has given up on it by then); or an
 --                instant in µs to decide at (tests, replays)
 -- ARGV[4i-2]     algorithm of bucket i: t (token bucket), f (fixed window),
---                l (sliding-window log), c (sliding-window counter); prefixed
---                with s for shadow (st, sf, sl, sc)
+--                l (sliding-window log), c (sliding-window counter), d / m (a
+--                calendar quota: per UTC day / month); prefixed with s for shadow
+--                (st, sf, sl, sc, sd, sm); or k (an API key's credits, never shadow,
+--                at most one per call: see below)
 -- ARGV[4i-1..4i+1] t: burst window µs, cost µs, 0
 --                f, l, c: period µs, limit, cost (tokens)
+--                d, m: 0, limit, cost
+--                k: the record's count, the instant (µs) it stands as of, cost
+--
+-- Credits (shared/src/credits.rs): the code is k (no refill), kd:<amount> (set to
+-- amount at 00:00 UTC daily) or km<day>:<amount> (on day 1-31 of each month, the
+-- month's last day when shorter). The live count is a string "<remaining>:<as_of>";
+-- absent or unreadable, it is the record's count as of the record's instant. Due
+-- refills are applied, then the request fits when cost <= remaining. Admitted:
+-- the count is spent and written, expiring at the next refill instant (when an
+-- absent count and the stored one are the same thing) or never without a refill.
+-- Calendar windows (shared/src/calendar.rs) count like a fixed window whose index is
+-- the UTC day its window starts on; the key expires a second after the reset.
 --
 -- Returns {admitted, now, then three integers per bucket}, the state as read:
 --   t: full_at (0 = absent), 0, 0
@@ -24,6 +38,8 @@
 --   l: the count within the window; the instant of the entry whose expiry makes
 --      room for this request (0 when it fits or never can); the newest instant
 --   c: the current window's count and the previous window's, seen from now; 0
+--   d, m: the count of the current calendar window, 0, 0
+--   k: the live count and its as_of as read (before any refill), 0
 -- The caller derives each decision with the pure twins (shared/src/bucket.rs and
 -- shared/src/windows.rs). All integers stay below 2^53; the sliding counter's
 -- weight is computed in doubles with the same operations as its twin.
@@ -65,6 +81,54 @@ local function whole(x, lo, hi)
   return x ~= nil and x % 1 == 0 and x >= lo and x <= hi
 end
 
+-- UTC calendar arithmetic, the twin of shared/src/calendar.rs (Hinnant's civil
+-- dates). Every operand is a whole number >= 0 below 2^53: divisions are exact.
+local DAY = 86400000000
+local MAX_CREDITS = 1000000000000
+local function idiv(a, b) return (a - math.fmod(a, b)) / b end
+local function civil(days)
+  local z = days + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+local function days_from(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local doy = idiv(153 * math.fmod(m + 9, 12) + 2, 5) + d - 1
+  return era * 146097 + yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy - 719468
+end
+local function month_days(y, m)
+  if m == 2 then
+    if math.fmod(y, 4) == 0 and (math.fmod(y, 100) ~= 0 or math.fmod(y, 400) == 0) then return 29 end
+    return 28
+  end
+  if m == 4 or m == 6 or m == 9 or m == 11 then return 30 end
+  return 31
+end
+local function anchor(y, m, day)
+  if m == 0 then y, m = y - 1, 12 elseif m == 13 then y, m = y + 1, 1 end
+  return days_from(y, m, math.min(day, month_days(y, m))) * DAY
+end
+-- the window [start, reset) between anchors on `day` of consecutive months holding t
+local function monthly(t, day)
+  local y, m = civil(idiv(t, DAY))
+  local this = anchor(y, m, day)
+  if t >= this then return this, anchor(y, m + 1, day) end
+  return anchor(y, m - 1, day), this
+end
+local function daily(t)
+  local start = t - math.fmod(t, DAY)
+  return start, start + DAY
+end
+
 -- the window index and the time elapsed in it, exactly (fmod is exact)
 local function window(period)
   local elapsed = math.fmod(now, period)
@@ -73,6 +137,7 @@ end
 
 local reply = {1, now}
 local fits, codes, windows, wrong = {}, {}, {}, {}
+local credit = nil -- {index, remaining after the spend, as_of, next refill or nil}
 
 -- Phase 1: read and decide.
 for i = 1, n do
@@ -139,6 +204,55 @@ for i = 1, n do
       end
       ok = v2 * ((a - elapsed) / a) + v1 + c <= b
     end
+  elseif code == 'd' or code == 'm' then
+    if not (a == 0 and whole(b, 1, MAX_LIMIT) and whole(c, 0, MAX_LIMIT)) then
+      return redis.error_reply('ERR floodgate: bad limit or cost for KEYS[' .. i .. ']')
+    end
+    local start, reset
+    if code == 'd' then start, reset = daily(now) else start, reset = monthly(now, 1) end
+    windows[i] = {start / DAY, reset}
+    local raw = redis.pcall('GET', KEYS[i])
+    if type(raw) == 'string' then
+      local rw, rc = string.match(raw, '^(%d+):(%d+)$')
+      if rw and #rw <= 16 and #rc <= 10 and tonumber(rw) == start / DAY then v1 = tonumber(rc) end
+    end
+    ok = v1 + c <= b
+  elseif string.sub(code, 1, 1) == 'k' and not shadow and credit == nil then
+    local interval, day, amount = nil, 1, 0
+    if code ~= 'k' then
+      local rday, ramount
+      if string.sub(code, 2, 2) == 'd' then
+        interval, ramount = 'd', string.match(code, '^kd:(%d+)$')
+      else
+        interval = 'm'
+        rday, ramount = string.match(code, '^km(%d+):(%d+)$')
+        day = tonumber(rday)
+      end
+      amount = tonumber(ramount)
+      if not (whole(amount, 1, MAX_CREDITS) and whole(day, 1, 31)) then
+        return redis.error_reply('ERR floodgate: bad refill for KEYS[' .. i .. ']')
+      end
+    end
+    if not (whole(a, 0, MAX_CREDITS) and whole(b, 0, MAX_INSTANT) and whole(c, 0, MAX_CREDITS)) then
+      return redis.error_reply('ERR floodgate: bad credits, origin or cost for KEYS[' .. i .. ']')
+    end
+    v1, v2 = a, b
+    local raw = redis.pcall('GET', KEYS[i])
+    if type(raw) == 'string' then
+      local rr, ra = string.match(raw, '^(%d+):(%d+)$')
+      if rr and #rr <= 13 and #ra <= 16 and tonumber(rr) <= MAX_CREDITS and tonumber(ra) <= MAX_INSTANT then
+        v1, v2 = tonumber(rr), tonumber(ra)
+      end
+    end
+    -- refills due since as_of: the count is the amount as of the last one
+    local remaining, as_of, reset = v1, v2, nil
+    if interval ~= nil then
+      local last
+      if interval == 'd' then last, reset = daily(now) else last, reset = monthly(now, day) end
+      if now > as_of and last > as_of then remaining, as_of = amount, last end
+    end
+    credit = {i, remaining - c, as_of, reset}
+    ok = c <= remaining
   else
     return redis.error_reply('ERR floodgate: unknown algorithm for KEYS[' .. i .. ']')
   end
@@ -182,6 +296,17 @@ if reply[1] == 1 then
       local ttl = math.ceil(((w + 2) * a - now) / 1000) + SLACK_MS
       redis.call('SET', KEYS[i], string.format('%d:%d:%d', w, reply[3 * i] + c, reply[3 * i + 1]),
         'PX', string.format('%d', ttl))
+    elseif fits[i] and (code == 'd' or code == 'm') and c > 0 then
+      local w = windows[i]
+      local ttl = math.ceil((w[2] - now) / 1000) + SLACK_MS
+      redis.call('SET', KEYS[i], string.format('%d:%d', w[1], reply[3 * i] + c), 'PX', string.format('%d', ttl))
+    elseif credit ~= nil and credit[1] == i and c > 0 then
+      local value = string.format('%d:%d', credit[2], credit[3])
+      if credit[4] == nil then
+        redis.call('SET', KEYS[i], value)
+      else
+        redis.call('SET', KEYS[i], value, 'PX', string.format('%d', math.ceil((credit[4] - now) / 1000)))
+      end
     end
   end
 end

@@ -12,6 +12,8 @@
 --                   f, c: period µs, cost, 0
 --                   l: period µs, cost, the count the call read (its entries were
 --                      named "<now>:<count + j>", j = 1..cost)
+--                   d, m (calendar quotas): 0, cost, 0
+--                   k (credits): cost, the as_of the call wrote, 0
 --
 -- Returns {the number of buckets given something back}.
 --   t: full_at moves back by the cost (GCRA consumptions commute); a bucket full
@@ -19,6 +21,9 @@
 --   f, c: the window's count drops by the cost, if the window is still the one the
 --      call counted in (a later window never saw it).
 --   l: the call's own entries are removed.
+--   d, m: as f, in the calendar window (UTC day or month) the call counted in.
+--   k: the credits go back if the count is still the one the call wrote to (the
+--      same as_of: no refill since, which would have replaced it anyway).
 -- Corrupt or foreign values are left alone.
 
 local MAX_WINDOW = 34560000000000
@@ -36,6 +41,23 @@ end
 
 local function whole(x, lo, hi)
   return x ~= nil and x % 1 == 0 and x >= lo and x <= hi
+end
+
+-- the window a calendar quota counted in: the UTC day it starts on (the twin of
+-- limiter.lua's, and of shared/src/calendar.rs)
+local DAY = 86400000000
+local function idiv(x, y) return (x - math.fmod(x, y)) / y end
+local function calendar_window(code, t)
+  local day = idiv(t, DAY)
+  if code == 'd' then return day end
+  local z = day + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  -- the 1st of the same month: back by the day of the month minus one
+  return day - (doy - idiv(153 * mp + 2, 5))
 end
 
 local t = redis.call('TIME')
@@ -92,6 +114,31 @@ for i = 1, n do
             changed = changed + 1
           end
         end
+      end
+    end
+  elseif code == 'd' or code == 'm' then
+    if not (a == 0 and whole(b, 1, MAX_LIMIT)) then
+      return redis.error_reply('ERR floodgate: bad cost for KEYS[' .. i .. ']')
+    end
+    local w = calendar_window(code, at)
+    local raw = redis.pcall('GET', KEYS[i])
+    if type(raw) == 'string' then
+      local rw, rc = string.match(raw, '^(%d+):(%d+)$')
+      if rw and #rw <= 16 and #rc <= 10 and tonumber(rw) == w then
+        redis.call('SET', KEYS[i], string.format('%d:%d', w, math.max(0, tonumber(rc) - b)), 'KEEPTTL')
+        changed = changed + 1
+      end
+    end
+  elseif code == 'k' then
+    if not (whole(a, 0, 1000000000000) and whole(b, 0, MAX_INSTANT)) then
+      return redis.error_reply('ERR floodgate: bad cost or as_of for KEYS[' .. i .. ']')
+    end
+    local raw = redis.pcall('GET', KEYS[i])
+    if type(raw) == 'string' then
+      local rr, ra = string.match(raw, '^(%d+):(%d+)$')
+      if rr and #rr <= 13 and #ra <= 16 and tonumber(ra) == b then
+        redis.call('SET', KEYS[i], string.format('%d:%d', tonumber(rr) + a, b), 'KEEPTTL')
+        changed = changed + 1
       end
     end
   else

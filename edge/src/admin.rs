@@ -15,6 +15,7 @@ use floodgate_shared::changes::{CHANGED, Change, LOG_KEEP, LOG_KEY, REV_KEY};
 use floodgate_shared::config::{CONFIG_KEY, ConfigSpec, EdgeConfig};
 use floodgate_shared::deny::DenyList;
 use floodgate_shared::keychanges::KeyChanges;
+use floodgate_shared::keys::credits_key;
 use floodgate_shared::policy::{PolicyError, validate_name};
 use rand::RngCore;
 
@@ -308,15 +309,13 @@ pub async fn create_key<S: Store>(
 /// Creates a key with the fields of `new` (a plan, and optionally an owner,
 /// identity, name, metadata and an expiry after `now_secs`), every one checked
 /// before anything is stored; the secret is returned once and never stored.
-/// Credits are refused until the edge spends them.
+/// Credits start from the record's count (no live count is written: an absent
+/// one is the record's, see `shared/src/credits.rs`).
 pub async fn create_key_with<S: Store>(
     store: &S,
     new: &KeyChanges,
     now_secs: i64,
 ) -> Result<(KeyRecord, String), AdminError> {
-    if new.credits.is_some() {
-        return Err(PolicyError::new("credits", "are not enforced by the edge yet").into());
-    }
     let mut random = [0u8; ID_LEN + RANDOM_LEN];
     rand::rng().fill_bytes(&mut random);
     let (id, secret) = new_secret(&random);
@@ -440,8 +439,50 @@ pub async fn update_key<S: Store>(
             SetOptions::XX,
         )
         .await?;
+    if before.credits != after.credits {
+        set_live_credits(store, &after, redis_now(store).await?).await?;
+    }
     key_changed(store, &hash).await?;
     Ok((before, after))
+}
+
+/// Starts a key's live credits again from its record (its credits just
+/// changed): the count is `credits.remaining` as of `now_us` (Redis' clock),
+/// expiring at the next refill; without credits the live count goes.
+/// See `shared/src/credits.rs`.
+pub async fn set_live_credits<S: Store>(
+    store: &S,
+    record: &KeyRecord,
+    now_us: i64,
+) -> Result<(), AdminError> {
+    let key = credits_key(&record.id, record.identity.as_deref());
+    let Some(credits) = record.credits else {
+        store.del(&[&key]).await?;
+        return Ok(());
+    };
+    let live = credits.start(now_us);
+    let expire = credits
+        .refill
+        .map(|r| std::time::Duration::from_millis(r.live_ttl_ms(now_us).max(1) as u64));
+    let options = SetOptions {
+        condition: None,
+        expire,
+    };
+    store.set(&key, live.stored().as_bytes(), options).await?;
+    Ok(())
+}
+
+/// Redis' clock (`TIME`, µs): the one the edge decides credits by.
+async fn redis_now<S: Store>(store: &S) -> Result<i64, AdminError> {
+    let parts = store.command(&[b"TIME"]).await?.into_byte_list()?;
+    let num = |i: usize| {
+        parts
+            .get(i)
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|t| t.parse::<i64>().ok())
+            .ok_or_else(|| StoreError::protocol(format!("TIME replied {parts:?}")))
+    };
+    Ok(num(0)? * 1_000_000 + num(1)?)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! floodgate-cli [STORE] key create --plan <plan> [--owner <text>]   prints the secret ONCE
 //!                      [--expires-at <RFC 3339 | Unix s> | --expires-in <duration>]
 //!                      [--identity <id>] [--name <label>] [--metadata <JSON object>]
+//!                      [--credits <JSON: {"remaining": N, "refill": {...}}>]
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
 //! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
@@ -42,7 +43,7 @@ use crate::store::{NativeStore, Store, StoreError};
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::contract::Answer;
 use floodgate_shared::deny::{DenyList, UnknownList};
-use floodgate_shared::keychanges::KeyChanges;
+use floodgate_shared::keychanges::{CreditsInput, KeyChanges};
 use floodgate_shared::policy::{Period, PolicyError, Quota};
 use floodgate_shared::script::Check;
 use floodgate_shared::time::MICROS_PER_SEC;
@@ -141,6 +142,11 @@ enum KeyCommand {
         /// A JSON object (at most 1 KB) sent upstream as X-Floodgate-Key-Meta.
         #[arg(long, value_name = "JSON", value_parser = json_value)]
         metadata: Option<serde_json::Value>,
+        /// Remaining uses, spent one per request (429 "Usage limit exceeded" when
+        /// none are left), optionally refilled at 00:00 UTC: {"remaining": 1000,
+        /// "refill": {"amount": 1000, "interval": "monthly", "day": 1}}.
+        #[arg(long, value_name = "JSON", value_parser = credits_input)]
+        credits: Option<CreditsInput>,
     },
     /// Lists the API keys (id, status, plan, created in UTC, owner).
     List,
@@ -198,6 +204,12 @@ fn instant(v: &str) -> Result<i64, String> {
 /// the record's rule, checked with the other fields).
 fn json_value(v: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(v).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// Credits as `--credits` takes them (their bounds are the record's rules,
+/// checked with the other fields).
+fn credits_input(v: &str) -> Result<CreditsInput, String> {
+    serde_json::from_str(v).map_err(|e| format!("not credits JSON: {e}"))
 }
 
 /// Whole seconds of a duration as `--expires-in` takes it (`90m`, `30d`).
@@ -323,6 +335,7 @@ async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), Cli
             identity,
             name,
             metadata,
+            credits,
         } => {
             let now = now_secs();
             let new = KeyChanges {
@@ -334,7 +347,7 @@ async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), Cli
                 identity: identity.map(Some),
                 name: name.map(Some),
                 metadata: metadata.map(Some),
-                ..KeyChanges::default()
+                credits: credits.map(Some),
             };
             let (record, secret) = admin::create_key_with(store, &new, now).await?;
             let expiry = record.expires_at.map(utc_seconds);

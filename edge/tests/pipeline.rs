@@ -851,3 +851,40 @@ async fn unknown_keys_spend_their_address_budget_then_cost_no_lookups() {
     let h = p.health();
     assert_eq!((h.unknown_key_lookups, h.unknown_key_refused), (6, 15));
 }
+
+/// Credits are only known to the store: when it cannot decide, a key with
+/// credits is refused (503, fail-closed) even on a `fail_open` plan, where a key
+/// without credits is admitted degraded.
+#[tokio::test]
+async fn a_key_with_credits_fails_closed_whatever_its_policies_say() {
+    for (credits, expected) in [(false, 200), (true, 503)] {
+        let store = mem();
+        let auth = seed(store, CONFIG, "lenient");
+        if credits {
+            edit_key(store, |rec| {
+                rec.credits = Some(floodgate_shared::credits::Credits {
+                    remaining: 5,
+                    refill: None,
+                })
+            });
+        }
+        let clock = FakeClock::at(T0);
+        let p = Pipeline::new(store, &clock, PipelineConfig::default());
+        // the record is cached while the store is up; then the store goes down
+        let _ = p.gate(head(&auth)).await;
+        store.down.store(true, Ordering::SeqCst);
+        let g = p.gate(head(&auth)).await.gate;
+        assert_eq!(status(&g), expected, "credits: {credits}");
+        match g {
+            Err(reply) => {
+                assert!(
+                    reply.body.contains("Rate limiter unavailable"),
+                    "{}",
+                    reply.body
+                );
+                assert_eq!(reply.header("X-RateLimit-Degraded"), Some("fail-closed"));
+            }
+            Ok(admit) => assert_eq!(admit.header("X-RateLimit-Degraded"), Some("fail-open")),
+        }
+    }
+}

@@ -122,8 +122,72 @@ impl Answer {
     }
 }
 
+/// A key out of credits ([`crate::credits`]) is refused with this body (429).
+pub const USAGE_LIMITED_BODY: &str = r#"{"error":"Usage limit exceeded"}"#;
+/// The credits a key has left after this request (every decided response of a
+/// key with credits). Not an `X-RateLimit-*` name: those three describe the
+/// request's bucket (a rate), and a client reading `X-RateLimit-Remaining` must
+/// not mistake a count of uses for it; `X-Floodgate-` like the key id header.
+pub const CREDITS_REMAINING: &str = "X-Floodgate-Credits-Remaining";
+/// Unix seconds of the credits' next refill, when they refill (00:00 UTC).
+pub const CREDITS_RESET: &str = "X-Floodgate-Credits-Reset";
+
+/// The credit headers of a decision: [`CREDITS_REMAINING`] always,
+/// [`CREDITS_RESET`] when the credits refill, and for a refusal a wait can cure,
+/// `Retry-After` (seconds to the refill, never 0).
+pub fn credit_headers(d: &crate::credits::CreditDecision) -> Vec<(&'static str, String)> {
+    let mut out = vec![(CREDITS_REMAINING, d.state.remaining.to_string())];
+    if let Some(next) = d.next_refill {
+        out.push((CREDITS_RESET, crate::time::ceil_secs(next).to_string()));
+    }
+    if let (false, Some(wait)) = (d.admitted, d.retry_after) {
+        out.push((RETRY_AFTER, crate::time::ceil_secs(wait).max(1).to_string()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn credit_headers_tell_what_is_left_when_it_refills_and_how_long_to_wait() {
+        use crate::calendar::{DAY, days_from_civil};
+        use crate::credits::{CreditState, Interval, Refill};
+        let refill = Refill {
+            amount: 10,
+            interval: Interval::Monthly,
+            day: None,
+        };
+        let june = days_from_civil(2026, 6, 1) * DAY;
+        let now = june - 1_500_000; // 1.5 s before the refill
+        let s = CreditState {
+            remaining: 1,
+            as_of: june - 2 * DAY,
+        };
+        let ok = s.spend(Some(&refill), now, 1);
+        let h = super::credit_headers(&ok);
+        assert_eq!(
+            h,
+            [
+                (super::CREDITS_REMAINING, "0".to_string()),
+                (super::CREDITS_RESET, (june / 1_000_000).to_string()),
+            ]
+        );
+        let refused = ok.state.spend(Some(&refill), now, 1);
+        let h = super::credit_headers(&refused);
+        assert_eq!(h[0].1, "0");
+        assert_eq!(h[2], (super::RETRY_AFTER, "2".to_string()));
+        // without a refill: no reset and no wait can help
+        let spent = CreditState {
+            remaining: 0,
+            as_of: june - 2 * DAY,
+        }
+        .spend(None, now, 1);
+        assert_eq!(
+            super::credit_headers(&spent),
+            [(super::CREDITS_REMAINING, "0".to_string())]
+        );
+    }
+
     /// Parses a field with a real RFC 9651 parser: (name, parameter → integer).
     fn parse_list(field: &str) -> Vec<(String, Vec<(String, i64)>)> {
         let list: sfv::List = sfv::Parser::new(field)

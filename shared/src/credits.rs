@@ -19,6 +19,24 @@
 //! and the refill instant it was last brought up to date at; [`CreditState::at`]
 //! applies the refills that happened since; [`CreditState::spend`] decides a
 //! request and spends only when it admits.
+//!
+//! **In the store.** The live count is one string, `<remaining>:<as_of>`
+//! ([`CreditState::stored`]), under [`crate::keys::credits_key`] in the hash tag
+//! of the key's buckets, decided by `lua/limiter.lua`'s credits entry in the
+//! request's one call (a rate-limit denial spends no credit, a credit denial
+//! spends no token; [`crate::script::credited_call`]). An absent (or unreadable)
+//! live count is the record's: `remaining` as of the key's creation, with every
+//! refill since applied. So creating a key writes nothing, and the expiry policy
+//! is exact: with a refill, the live count expires at the next refill instant
+//! (from then on the absent count and the stored one are the same: the refill's
+//! amount); without a refill it never expires (it is the only record of what was
+//! spent) and goes with the key.
+//!
+//! **Changing credits later.** Setting new credits writes the live count:
+//! [`CreditState::stored`] of `{remaining, as_of: now}` (Redis' clock), with
+//! [`Refill::live_ttl_ms`]'s expiry (`edge/src/admin.rs`, `set_live_credits`);
+//! removing them deletes it. Editing a record's credits without that would leave
+//! a spent count in force.
 
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +83,12 @@ impl Refill {
         }
     }
 
+    /// The expiry of a live count written at `now` (ms): until the next refill
+    /// instant, from which the absent count is the refill's amount too.
+    pub fn live_ttl_ms(&self, now: Micros) -> i64 {
+        (self.next_after(now) - now + 999) / 1000
+    }
+
     /// The first refill instant after `now`.
     pub fn next_after(&self, now: Micros) -> Micros {
         match self.interval {
@@ -101,6 +125,27 @@ pub struct CreditState {
     /// The instant the count was last brought up to date: when it was set, or the
     /// last refill instant applied to it. Refills after it are still due.
     pub as_of: Micros,
+}
+
+impl CreditState {
+    /// The live count as the store holds it: `<remaining>:<as_of>`.
+    pub fn stored(&self) -> String {
+        format!("{}:{}", self.remaining, self.as_of)
+    }
+
+    /// Reads [`CreditState::stored`]'s form (`None`: not a live count).
+    pub fn parse_stored(text: &str) -> Option<CreditState> {
+        let (r, a) = text.split_once(':')?;
+        let all_digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        if !(all_digits(r) && all_digits(a) && r.len() <= 13 && a.len() <= 16) {
+            return None;
+        }
+        let state = CreditState {
+            remaining: r.parse().ok()?,
+            as_of: a.parse().ok()?,
+        };
+        (state.remaining <= MAX_CREDITS && state.as_of <= crate::time::MAX_INSTANT).then_some(state)
+    }
 }
 
 /// What one request's credits decide.
@@ -282,6 +327,31 @@ mod tests {
             as_of: at(2026, 5, 1),
         };
         assert_eq!(s.at(Some(&r), at(2026, 4, 20)), s);
+    }
+
+    #[test]
+    fn the_live_count_reads_back_and_refuses_what_the_script_refuses() {
+        let s = CreditState {
+            remaining: MAX_CREDITS,
+            as_of: 1 << 52,
+        };
+        assert_eq!(CreditState::parse_stored(&s.stored()), Some(s));
+        for bad in [
+            "",
+            "1",
+            "1:",
+            ":1",
+            "-1:0",
+            "1:2:3",
+            "1000000000001:0",
+            "1: 2",
+            "1:4503599627370497",
+        ] {
+            assert_eq!(CreditState::parse_stored(bad), None, "{bad:?}");
+        }
+        let r = monthly(5, 1);
+        assert_eq!(r.live_ttl_ms(at(2026, 4, 30)), DAY / 1000);
+        assert_eq!(r.live_ttl_ms(at(2026, 5, 1) - 1), 1);
     }
 
     #[test]

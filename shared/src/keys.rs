@@ -8,6 +8,8 @@
 //!                                                          (`:k:` for api_key policies only)
 //! fg:{ip:<client ip>}:<policy>[:e:<route>]                 keyed by IP, not by API key
 //! fg:{e:<route>}:<policy>                                  keyed by route alone
+//! fg:{k:<key id>}::credits                                 a key's live credits (no identity)
+//! fg:{i:<identity>}::credits:k:<key id>                    a key's live credits (with identity)
 //! ```
 //!
 //! - A key holds exactly the policy's dimensions and nothing else: a per-API-key
@@ -27,6 +29,10 @@
 //!   identities `[A-Za-z0-9_.@-]`, routes are configured route names (never raw
 //!   paths, so no request can mint a new key), IPv6 addresses are grouped by /64
 //!   (one end site). A key is at most [`MAX_KEY_LEN`] bytes.
+//! - A key's credits ([`credits_key`]) live next to its buckets, in the same hash
+//!   tag, so they are decided in the same atomic call. The empty segment (`::`)
+//!   cannot occur in a bucket key (policy names are never empty), so no policy,
+//!   not even one named `credits`, can share their Redis key.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -183,6 +189,16 @@ pub fn identity_bucket_key(
     Ok(key)
 }
 
+/// The Redis key of the live credits of the API key `id` (its [`crate::credits`]),
+/// in the hash tag of the key's own buckets: its identity's when it has one.
+/// `id` and `identity` are validated record fields.
+pub fn credits_key(id: &str, identity: Option<&str>) -> String {
+    match identity {
+        Some(i) => format!("{KEY_PREFIX}{{i:{i}}}::credits:k:{id}"),
+        None => format!("{KEY_PREFIX}{{k:{id}}}::credits"),
+    }
+}
+
 /// The part of a key Redis Cluster hashes: the text between the first `{` and the
 /// next `}` when non-empty, else the whole key.
 pub fn hash_tag(key: &str) -> &str {
@@ -212,6 +228,22 @@ mod tests {
             route: Some("search"),
             client_ip: Some("203.0.113.7".parse().unwrap()),
         }
+    }
+
+    #[test]
+    fn credits_live_in_the_slot_of_the_keys_buckets_and_never_in_a_buckets_key() {
+        let p = policy("credits", r#"["api_key"]"#);
+        let s = subject();
+        let plain = credits_key("Ab3_x-9", None);
+        assert_eq!(plain, "fg:{k:Ab3_x-9}::credits");
+        assert_eq!(hash_tag(&plain), hash_tag(&bucket_key(&p, &s).unwrap()));
+        assert_ne!(plain, bucket_key(&p, &s).unwrap());
+        let shared = credits_key("Ab3_x-9", Some("cus_1"));
+        assert_eq!(shared, "fg:{i:cus_1}::credits:k:Ab3_x-9");
+        let b = identity_bucket_key(&p, &s, Some("cus_1")).unwrap();
+        assert_eq!(hash_tag(&shared), hash_tag(&b));
+        assert_ne!(shared, b);
+        assert!(shared.len() <= MAX_KEY_LEN);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::calendar::{CalendarPeriod, DAY};
 use crate::time::{MICROS_PER_MS, MICROS_PER_SEC, Micros};
 
 /// The largest capacity (burst) and refill amount a quota may state.
@@ -54,6 +55,9 @@ pub struct Quota {
     emission: Micros,
     burst: Micros,
     algorithm: Algorithm,
+    /// A calendar quota (`period: "day"` or `"month"`): `capacity` per UTC day
+    /// or month, counted in the calendar window ([`crate::calendar`]).
+    calendar: Option<CalendarPeriod>,
 }
 
 /// How a policy measures its quota (see `shared/src/windows.rs`, `docs/algorithms.md`).
@@ -140,7 +144,29 @@ impl Quota {
             emission,
             burst,
             algorithm: Algorithm::TokenBucket,
+            calendar: None,
         })
+    }
+
+    /// A calendar quota: at most `capacity` per UTC `period` (a day, or a month
+    /// from its 1st), reset at 00:00 UTC. It is a fixed window whose windows are
+    /// the calendar's ([`Quota::calendar`]); [`Quota::period`] is the longest
+    /// such window (1 day, or 31 days), what a local fallback's share refills
+    /// over.
+    pub fn calendar_quota(capacity: u64, period: CalendarPeriod) -> Result<Self, PolicyError> {
+        let longest = match period {
+            CalendarPeriod::Day => DAY,
+            CalendarPeriod::Month => 31 * DAY,
+        };
+        let mut q =
+            Self::new(capacity, capacity, longest)?.with_algorithm(Algorithm::FixedWindow)?;
+        q.calendar = Some(period);
+        Ok(q)
+    }
+
+    /// The calendar period of a calendar quota; `None` for every other quota.
+    pub fn calendar(&self) -> Option<CalendarPeriod> {
+        self.calendar
     }
 
     /// The same quota enforced by `algorithm`. Window algorithms admit `capacity`
@@ -476,7 +502,8 @@ pub struct QuotaSpec {
     /// Tokens added per `period`; defaults to `capacity`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refill: Option<u64>,
-    /// `500ms`, `60s`, `1m`, `1h`, `1d`.
+    /// `500ms`, `60s`, `1m`, `1h`, `1d` (rolling), or `day` / `month`: a
+    /// calendar quota, reset at 00:00 UTC (a month on its 1st).
     pub period: String,
 }
 
@@ -577,17 +604,62 @@ impl PolicySpec {
         Ok(dimensions)
     }
 
+    /// The quota: rolling (`1m`, `1d`, ... with the policy's algorithm) or a
+    /// calendar quota (`day`, `month`), which counts in calendar windows and so
+    /// takes no `algorithm` and no other `refill` than its capacity.
+    fn checked_quota(&self) -> Result<Quota, PolicyError> {
+        let calendar = match self.quota.period.as_str() {
+            "day" => Some(CalendarPeriod::Day),
+            "month" => Some(CalendarPeriod::Month),
+            _ => None,
+        };
+        let Some(period) = calendar else {
+            let period = Period::parse(&self.quota.period)
+                .map_err(|m| PolicyError::new("quota.period", m))?;
+            return Quota::new(
+                self.quota.capacity,
+                self.quota.refill.unwrap_or(self.quota.capacity),
+                period.0,
+            )?
+            .with_algorithm(self.algorithm);
+        };
+        if !self.algorithm.is_default() {
+            return Err(PolicyError::new(
+                "algorithm",
+                format!(
+                    "a calendar period ({:?}) counts in calendar windows; algorithm {:?} \
+                     does not apply (leave it out)",
+                    period.name(),
+                    self.algorithm.name()
+                ),
+            ));
+        }
+        if let Some(r) = self.quota.refill.filter(|r| *r != self.quota.capacity) {
+            return Err(PolicyError::new(
+                "quota.refill",
+                format!(
+                    "a calendar period ({:?}) resets to quota.capacity; a different refill \
+                     ({r}) does not apply",
+                    period.name()
+                ),
+            ));
+        }
+        if self.consistency != Consistency::Exact {
+            return Err(PolicyError::new(
+                "consistency",
+                format!(
+                    "a calendar period ({:?}) is always decided exactly (use \"exact\")",
+                    period.name()
+                ),
+            ));
+        }
+        Quota::calendar_quota(self.quota.capacity, period)
+    }
+
     pub fn validate(&self) -> Result<Policy, PolicyError> {
         validate_name("name", &self.name)?;
         let dimensions = self.checked_dimensions()?;
-        let period =
-            Period::parse(&self.quota.period).map_err(|m| PolicyError::new("quota.period", m))?;
-        let quota = Quota::new(
-            self.quota.capacity,
-            self.quota.refill.unwrap_or(self.quota.capacity),
-            period.0,
-        )?
-        .with_algorithm(self.algorithm)?;
+        let quota = self.checked_quota()?;
         if self.cost == 0 || u64::from(self.cost) > quota.capacity() {
             return Err(PolicyError::new(
                 "cost",
@@ -736,13 +808,21 @@ impl From<&Policy> for PolicySpec {
             quota: QuotaSpec {
                 capacity: q.capacity(),
                 refill: (q.refill() != q.capacity()).then_some(q.refill()),
-                period: Period(q.period()).to_string(),
+                period: match q.calendar() {
+                    Some(c) => c.name().to_string(),
+                    None => Period(q.period()).to_string(),
+                },
             },
             cost: p.cost,
             failure_mode: p.failure_mode,
             local_share_percent: p.local_share_percent,
             max_in_flight: p.max_in_flight,
-            algorithm: q.algorithm(),
+            // a calendar quota's algorithm is implied by its period
+            algorithm: if q.calendar().is_some() {
+                Algorithm::TokenBucket
+            } else {
+                q.algorithm()
+            },
             shadow: p.shadow,
             consistency: p.consistency,
             max_overshoot: p.max_overshoot,
@@ -1038,6 +1118,63 @@ mod tests {
         // deep nesting must not overflow the stack
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(Policy::from_json(&deep).is_err());
+    }
+
+    #[test]
+    fn calendar_periods_make_calendar_quotas_that_round_trip() {
+        for (period, cal, longest) in [
+            ("day", CalendarPeriod::Day, DAY),
+            ("month", CalendarPeriod::Month, 31 * DAY),
+        ] {
+            let json = format!(
+                r#"{{"name":"plan","dimensions":["api_key"],"quota":{{"capacity":10000,"period":"{period}"}},"cost":1,"failure_mode":"fail_closed"}}"#
+            );
+            let p = Policy::from_json(&json).unwrap();
+            let q = p.quota();
+            assert_eq!(q.calendar(), Some(cal));
+            assert_eq!(q.algorithm(), Algorithm::FixedWindow);
+            assert_eq!(
+                (q.capacity(), q.refill(), q.period()),
+                (10000, 10000, longest)
+            );
+            assert_eq!(p.to_json(), json);
+            assert_eq!(Policy::from_json(&p.to_json()).unwrap(), p);
+        }
+        // a rolling day is not a calendar day
+        let rolling = Policy::from_json(&with("quota.period", "\"1d\"")).unwrap();
+        assert_eq!(rolling.quota().calendar(), None);
+        assert_eq!(rolling.quota().algorithm(), Algorithm::TokenBucket);
+    }
+
+    #[test]
+    fn calendar_periods_refuse_what_does_not_apply_naming_the_field() {
+        let month = |extra: &str| {
+            format!(
+                r#"{{"name":"p","dimensions":["api_key"],"quota":{{"capacity":100,"period":"month"{extra}}},"failure_mode":"fail_open"}}"#
+            )
+        };
+        let top = |field: &str| {
+            format!(
+                r#"{{"name":"p","dimensions":["api_key"],"quota":{{"capacity":100,"period":"month"}},"failure_mode":"fail_open",{field}}}"#
+            )
+        };
+        for (json, field) in [
+            (month(r#","refill":10"#), "quota.refill"),
+            (top(r#""algorithm":"sliding_log""#), "algorithm"),
+            (top(r#""algorithm":"fixed_window""#), "algorithm"),
+            (
+                top(r#""consistency":"bounded","max_overshoot":5"#),
+                "consistency",
+            ),
+            (month("").replace("100", "0"), "quota.capacity"),
+            (month("").replace("month", "Month"), "quota.period"),
+            (month("").replace("month", "week"), "quota.period"),
+        ] {
+            assert_eq!(err(&json).field, field, "{json}");
+        }
+        // a refill equal to the capacity is the default, written out
+        let same = month(r#","refill":100"#);
+        assert!(Policy::from_json(&same).is_ok());
     }
 
     #[test]

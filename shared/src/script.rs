@@ -3,7 +3,9 @@
 //! (RESP and REST) are thin I/O around these two functions.
 
 use crate::bucket::{Admission, BucketState, Decision, decide};
+use crate::calendar::CalendarPeriod;
 use crate::changes::Revision;
+use crate::credits::{CreditDecision, CreditState, Credits, Interval, MAX_CREDITS};
 use crate::keys::MAX_KEY_LEN;
 use crate::policy::{Algorithm, Quota};
 use crate::time::{MAX_INSTANT, Micros};
@@ -142,6 +144,151 @@ pub fn needs_limiter(checks: &[Check<'_>]) -> bool {
         .any(|c| c.shadow || c.quota.algorithm() != Algorithm::TokenBucket)
 }
 
+/// A key's credits, decided in the same [`LIMITER`] call as its buckets (the
+/// call's last key): see [`crate::credits`].
+#[derive(Debug, Clone, Copy)]
+pub struct CreditCheck<'a> {
+    /// [`crate::keys::credits_key`].
+    pub key: &'a str,
+    /// What the key's record states.
+    pub credits: &'a Credits,
+    /// The instant (µs) the record's count stands as of: an absent live count
+    /// is `credits.remaining` as of then, with every refill since applied.
+    pub origin: Micros,
+    /// Credits this request spends.
+    pub cost: u64,
+}
+
+impl CreditCheck<'_> {
+    /// The credits entry's four `ARGV` values: the code (`k`, `kd:<amount>` or
+    /// `km<day>:<amount>`), the record's count, its origin and the cost.
+    fn args(&self) -> Result<[String; 4], CallError> {
+        let c = self.credits;
+        let amount = c.refill.map_or(0, |r| r.amount);
+        if c.remaining > MAX_CREDITS
+            || amount > MAX_CREDITS
+            || self.cost > MAX_CREDITS
+            || !(0..=MAX_INSTANT).contains(&self.origin)
+        {
+            return Err(CallError::Credits);
+        }
+        let code = match c.refill {
+            None => "k".to_string(),
+            Some(r) if r.interval == Interval::Daily => format!("kd:{}", r.amount),
+            Some(r) => format!("km{}:{}", r.day_of_month(), r.amount),
+        };
+        Ok([
+            code,
+            c.remaining.to_string(),
+            self.origin.to_string(),
+            self.cost.to_string(),
+        ])
+    }
+
+    /// The credits' decision from the state the script read: the pure twin.
+    pub fn decide(&self, read: CreditState, now: Micros) -> CreditDecision {
+        read.spend(self.credits.refill.as_ref(), now, self.cost)
+    }
+}
+
+/// The outcome of a call over buckets and a key's credits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credited {
+    /// The buckets' verdict; `admitted` is the call's (credits included): a
+    /// request refused for its credits alone is not admitted while every
+    /// decision allowed it (none was consumed).
+    pub verdict: Verdict,
+    /// The credits' decision, when the call decided credits.
+    pub credits: Option<CreditDecision>,
+}
+
+impl Credited {
+    /// Refused for the credits alone: every bucket had room.
+    pub fn credits_refused(&self) -> bool {
+        self.credits.is_some_and(|c| !c.admitted)
+            && self
+                .verdict
+                .decisions
+                .iter()
+                .zip(&self.verdict.shadow)
+                .all(|(d, s)| *s || d.allowed())
+    }
+}
+
+/// The script and `ARGV` of one call over `checks` and, when the key has
+/// credits, `credits`: [`script_call`] without credits (so a key without credits
+/// pays exactly what it did), else [`LIMITER`] with the credits as its last entry.
+pub fn credited_call(
+    checks: &[Check<'_>],
+    credits: Option<&CreditCheck<'_>>,
+    when: impl Into<When>,
+) -> Result<(&'static LuaScript, Vec<String>), CallError> {
+    let Some(credits) = credits else {
+        return script_call(checks, when);
+    };
+    if checks.iter().any(|c| c.key == credits.key) {
+        return Err(CallError::Duplicate(credits.key.to_string()));
+    }
+    let when = when.into();
+    let mut args = if checks.is_empty() {
+        vec![when_arg(when)?]
+    } else {
+        limiter_args(checks, when)?
+    };
+    args.extend(credits.args()?);
+    Ok((&LIMITER, args))
+}
+
+/// Interprets the reply of the call [`credited_call`] built.
+pub fn interpret_credited(
+    checks: &[Check<'_>],
+    credits: Option<&CreditCheck<'_>>,
+    reply: &[i64],
+) -> Result<Credited, ProtocolError> {
+    let Some(credit) = credits else {
+        return Ok(Credited {
+            verdict: interpret(checks, reply)?,
+            credits: None,
+        });
+    };
+    let (admitted, now) = reply_head(reply, 3, checks.len() + 1)?;
+    let (buckets, tail) = reply.split_at(reply.len() - 3);
+    let read = match tail {
+        [remaining, as_of, 0]
+            if (0..=MAX_CREDITS as i64).contains(remaining)
+                && (0..=MAX_INSTANT).contains(as_of) =>
+        {
+            CreditState {
+                remaining: *remaining as u64,
+                as_of: *as_of,
+            }
+        }
+        other => return Err(ProtocolError(format!("credit state {other:?}"))),
+    };
+    let mut decision = credit.decide(read, now);
+    let (decisions, all_fit) = limiter_decisions(checks, &buckets[2..], now, admitted)?;
+    if (all_fit && decision.admitted) != admitted {
+        return Err(ProtocolError(format!(
+            "script says admitted={admitted}, its twins say buckets {all_fit}, credits {}",
+            decision.admitted
+        )));
+    }
+    if !admitted && decision.admitted {
+        // a bucket denied: the credits were not spent, report them as they are
+        decision = CreditCheck { cost: 0, ..*credit }.decide(read, now);
+    }
+    Ok(Credited {
+        verdict: Verdict {
+            admitted,
+            now,
+            shadow: checks.iter().map(|c| c.shadow).collect(),
+            decisions,
+            revision: Revision::NotAsked,
+        },
+        credits: Some(decision),
+    })
+}
+
 /// The script and `ARGV` of one call over `checks`: [`TOKEN_BUCKET`] when every
 /// bucket is an enforced token bucket (the hot path), else [`LIMITER`].
 pub fn script_call(
@@ -195,6 +342,8 @@ pub enum CallError {
     Duplicate(String),
     #[error("instant {0} is outside 0..=2^52 µs")]
     Instant(Micros),
+    #[error("credits, a refill or a credit cost above the bound, or an origin outside 0..=2^52 µs")]
+    Credits,
 }
 
 fn validate_call(checks: &[Check<'_>], when: When) -> Result<String, CallError> {
@@ -209,6 +358,11 @@ fn validate_call(checks: &[Check<'_>], when: When) -> Result<String, CallError> 
             return Err(CallError::Duplicate(c.key.to_string()));
         }
     }
+    when_arg(when)
+}
+
+/// `ARGV[1]` of the bucket scripts: the clock.
+fn when_arg(when: When) -> Result<String, CallError> {
     match when {
         When::Redis => Ok(String::new()),
         When::RedisUntil(t) if (0..=MAX_INSTANT).contains(&t) => Ok(format!("<{t}")),
@@ -223,18 +377,24 @@ pub fn limiter_args(checks: &[Check<'_>], when: impl Into<When>) -> Result<Vec<S
     args.push(validate_call(checks, when.into())?);
     for c in checks {
         let q = c.quota;
-        let code = match q.algorithm() {
-            Algorithm::TokenBucket => "t",
-            Algorithm::FixedWindow => "f",
-            Algorithm::SlidingLog => "l",
-            Algorithm::SlidingCounter => "c",
+        let code = match (q.calendar(), q.algorithm()) {
+            (Some(CalendarPeriod::Day), _) => "d",
+            (Some(CalendarPeriod::Month), _) => "m",
+            (None, Algorithm::TokenBucket) => "t",
+            (None, Algorithm::FixedWindow) => "f",
+            (None, Algorithm::SlidingLog) => "l",
+            (None, Algorithm::SlidingCounter) => "c",
         };
         args.push(if c.shadow {
             format!("s{code}")
         } else {
             code.to_string()
         });
-        if q.algorithm() == Algorithm::TokenBucket {
+        if q.calendar().is_some() {
+            args.push("0".to_string());
+            args.push(q.capacity().to_string());
+            args.push(c.cost.to_string());
+        } else if q.algorithm() == Algorithm::TokenBucket {
             args.push(q.burst_window().to_string());
             args.push(q.cost_window(c.cost).to_string());
             args.push("0".to_string());
@@ -343,60 +503,12 @@ fn reply_head(
 /// Interprets [`LIMITER`]'s reply `{admitted, now, (v1, v2, v3) per bucket}` with
 /// the pure twins of each algorithm. The twins must agree on admission.
 pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, ProtocolError> {
-    let err = |m: String| Err(ProtocolError(m));
     let (admitted, now) = reply_head(reply, 3, checks.len())?;
-    let mut decisions = Vec::with_capacity(checks.len());
-    let mut all_fit = true;
-    for (i, c) in checks.iter().enumerate() {
-        let v = &reply[2 + 3 * i..5 + 3 * i];
-        if v.iter().any(|x| !(0..=MAX_INSTANT).contains(x)) {
-            return err(format!("bucket state {v:?}"));
-        }
-        let count = |x: i64| x as u64;
-        let q = c.quota;
-        let decide_with = |cost: u32| match q.algorithm() {
-            Algorithm::TokenBucket => {
-                let prev = (v[0] > 0).then_some(BucketState { full_at: v[0] });
-                decide(prev, q, now, cost).decision
-            }
-            Algorithm::FixedWindow => {
-                windows::fixed_window(count(v[0]), q.capacity(), q.period(), now, cost).0
-            }
-            Algorithm::SlidingLog => {
-                let s = windows::LogSummary {
-                    count: count(v[0]),
-                    needed: v[1],
-                    newest: v[2],
-                };
-                windows::sliding_log(s, q.capacity(), q.period(), now, cost)
-            }
-            Algorithm::SlidingCounter => {
-                windows::sliding_counter(
-                    count(v[0]),
-                    count(v[1]),
-                    q.capacity(),
-                    q.period(),
-                    now,
-                    cost,
-                )
-                .0
-            }
-        };
-        let d = decide_with(c.cost);
-        if !c.shadow {
-            all_fit &= d.allowed();
-        }
-        let consumed = admitted && d.allowed();
-        decisions.push(if consumed || !d.allowed() {
-            d
-        } else {
-            decide_with(0)
-        });
-    }
+    let (decisions, all_fit) = limiter_decisions(checks, &reply[2..], now, admitted)?;
     if all_fit != admitted {
-        return err(format!(
+        return Err(ProtocolError(format!(
             "script says admitted={admitted}, its twins say {all_fit}"
-        ));
+        )));
     }
     Ok(Verdict {
         admitted,
@@ -405,6 +517,71 @@ pub fn interpret_limiter(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict,
         decisions,
         revision: Revision::NotAsked,
     })
+}
+
+/// Each bucket's decision from its three values in a [`LIMITER`] reply (as the
+/// call read them at `now`; consumed when the call `admitted`), and whether every
+/// enforced bucket had room.
+fn limiter_decisions(
+    checks: &[Check<'_>],
+    values: &[i64],
+    now: Micros,
+    admitted: bool,
+) -> Result<(Vec<Decision>, bool), ProtocolError> {
+    let mut decisions = Vec::with_capacity(checks.len());
+    let mut all_fit = true;
+    for (c, v) in checks.iter().zip(values.chunks_exact(3)) {
+        if v.iter().any(|x| !(0..=MAX_INSTANT).contains(x)) {
+            return Err(ProtocolError(format!("bucket state {v:?}")));
+        }
+        let d = limiter_twin(c.quota, v, now, c.cost);
+        if !c.shadow {
+            all_fit &= d.allowed();
+        }
+        let consumed = admitted && d.allowed();
+        decisions.push(if consumed || !d.allowed() {
+            d
+        } else {
+            limiter_twin(c.quota, v, now, 0)
+        });
+    }
+    Ok((decisions, all_fit))
+}
+
+/// The pure twin of one [`LIMITER`] bucket: its decision from the values read.
+fn limiter_twin(q: &Quota, v: &[i64], now: Micros, cost: u32) -> Decision {
+    let count = |x: i64| x as u64;
+    if let Some(period) = q.calendar() {
+        return windows::calendar_window(count(v[0]), q.capacity(), period, now, cost);
+    }
+    match q.algorithm() {
+        Algorithm::TokenBucket => {
+            let prev = (v[0] > 0).then_some(BucketState { full_at: v[0] });
+            decide(prev, q, now, cost).decision
+        }
+        Algorithm::FixedWindow => {
+            windows::fixed_window(count(v[0]), q.capacity(), q.period(), now, cost).0
+        }
+        Algorithm::SlidingLog => {
+            let s = windows::LogSummary {
+                count: count(v[0]),
+                needed: v[1],
+                newest: v[2],
+            };
+            windows::sliding_log(s, q.capacity(), q.period(), now, cost)
+        }
+        Algorithm::SlidingCounter => {
+            windows::sliding_counter(
+                count(v[0]),
+                count(v[1]),
+                q.capacity(),
+                q.period(),
+                now,
+                cost,
+            )
+            .0
+        }
+    }
 }
 
 /// Interprets the script's reply `{admitted, now, full_at_1, ...}` by running the pure
@@ -464,6 +641,15 @@ pub fn refund_call<'a>(
         }
         let q = c.quota;
         keys.push(c.key);
+        if let Some(period) = q.calendar() {
+            let code = if period == CalendarPeriod::Day {
+                "d"
+            } else {
+                "m"
+            };
+            args.extend([code.into(), "0".into(), c.cost.to_string(), "0".into()]);
+            continue;
+        }
         match q.algorithm() {
             Algorithm::TokenBucket => args.extend([
                 "t".into(),
@@ -497,6 +683,32 @@ pub fn refund_call<'a>(
         }
     }
     (!keys.is_empty()).then_some((keys, args))
+}
+
+/// [`refund_call`] for a call that decided `credits` too: the credits it spent
+/// go back as well (while no refill happened since, see `lua/refund.lua`).
+pub fn credited_refund_call<'a>(
+    checks: &[Check<'a>],
+    credits: Option<&CreditCheck<'a>>,
+    credited: &Credited,
+) -> Option<(Vec<&'a str>, Vec<String>)> {
+    let spent = match (credits, credited.credits) {
+        (Some(c), Some(d)) if d.admitted && credited.verdict.admitted && c.cost > 0 => Some((c, d)),
+        _ => None,
+    };
+    let Some((credit, decision)) = spent else {
+        return refund_call(checks, &credited.verdict);
+    };
+    let (mut keys, mut args) = refund_call(checks, &credited.verdict)
+        .unwrap_or_else(|| (vec![], vec![credited.verdict.now.to_string()]));
+    keys.push(credit.key);
+    args.extend([
+        "k".into(),
+        credit.cost.to_string(),
+        decision.state.as_of.to_string(),
+        "0".into(),
+    ]);
+    Some((keys, args))
 }
 
 #[cfg(test)]

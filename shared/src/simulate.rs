@@ -9,7 +9,9 @@ use crate::config::EdgeConfig;
 use crate::policy::{Algorithm, Quota};
 use crate::stats::{Endpoint, SampleEntry};
 use crate::time::Micros;
-use crate::windows::{FixedWindow, SlidingCounter, SlidingLog, fixed_window, sliding_counter};
+use crate::windows::{
+    FixedWindow, SlidingCounter, SlidingLog, calendar_window, fixed_window, sliding_counter,
+};
 
 #[derive(Debug, Clone)]
 enum State {
@@ -17,10 +19,15 @@ enum State {
     Fixed(Option<FixedWindow>),
     Log(SlidingLog),
     Counter(Option<SlidingCounter>),
+    /// A calendar quota: the start of the window counted in, and its count.
+    Calendar(Option<(Micros, u64)>),
 }
 
 impl State {
     fn new(q: &Quota) -> Self {
+        if q.calendar().is_some() {
+            return State::Calendar(None);
+        }
         match q.algorithm() {
             Algorithm::TokenBucket => State::Bucket(None),
             Algorithm::FixedWindow => State::Fixed(None),
@@ -51,12 +58,20 @@ impl State {
                 let (d, w) = sliding_counter(c, p, q.capacity(), q.period(), now, cost);
                 (d, State::Counter(if cost > 0 { w.or(*s) } else { *s }))
             }
+            State::Calendar(s) => {
+                let period = q.calendar().expect("a calendar state has a calendar quota");
+                let start = period.window(now).start;
+                let count = s.filter(|(w, _)| *w == start).map_or(0, |(_, c)| c);
+                let d = calendar_window(count, q.capacity(), period, now, cost);
+                let next = (d.allowed() && cost > 0).then_some((start, count + u64::from(cost)));
+                (d, State::Calendar(next.or(*s)))
+            }
         }
     }
 }
 
 /// In-memory buckets of any algorithm.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Simulator {
     buckets: HashMap<String, State>,
 }

@@ -20,6 +20,7 @@
 use std::collections::VecDeque;
 
 use crate::bucket::{Admission, Decision};
+use crate::calendar::CalendarPeriod;
 use crate::time::Micros;
 
 /// The largest limit a sliding-window log accepts (entries per bucket).
@@ -54,26 +55,28 @@ pub fn fixed_window(
     cost: u32,
 ) -> (Decision, Option<FixedWindow>) {
     let window = window_of(now, period);
-    let end = (window + 1) * period;
+    let d = window_decision(count, limit, (window + 1) * period, now, cost);
+    let state = d.allowed().then(|| FixedWindow {
+        window,
+        count: count + u64::from(cost),
+    });
+    (d, state)
+}
+
+/// A counter of a window ending at `end` holding `count`, deciding `cost` more.
+fn window_decision(count: u64, limit: u64, end: Micros, now: Micros, cost: u32) -> Decision {
     let cost = u64::from(cost);
     if count + cost <= limit {
         let after = count + cost;
-        let d = Decision {
+        Decision {
             outcome: Admission::Allowed,
             limit,
             remaining: limit - after,
             now,
             full_at: if after > 0 { end } else { now },
-        };
-        (
-            d,
-            Some(FixedWindow {
-                window,
-                count: after,
-            }),
-        )
+        }
     } else {
-        let d = Decision {
+        Decision {
             outcome: Admission::Denied {
                 retry_after: (cost <= limit).then_some(end - now),
             },
@@ -81,9 +84,22 @@ pub fn fixed_window(
             remaining: limit.saturating_sub(count),
             now,
             full_at: end,
-        };
-        (d, None)
+        }
     }
+}
+
+/// One calendar-quota decision (`period: "day"` or `"month"`): a fixed window
+/// whose window is the UTC calendar's ([`crate::calendar`]), `count` being the
+/// count of the window `now` falls in. The reset and any wait point at the
+/// window's end (00:00 UTC of the next day, or of the next month's 1st).
+pub fn calendar_window(
+    count: u64,
+    limit: u64,
+    period: CalendarPeriod,
+    now: Micros,
+    cost: u32,
+) -> Decision {
+    window_decision(count, limit, period.window(now).reset, now, cost)
 }
 
 /// A sliding-window log's state: admitted tokens' instants, oldest first.

@@ -10,12 +10,13 @@ use std::sync::atomic::Ordering;
 
 use floodgate_shared::changes::{REV_KEY, Revision};
 use floodgate_shared::contract::Answer;
+use floodgate_shared::credits::CreditDecision;
 use floodgate_shared::policy::{Consistency, FailureMode, Quota};
-use floodgate_shared::script::{Verdict, When};
+use floodgate_shared::script::{Credited, Verdict, When};
 use floodgate_shared::time::{Clock, Micros};
 
 use super::guarded::{Called, drain};
-use super::limits::{Limits, OwnedCheck, as_checks};
+use super::limits::{Limits, OwnedCheck, OwnedCredit, as_checks};
 use super::{Admit, BoxFuture, DEGRADED_HEADER, Pipeline, Reply, Task, boxed};
 use crate::stats::Outcome;
 use crate::store::{MaybeSend, MaybeSync, Store, StoreError};
@@ -23,10 +24,14 @@ use crate::store::{MaybeSend, MaybeSync, Store, StoreError};
 /// What the exact check found.
 pub struct Checked {
     pub verdict: Verdict,
+    /// The key's credits' decision, when it has credits (decided in the same call).
+    pub credits: Option<CreditDecision>,
     /// The call's latency (µs).
     pub latency: Option<u64>,
     /// The checks, for a refund if the request is refused after all.
     pub owned: Arc<Vec<OwnedCheck>>,
+    /// The key's credits, for a refund too.
+    pub credit: Arc<Option<OwnedCredit>>,
 }
 
 impl<S, C> Pipeline<S, C>
@@ -52,22 +57,26 @@ where
         later: &mut Vec<Task>,
     ) -> Result<Checked, Result<Admit, Reply>> {
         let owned = Arc::new(limits.checks());
+        let credit = Arc::new(limits.credit());
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
         // a busy store's call is waited for up to the ceiling (Guarded::call): the
         // guard is there; one the edge gave up on earlier is refunded if it admits
         let when = self.until(sent, self.global.ceiling().max(deadline));
         let store = self.global.store.clone();
-        let calls = owned.clone();
+        let (calls, credit_call) = (owned.clone(), credit.clone());
         let fut = boxed(async move {
             let checks = as_checks(&calls);
-            store.check_watching(&checks, when, REV_KEY).await
+            let credit = credit_call.as_ref().as_ref().map(OwnedCredit::as_check);
+            store
+                .check_credited(&checks, credit.as_ref(), when, REV_KEY)
+                .await
         });
         let called = self.global.call(&self.clock, deadline, fut).await;
         let finished = self.clock.now();
         let latency = u64::try_from(finished - sent).ok();
         match called {
-            Called::Done(verdict) => {
+            Called::Done(Credited { verdict, credits }) => {
                 self.learn(limits, &verdict, sent, finished);
                 if let Revision::Seen(seen) = verdict.revision {
                     self.revision_seen(seen, later);
@@ -78,8 +87,10 @@ where
                 }
                 Ok(Checked {
                     verdict,
+                    credits,
                     latency,
                     owned,
+                    credit,
                 })
             }
             Called::Failed(e, late) => {
@@ -87,7 +98,9 @@ where
                 let answer = self.failure_mode(limits, &e);
                 match late {
                     // the call may still admit in Redis: give that back
-                    Some(late) if answer.is_err() => later.push(self.refund_late(late, owned)),
+                    Some(late) if answer.is_err() => {
+                        later.push(self.refund_late(late, owned, credit))
+                    }
                     late => later.extend(late.map(drain)),
                 }
                 Err(answer)
@@ -164,17 +177,23 @@ where
     /// if Redis admitted it after all, its tokens are given back.
     fn refund_late(
         &self,
-        late: BoxFuture<'static, Result<Verdict, StoreError>>,
+        late: BoxFuture<'static, Result<Credited, StoreError>>,
         owned: Arc<Vec<OwnedCheck>>,
+        credit: Arc<Option<OwnedCredit>>,
     ) -> Task {
         let store = self.global.store.clone();
         let totals = self.totals.clone();
         boxed(async move {
             if let Ok(v) = late.await
-                && v.admitted
+                && v.verdict.admitted
             {
                 let checks = as_checks(&owned);
-                if store.refund(&checks, &v).await.is_ok() {
+                let credit = credit.as_ref().as_ref().map(OwnedCredit::as_check);
+                if store
+                    .refund_credited(&checks, credit.as_ref(), &v)
+                    .await
+                    .is_ok()
+                {
                     totals.refunds.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -187,7 +206,16 @@ where
         let totals = self.totals.clone();
         boxed(async move {
             let checks = as_checks(&checked.owned);
-            if store.refund(&checks, &checked.verdict).await.is_ok() {
+            let credit = checked.credit.as_ref().as_ref().map(OwnedCredit::as_check);
+            let credited = Credited {
+                verdict: checked.verdict,
+                credits: checked.credits,
+            };
+            if store
+                .refund_credited(&checks, credit.as_ref(), &credited)
+                .await
+                .is_ok()
+            {
                 totals.refunds.fetch_add(1, Ordering::Relaxed);
             }
         })

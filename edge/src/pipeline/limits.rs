@@ -5,11 +5,16 @@
 
 use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::config::EdgeConfig;
-use floodgate_shared::contract::{Answer, PolicyState, ietf_fields, jittered};
+use floodgate_shared::contract::{
+    Answer, JSON_CONTENT_TYPE, PolicyState, USAGE_LIMITED_BODY, credit_headers, ietf_fields,
+    jittered,
+};
+use floodgate_shared::credits::{CreditDecision, Credits};
+use floodgate_shared::keys::credits_key;
 use floodgate_shared::policy::{FailureMode, Policy, Quota};
 use floodgate_shared::routes::Route;
-use floodgate_shared::script::{Check, Verdict};
-use floodgate_shared::time::{Clock, Micros};
+use floodgate_shared::script::{Check, CreditCheck, Verdict};
+use floodgate_shared::time::{Clock, MAX_INSTANT, MICROS_PER_SEC, Micros};
 
 use super::{Pipeline, Reply, RequestHead};
 use crate::store::{MaybeSend, MaybeSync, Store};
@@ -36,9 +41,70 @@ impl Limits<'_> {
     }
 
     /// The failure mode applied when the store cannot decide: the strictest of
-    /// the enforced policies'.
+    /// the enforced policies'; `fail_closed` for a key with credits, whose count
+    /// only the store holds (an admission it cannot prove could exceed them).
     pub fn mode(&self) -> FailureMode {
+        if self.record.credits.is_some() {
+            return FailureMode::FailClosed;
+        }
         FailureMode::strictest(self.enforced().map(|(_, p)| p.failure_mode()))
+    }
+
+    /// The key's credits, when it has some: one spent per request, decided in the
+    /// same call as the buckets. Their count stands as of the key's creation.
+    pub fn credit(&self) -> Option<OwnedCredit> {
+        let credits = self.record.credits?;
+        Some(OwnedCredit {
+            key: credits_key(&self.record.id, self.record.identity.as_deref()),
+            credits,
+            origin: self
+                .record
+                .created
+                .saturating_mul(MICROS_PER_SEC)
+                .clamp(0, MAX_INSTANT),
+            cost: 1,
+        })
+    }
+
+    /// [`Limits::answer`] for a call that decided the key's credits too: a
+    /// refusal for the credits alone is the usage-limit 429 (credit headers and
+    /// a Retry-After to the refill, no quota headers: every bucket had room and
+    /// none was consumed); otherwise the buckets' answer, with the credit headers.
+    pub fn answer_credited(
+        &self,
+        verdict: &Verdict,
+        credits: Option<&CreditDecision>,
+    ) -> Result<Vec<(&'static str, String)>, Reply> {
+        let Some(c) = credits else {
+            return self.answer(verdict);
+        };
+        let buckets_fit = verdict
+            .decisions
+            .iter()
+            .zip(&verdict.shadow)
+            .all(|(d, shadow)| *shadow || d.allowed());
+        if !c.admitted && buckets_fit {
+            return Err(Reply {
+                status: 429,
+                headers: vec![("Content-Type", JSON_CONTENT_TYPE.into())],
+                body: USAGE_LIMITED_BODY.into(),
+            }
+            .with_headers(credit_headers(c)));
+        }
+        let extra = credit_headers(&CreditDecision {
+            retry_after: None,
+            ..*c
+        });
+        if verdict.decisions.is_empty() {
+            return Ok(extra);
+        }
+        match self.answer(verdict) {
+            Ok(mut h) => {
+                h.extend(extra);
+                Ok(h)
+            }
+            Err(reply) => Err(reply.with_headers(extra)),
+        }
     }
 
     /// The bucket checks, owned: a check that misses its deadline goes on in the
@@ -105,6 +171,26 @@ pub struct OwnedCheck {
     quota: Quota,
     cost: u32,
     shadow: bool,
+}
+
+/// A key's credits to decide, owned (see [`Limits::credit`]).
+pub struct OwnedCredit {
+    key: String,
+    credits: Credits,
+    origin: Micros,
+    cost: u64,
+}
+
+impl OwnedCredit {
+    /// As the store takes it.
+    pub fn as_check(&self) -> CreditCheck<'_> {
+        CreditCheck {
+            key: &self.key,
+            credits: &self.credits,
+            origin: self.origin,
+            cost: self.cost,
+        }
+    }
 }
 
 /// The checks as the store takes them.

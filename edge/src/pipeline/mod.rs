@@ -10,11 +10,13 @@
 //! 4. **limits** ([`limits`]): the policies of the caller's plan that match the
 //!    route and address, each with its bucket;
 //! 5. **leasing** ([`leasing`]): bounded-consistency policies decided from tokens
-//!    leased ahead, without the global store;
+//!    leased ahead, without the global store (never for a key with credits:
+//!    credits are always exact, see `shared/src/credits.rs`);
 //! 6. **recent 429s** ([`throttled`]): a bucket the store throttled a moment ago
 //!    is answered here until it admits again;
-//! 7. **the check** ([`check`]): ONE global call decides every bucket, all or
-//!    nothing; a store that cannot answer gets the policies' failure mode;
+//! 7. **the check** ([`check`]): ONE global call decides every bucket and the
+//!    key's credits, all or nothing; a store that cannot answer gets the
+//!    policies' failure mode (fail-closed for a key with credits);
 //! 8. **slots** ([`slots`]): in-flight slots of `max_in_flight` policies;
 //! 9. **admit**: forward upstream with the quota headers.
 //!
@@ -253,7 +255,7 @@ where
         };
         self.blocked(&caller.config, &caller.record, req)?;
         let limits = self.limits(&caller.config, caller.record, req)?;
-        if limits.policies.is_empty() {
+        if limits.policies.is_empty() && limits.record.credits.is_none() {
             // a plan without policies: admitted, and counted like any decision
             self.count(&limits, Outcome::Allowed, None);
             return Ok(Admit::caller(
@@ -263,7 +265,10 @@ where
                 vec![],
             ));
         }
-        if let Some(admit) = self.leased(&limits, later).await {
+        // credits are always exact: a key with credits never takes a lease
+        if limits.record.credits.is_none()
+            && let Some(admit) = self.leased(&limits, later).await
+        {
             return Ok(admit);
         }
         self.recently_throttled(&limits)?;
@@ -271,7 +276,7 @@ where
             Ok(checked) => checked,
             Err(failure_mode) => return failure_mode,
         };
-        let headers = limits.answer(&checked.verdict)?;
+        let headers = limits.answer_credited(&checked.verdict, checked.credits.as_ref())?;
         let (verdict, latency) = (checked.verdict.clone(), checked.latency);
         let mut checked = Some(checked);
         let held = self.slots(&limits, &mut checked, later).await?;

@@ -19,8 +19,9 @@ use std::time::Duration;
 use floodgate_shared::Micros;
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, Taken, leases_key};
 use floodgate_shared::script::{
-    CallError, Check, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale, Verdict, When, can_watch,
-    interpret, refund_call, script_call, stale_reply, watched_reply,
+    CallError, Check, CreditCheck, Credited, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale,
+    Verdict, When, can_watch, credited_call, credited_refund_call, interpret, interpret_credited,
+    refund_call, script_call, stale_reply, watched_reply,
 };
 
 #[cfg(any(feature = "native", feature = "rest"))]
@@ -462,6 +463,54 @@ pub trait Store: MaybeSync {
                 revision,
                 ..verdict(checks, reply)?
             })
+        }
+    }
+
+    /// [`Store::check_watching`] with a key's credits decided in the same atomic
+    /// call (`lua/limiter.lua`'s credits entry, the call's last key): a call
+    /// without credits is exactly [`Store::check_watching`]'s.
+    fn check_credited(
+        &self,
+        checks: &[Check<'_>],
+        credits: Option<&CreditCheck<'_>>,
+        when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+    ) -> impl Future<Output = Result<Credited, StoreError>> + MaybeSend {
+        async move {
+            let Some(credit) = credits else {
+                let verdict = self.check_watching(checks, when, rev_key).await?;
+                return Ok(Credited {
+                    verdict,
+                    credits: None,
+                });
+            };
+            let (script, args) = credited_call(checks, Some(credit), when)?;
+            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+            keys.push(credit.key);
+            let reply = self.run_ints(script, &keys, &args).await?;
+            if let Some(stale) = stale_reply(&reply) {
+                return Err(stale.into());
+            }
+            Ok(interpret_credited(checks, Some(credit), &reply)?)
+        }
+    }
+
+    /// [`Store::refund`] for a [`Store::check_credited`] call: its credits too
+    /// (without credits, exactly [`Store::refund`]).
+    fn refund_credited(
+        &self,
+        checks: &[Check<'_>],
+        credits: Option<&CreditCheck<'_>>,
+        credited: &Credited,
+    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
+        async move {
+            if credits.is_none() {
+                return self.refund(checks, &credited.verdict).await;
+            }
+            match credited_refund_call(checks, credits, credited) {
+                Some((keys, args)) => self.run(&REFUND, &keys, &args).await?.ok().map(|_| ()),
+                None => Ok(()),
+            }
         }
     }
 
