@@ -11,6 +11,9 @@
 //!                      [--identity <id>] [--name <label>] [--metadata <JSON object>]
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
+//! floodgate-cli [STORE] token create --scope read|write --name <text>   the admin API's; prints it ONCE
+//! floodgate-cli [STORE] token list
+//! floodgate-cli [STORE] token revoke <id>
 //! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
 //! floodgate-cli [STORE] deny add|remove <list> <value>   list: key_id, ip, country, user_agent
 //! floodgate-cli [STORE] deny list [<list>]
@@ -39,6 +42,8 @@ use clap::{Parser, Subcommand};
 use crate::admin::{self, AdminError, Basis, DenyEdit};
 use crate::args::StoreArgs;
 use crate::store::{NativeStore, Store, StoreError};
+use crate::tokens;
+use floodgate_shared::adminapi::Scope;
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::contract::Answer;
 use floodgate_shared::deny::{DenyList, UnknownList};
@@ -65,6 +70,9 @@ enum Command {
     /// API keys.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Tokens of the admin HTTP API (/api/v1/…, served by floodgate-dashboard).
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Prints the newest audit records (time in UTC, who, action, target).
     Audit {
         /// How many records.
@@ -149,6 +157,30 @@ enum KeyCommand {
         /// The key's id.
         id: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Creates an admin API token and prints it, once.
+    Create {
+        /// read (get, list, verify keys) or write (everything).
+        #[arg(long, value_parser = scope)]
+        scope: Scope,
+        /// What the token is for ("billing backend").
+        #[arg(long)]
+        name: String,
+    },
+    /// Lists the tokens (id, status, scope, created in UTC, name).
+    List,
+    /// Revokes a token: refused from its next request on.
+    Revoke {
+        /// The token's id.
+        id: String,
+    },
+}
+
+fn scope(v: &str) -> Result<Scope, String> {
+    v.parse()
 }
 
 #[derive(Debug, Subcommand)]
@@ -244,6 +276,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         match cli.command {
             Command::Config(c) => config_command(&store, c).await,
             Command::Key(k) => key_command(&store, k).await,
+            Command::Token(t) => token_command(&store, t).await,
             Command::Audit { count } => audit_command(&store, count).await,
             Command::Deny(d) => deny_command(&store, d).await,
             Command::Check { key, quota, cost } => {
@@ -380,6 +413,38 @@ async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), Cli
     Ok(())
 }
 
+/// `token create|list|revoke` (audited by the shared code).
+async fn token_command(store: &NativeStore, command: TokenCommand) -> Result<(), CliError> {
+    match command {
+        TokenCommand::Create { scope, name } => {
+            let (t, secret) = tokens::create_token(store, &name, scope, &who(), now_secs()).await?;
+            eprintln!(
+                "created API token {} (scope {}); it is shown this once:",
+                t.id,
+                t.scope.name()
+            );
+            println!("{secret}");
+        }
+        TokenCommand::List => {
+            for t in tokens::list_tokens(store).await? {
+                println!(
+                    "{}\t{:?}\t{}\t{}\t{}",
+                    t.id,
+                    t.status,
+                    t.scope.name(),
+                    utc_seconds(t.created),
+                    t.name
+                );
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = tokens::revoke_token(store, &id, &who(), now_secs()).await?;
+            println!("revoked API token {}", t.id);
+        }
+    }
+    Ok(())
+}
+
 /// `deny add|remove` (the audited, version-checked save) and `deny list`.
 async fn deny_command(store: &NativeStore, command: DenyCommand) -> Result<(), CliError> {
     let (list, edit, value) = match command {
@@ -509,6 +574,11 @@ mod tests {
         assert!(err(&["check", "k", "ten/1m"]).contains("LIMIT/PERIOD"));
         assert!(err(&["audit", "many"]).contains("[COUNT]"));
         assert!(err(&["key", "create"]).contains("--plan"));
+        let scope = err(&["token", "create", "--scope", "admin", "--name", "x"]);
+        assert!(
+            scope.contains("--scope") && scope.contains("read or write"),
+            "{scope}"
+        );
         let both = err(&["config", "set", "f.json", "--force", "--based-on", "v"]);
         assert!(
             both.contains("--force") && both.contains("--based-on"),
