@@ -33,7 +33,6 @@ use floodgate_shared::adminapi::{
 };
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus};
 use floodgate_shared::audit::AuditEntry;
-use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::contract::RateLimitHeaders;
 use floodgate_shared::keychanges::KeyChanges;
 use floodgate_shared::policy::PolicyError;
@@ -213,35 +212,6 @@ fn text(body: &Bytes) -> Result<&str, PolicyError> {
     std::str::from_utf8(body).map_err(|_| PolicyError::new("(document)", "is not UTF-8 JSON"))
 }
 
-/// Refuses a plan that the stored configuration does not define.
-async fn check_plan(core: &Core, changes: &KeyChanges) -> Result<(), Response> {
-    let Some(plan) = changes.plan.as_deref() else {
-        return Ok(());
-    };
-    let (_, stored) = admin::load_config(&core.store).await.map_err(admin_error)?;
-    let config = stored
-        .as_deref()
-        .and_then(|t| EdgeConfig::from_json(t).ok());
-    match config {
-        Some(c) if c.has_plan(plan) => Ok(()),
-        Some(c) => {
-            let plans: Vec<&str> = c.spec().plans.keys().map(String::as_str).collect();
-            let shown: String = plan.chars().take(40).collect();
-            Err(bad(PolicyError::new(
-                "plan",
-                format!(
-                    "no plan is named {shown:?}; configured: {}",
-                    plans.join(", ")
-                ),
-            )))
-        }
-        None => Err(bad(PolicyError::new(
-            "plan",
-            "no configuration is stored yet",
-        ))),
-    }
-}
-
 async fn openapi() -> Response {
     let mut r = OPENAPI.into_response();
     r.headers_mut().insert(
@@ -262,7 +232,9 @@ async fn not_found() -> Response {
 async fn create(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) -> Answer {
     let (token, rate) = authorize(&core, &headers, Scope::Write).await?;
     let changes = KeyChanges::from_json(text(&body).map_err(bad)?).map_err(bad)?;
-    check_plan(&core, &changes).await?;
+    admin::check_plan(&core.store, &changes)
+        .await
+        .map_err(admin_error)?;
     let (record, secret) = admin::create_key_with(&core.store, &changes, now_secs())
         .await
         .map_err(admin_error)?;
@@ -357,7 +329,9 @@ async fn update(
     let (token, rate) = authorize(&core, &headers, Scope::Write).await?;
     let changes = KeyChanges::from_json(text(&body).map_err(bad)?).map_err(bad)?;
     let expected = if_match(&headers).map_err(bad)?;
-    check_plan(&core, &changes).await?;
+    admin::check_plan(&core.store, &changes)
+        .await
+        .map_err(admin_error)?;
     let (before, after, version) =
         admin::change_key(&core.store, &id, &changes, expected.as_deref(), now_secs())
             .await

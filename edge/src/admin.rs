@@ -616,6 +616,34 @@ pub async fn change_key<S: Store>(
     .await
 }
 
+/// Refuses a plan (of a new key or a change) that the stored configuration does
+/// not define, naming the configured ones.
+pub async fn check_plan<S: Store>(store: &S, changes: &KeyChanges) -> Result<(), AdminError> {
+    let Some(plan) = changes.plan.as_deref() else {
+        return Ok(());
+    };
+    let stored = get_config(store).await?;
+    let config = stored
+        .as_deref()
+        .and_then(|t| EdgeConfig::from_json(t).ok());
+    match config {
+        Some(c) if c.has_plan(plan) => Ok(()),
+        Some(c) => {
+            let plans: Vec<&str> = c.spec().plans.keys().map(String::as_str).collect();
+            let shown: String = plan.chars().take(40).collect();
+            Err(PolicyError::new(
+                "plan",
+                format!(
+                    "no plan is named {shown:?}; configured: {}",
+                    plans.join(", ")
+                ),
+            )
+            .into())
+        }
+        None => Err(PolicyError::new("plan", "no configuration is stored yet").into()),
+    }
+}
+
 /// Credits are validated, then refused until the edge spends them.
 fn refuse_credits(changes: &KeyChanges) -> Result<(), AdminError> {
     if changes.credits.is_some() {

@@ -701,3 +701,127 @@ async fn rotation_keeps_both_secrets_on_one_bucket_at_the_edge_until_the_overlap
         (401, r#"{"error":"API key revoked"}"#)
     );
 }
+
+/// `lua/key_cas.lua` against a real Redis: nothing is written over a missing
+/// record or another version; the version it answers is `record_version`'s.
+#[tokio::test]
+async fn key_cas_saves_only_over_the_version_it_was_based_on() {
+    use floodgate_edge::store::{Store, Value};
+    use floodgate_shared::adminapi::KEY_CAS;
+    let redis = RedisServer::start();
+    let store = NativeStore::connect(&StoreOptions::new(redis.url(), Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let cas = |based_on: &str, text: &str| {
+        let args = [based_on.to_string(), text.to_string()];
+        let store = &store;
+        async move { store.run(&KEY_CAS, &["fg:apikey:k"], &args).await.unwrap() }
+    };
+    let reply = |saved: i64, version: &str| {
+        Value::Array(vec![
+            Value::Int(saved),
+            Value::Bulk(version.as_bytes().to_vec()),
+        ])
+    };
+    assert_eq!(cas("", "{}").await, reply(0, ""), "never creates a record");
+    assert_eq!(store.get("fg:apikey:k").await.unwrap(), None);
+    store
+        .set("fg:apikey:k", b"one", Default::default())
+        .await
+        .unwrap();
+    let one = admin::record_version(b"one");
+    assert_eq!(cas("stale", "two").await, reply(0, &one));
+    assert_eq!(store.get("fg:apikey:k").await.unwrap().unwrap(), b"one");
+    assert_eq!(
+        cas(&one, "two").await,
+        reply(1, &admin::record_version(b"two"))
+    );
+    assert_eq!(store.get("fg:apikey:k").await.unwrap().unwrap(), b"two");
+}
+
+/// `floodgate-cli key update` and `key rotate` make the admin API's changes
+/// (each bad value refused naming its field, nothing stored), audited as the CLI.
+#[tokio::test]
+async fn the_cli_updates_and_rotates_keys_through_the_shared_code() {
+    let redis = RedisServer::start();
+    let seeded = floodgate_tests::seed(&redis, EDGE_CONFIG).await;
+    let store = NativeStore::connect(&StoreOptions::new(redis.url(), Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let id = seeded.key_id.as_str();
+    let cli = |args: &[&str]| {
+        let url = redis.url();
+        let mut all = vec!["--redis", url.as_str(), "key"];
+        all.extend_from_slice(args);
+        floodgate_tests::process::run("floodgate-cli", &all, &[])
+    };
+    let out = cli(&[
+        "update",
+        id,
+        "--name",
+        "ci",
+        "--metadata",
+        r#"{"tier":"gold"}"#,
+        "--expires-in",
+        "30d",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = admin::key_by_id(&store, id).await.unwrap();
+    assert_eq!(r.name.as_deref(), Some("ci"));
+    assert_eq!(r.metadata.unwrap()["tier"], "gold");
+    assert!(r.expires_at.unwrap() > floodgate_dashboard::time::now_secs() + 29 * 86_400);
+    let before = admin::stored_key(&store, id).await.unwrap().version;
+    for (args, field) in [
+        (vec!["update", id, "--metadata", "[1]"], "metadata"),
+        (vec!["update", id, "--plan", "gold"], "plan"),
+        (
+            vec!["update", id, "--expires-at", "2001-01-01T00:00:00Z"],
+            "expires_at",
+        ),
+        (vec!["rotate", id, "--overlap", "31d"], "overlap_seconds"),
+    ] {
+        let out = cli(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(field),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        admin::stored_key(&store, id).await.unwrap().version,
+        before,
+        "nothing stored"
+    );
+    let out = cli(&["update", id, "--clear", "name"]);
+    assert!(out.status.success());
+    assert_eq!(admin::key_by_id(&store, id).await.unwrap().name, None);
+    let out = cli(&["rotate", id, "--overlap", "1h"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let now = floodgate_dashboard::time::now_secs();
+    for s in [&seeded.secret, &secret] {
+        let v = admin::verify_key(&store, s, now).await.unwrap();
+        assert_eq!(v.key.map(|k| k.id), Some(seeded.key_id.clone()), "{s}");
+    }
+    let log = admin::audit_log(&store, 10).await.unwrap();
+    let actions: Vec<&str> = log
+        .iter()
+        .filter(|e| e.user.starts_with("cli:"))
+        .map(|e| e.action.as_str())
+        .collect();
+    assert_eq!(actions, ["key.rotate", "key.update", "key.update"]);
+    admin::revoke_key(&store, id).await.unwrap();
+    let out = cli(&["rotate", id, "--overlap", "0s"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("status"),
+        "a revoked key is not rotated"
+    );
+}
