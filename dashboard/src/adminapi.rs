@@ -1,6 +1,6 @@
 //! The admin HTTP API (feature `ssr`): `/api/v1/…`, JSON in and out, for an
 //! operator's own backend to create, read, change, rotate, revoke and verify API
-//! keys. Its OpenAPI 3.1 document is `dashboard/openapi.json`, served at
+//! keys and read their usage. Its OpenAPI 3.1 document is `dashboard/openapi.json`, served at
 //! `/api/v1/openapi.json`; its types are `floodgate_shared::adminapi`.
 //!
 //! Outside the session guard: no cookies and no CSRF token, since browsers never
@@ -28,8 +28,9 @@ use floodgate_edge::admin::{self, AdminError, StoredKey};
 use floodgate_edge::store::Store;
 use floodgate_edge::tokens;
 use floodgate_shared::adminapi::{
-    ApiError, DEFAULT_PAGE, KeyPage, KeyView, KeyWithSecret, MAX_PAGE, MAX_REQUEST_JSON,
-    RotateRequest, Scope, TokenRecord, TokenRefusal, VerifyRequest, parse_request, token_rate_key,
+    ApiError, DEFAULT_PAGE, DEFAULT_USAGE_MINUTES, KeyPage, KeyUsage, KeyView, KeyWithSecret,
+    MAX_PAGE, MAX_REQUEST_JSON, MAX_USAGE_MINUTES, RotateRequest, Scope, TokenRecord, TokenRefusal,
+    VerifyRequest, parse_request, token_rate_key,
 };
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus};
 use floodgate_shared::audit::AuditEntry;
@@ -56,6 +57,7 @@ pub fn routes(core: Arc<Core>) -> axum::Router {
         .route("/api/v1/keys/{id}", get(show).patch(update))
         .route("/api/v1/keys/{id}/rotate", post(rotate))
         .route("/api/v1/keys/{id}/revoke", post(revoke))
+        .route("/api/v1/keys/{id}/usage", get(usage))
         .route("/api/v1/verify", post(verify))
         .route("/api/v1/{*rest}", any(not_found))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_JSON))
@@ -71,6 +73,10 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
         HeaderValue::from_static("application/json"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     r
 }
 
@@ -254,28 +260,9 @@ async fn list(
     Query(query): Query<HashMap<String, String>>,
 ) -> Answer {
     let (_, rate) = authorize(&core, &headers, Scope::Read).await?;
-    if let Some(other) = query
-        .keys()
-        .find(|k| !matches!(k.as_str(), "identity" | "cursor" | "limit"))
-    {
-        return Err(bad(PolicyError::new(
-            other.as_str(),
-            "is not a parameter of this call (identity, cursor, limit)",
-        )));
-    }
-    let limit = match query.get("limit") {
-        None => DEFAULT_PAGE,
-        Some(l) => l
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_PAGE).contains(n))
-            .ok_or_else(|| {
-                bad(PolicyError::new(
-                    "limit",
-                    format!("must be a whole number from 1 to {MAX_PAGE}"),
-                ))
-            })?,
-    };
+    only_params(&query, &["identity", "cursor", "limit"]).map_err(bad)?;
+    let limit =
+        whole_param(&query, "limit", DEFAULT_PAGE as i64, MAX_PAGE as i64).map_err(bad)? as usize;
     let identity = query.get("identity").map(String::as_str);
     let cursor = query.get("cursor").map(String::as_str);
     let (keys, more) = admin::key_page(&core.store, identity, cursor, limit)
@@ -289,6 +276,72 @@ async fn list(
         next_cursor,
     };
     let mut res = json(StatusCode::OK, &page);
+    with_rate(&mut res, &rate);
+    Ok(res)
+}
+
+/// Refuses a query parameter not in `known`, naming it.
+fn only_params(query: &HashMap<String, String>, known: &[&str]) -> Result<(), PolicyError> {
+    match query.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(other) => Err(PolicyError::new(
+            other.as_str(),
+            format!("is not a parameter of this call ({})", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The whole-number parameter `name`, 1 to `max` (`default` when absent).
+fn whole_param(
+    query: &HashMap<String, String>,
+    name: &str,
+    default: i64,
+    max: i64,
+) -> Result<i64, PolicyError> {
+    match query.get(name) {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| {
+                PolicyError::new(name, format!("must be a whole number from 1 to {max}"))
+            }),
+    }
+}
+
+/// `GET /api/v1/keys/{id}/usage?minutes=`: the key's decisions over the last
+/// minutes, as the edges count them (`crate::traffic`, the keys page's source).
+async fn usage(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Answer {
+    let (_, rate) = authorize(&core, &headers, Scope::Read).await?;
+    only_params(&query, &["minutes"]).map_err(bad)?;
+    let minutes =
+        whole_param(&query, "minutes", DEFAULT_USAGE_MINUTES, MAX_USAGE_MINUTES).map_err(bad)?;
+    let key = admin::key_by_id(&core.store, &id)
+        .await
+        .map_err(admin_error)?;
+    let unavailable = |e: floodgate_edge::store::StoreError| admin_error(e.into());
+    let counts = crate::traffic::usage(&core.store, now_secs(), minutes)
+        .await
+        .map_err(unavailable)?;
+    let last = crate::traffic::last_used(&core.store)
+        .await
+        .map_err(unavailable)?;
+    let u = counts.get(&key.id).copied().unwrap_or_default();
+    let body = KeyUsage {
+        minutes,
+        allowed: u.allowed,
+        throttled: u.throttled,
+        degraded: u.degraded,
+        last_used: last.get(&key.id).copied(),
+        id: key.id,
+    };
+    let mut res = json(StatusCode::OK, &body);
     with_rate(&mut res, &rate);
     Ok(res)
 }

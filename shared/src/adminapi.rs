@@ -306,6 +306,26 @@ pub struct KeyPage {
     pub next_cursor: Option<String>,
 }
 
+/// The most minutes `GET /api/v1/keys/{id}/usage` sums (a day), and how many by
+/// default.
+pub const MAX_USAGE_MINUTES: i64 = 1440;
+pub const DEFAULT_USAGE_MINUTES: i64 = 60;
+
+/// A key's decisions over the last `minutes` minutes (the current one
+/// included), as the edges count them, and its last use seen (Unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyUsage {
+    pub id: String,
+    pub minutes: i64,
+    pub allowed: u64,
+    /// Refused with 429.
+    pub throttled: u64,
+    /// Decided while Redis could not be reached (a failure mode).
+    pub degraded: u64,
+    pub last_used: Option<i64>,
+}
+
 /// `POST /api/v1/keys/{id}/rotate`: how long the replaced secret keeps working
 /// (0 to 30 days; 0 stops it at once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -424,6 +444,14 @@ mod tests {
         });
         round_trip(&RotateRequest {
             overlap_seconds: 60,
+        });
+        round_trip(&KeyUsage {
+            id: "Ab3dE5gH1j".into(),
+            minutes: 60,
+            allowed: 3,
+            throttled: 1,
+            degraded: 0,
+            last_used: None,
         });
         round_trip(&VerifyRequest { key: "fg_x".into() });
         round_trip(&VerifyAnswer::refused(VerifyReason::RotatedOut));

@@ -139,6 +139,7 @@ impl Api {
 }
 
 struct Setup {
+    called: &'static Mutex<BTreeSet<(String, String)>>,
     redis: RedisServer,
     store: NativeStore,
     url: String,
@@ -154,6 +155,7 @@ async fn setup(api_rate: &str) -> Setup {
     let dashboard = start_dashboard_configured(&options, |c| c.api_quota = quota).await;
     let store = NativeStore::connect(&options).await.unwrap();
     Setup {
+        called: Box::leak(Box::default()),
         url: dashboard.url.clone(),
         redis,
         store,
@@ -162,13 +164,13 @@ async fn setup(api_rate: &str) -> Setup {
 }
 
 impl Setup {
+    /// A client with `token`; the clients of one setup share what they called.
     fn api(&self, token: &str) -> Api {
-        static CALLED: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
         Api {
             url: self.url.clone(),
             http: reqwest::Client::new(),
             token: token.to_string(),
-            called: &CALLED,
+            called: self.called,
         }
     }
 
@@ -336,6 +338,18 @@ async fn every_documented_call_works_with_a_real_client_and_scoped_tokens() {
     }
     assert_eq!(read.verify(&newest).await.body["valid"], true);
 
+    let path = format!("/api/v1/keys/{id}/usage");
+    let usage = read.get("/api/v1/keys/{id}/usage", &path).await;
+    assert_eq!(usage.status, 200, "{}", usage.body);
+    assert_eq!(
+        (
+            usage.body["allowed"].as_u64(),
+            usage.body["minutes"].as_i64()
+        ),
+        (Some(0), Some(60)),
+        "no edge ran"
+    );
+
     let revoked = write.revoke(id).await;
     assert_eq!(
         (revoked.status, revoked.body["status"].as_str()),
@@ -489,6 +503,23 @@ async fn bad_input_is_a_400_naming_the_field_and_stores_nothing() {
         assert_eq!(r.status, 400, "{query}");
         assert_eq!(field(&r), query.split('=').next().unwrap());
     }
+    for query in ["minutes=0", "minutes=1441", "minutes=1.5", "limit=5"] {
+        let r = api
+            .get(
+                "/api/v1/keys/{id}/usage",
+                &format!("/api/v1/keys/{id}/usage?{query}"),
+            )
+            .await;
+        assert_eq!(
+            (r.status, field(&r)),
+            (StatusCode::BAD_REQUEST, query.split('=').next().unwrap()),
+            "{query}"
+        );
+    }
+    let r = api
+        .get("/api/v1/keys/{id}/usage", "/api/v1/keys/NoSuchKey0/usage")
+        .await;
+    assert_eq!(r.status, 404);
     let r = api
         .post("/api/v1/verify", "/api/v1/verify", json!({"secret": "x"}))
         .await;
@@ -823,5 +854,63 @@ async fn the_cli_updates_and_rotates_keys_through_the_shared_code() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("status"),
         "a revoked key is not rotated"
+    );
+}
+
+/// The usage call reads what a real edge counted for the key: 12 checkouts
+/// (10 a minute per key in the demo configuration) are 10 allowed and 2
+/// throttled, with the last use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_what_the_edge_counted_for_the_key() {
+    let s = setup("600/1m").await;
+    let api = s.api(&s.token(Scope::Read, "reporting").await.1);
+    let write = s.api(&s.token(Scope::Write, "ops").await.1);
+    let made = write.create(json!({"plan": "free"})).await;
+    let (id, secret) = (
+        made.body["key"]["id"].as_str().unwrap(),
+        made.body["secret"].as_str().unwrap(),
+    );
+    let upstream = floodgate_tests::upstream::RawUpstream::start().await;
+    let edge = start_edge_with(
+        EdgeKind::Native,
+        &s.redis,
+        &upstream.url,
+        &EdgeOptions::default(),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let mut statuses = vec![];
+    for _ in 0..12 {
+        let r = http
+            .get(format!("{}/v1/checkout", edge.url))
+            .bearer_auth(secret)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    let path = format!("/api/v1/keys/{id}/usage?minutes=5");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let usage = loop {
+        let u = api.get("/api/v1/keys/{id}/usage", &path).await.body;
+        if u["allowed"] == 10 && u["throttled"] == 2 {
+            break u;
+        }
+        assert!(std::time::Instant::now() < deadline, "{u}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        (usage["degraded"].as_u64(), usage["minutes"].as_i64()),
+        (Some(0), Some(5))
+    );
+    let last = usage["last_used"].as_i64().expect("a last use");
+    assert!(
+        (last - floodgate_dashboard::time::now_secs()).abs() <= 20,
+        "{usage}"
     );
 }
