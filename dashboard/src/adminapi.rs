@@ -28,9 +28,9 @@ use floodgate_edge::admin::{self, AdminError, StoredKey};
 use floodgate_edge::store::Store;
 use floodgate_edge::tokens;
 use floodgate_shared::adminapi::{
-    ApiError, DEFAULT_PAGE, DEFAULT_USAGE_MINUTES, KeyPage, KeyUsage, KeyView, KeyWithSecret,
-    MAX_PAGE, MAX_REQUEST_JSON, MAX_USAGE_MINUTES, RotateRequest, Scope, TokenRecord, TokenRefusal,
-    VerifyRequest, parse_request, token_rate_key,
+    ApiError, DEFAULT_PAGE, DEFAULT_USAGE_MINUTES, IdentityView, KeyPage, KeyUsage, KeyView,
+    KeyWithSecret, MAX_PAGE, MAX_REQUEST_JSON, MAX_USAGE_MINUTES, RotateRequest, Scope,
+    TokenRecord, TokenRefusal, VerifyRequest, parse_request, token_rate_key,
 };
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus};
 use floodgate_shared::audit::AuditEntry;
@@ -58,6 +58,7 @@ pub fn routes(core: Arc<Core>) -> axum::Router {
         .route("/api/v1/keys/{id}/rotate", post(rotate))
         .route("/api/v1/keys/{id}/revoke", post(revoke))
         .route("/api/v1/keys/{id}/usage", get(usage))
+        .route("/api/v1/identities/{identity}", get(identity))
         .route("/api/v1/verify", post(verify))
         .route("/api/v1/{*rest}", any(not_found))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_JSON))
@@ -341,6 +342,50 @@ async fn usage(
         last_used: last.get(&key.id).copied(),
         id: key.id,
     };
+    let mut res = json(StatusCode::OK, &body);
+    with_rate(&mut res, &rate);
+    Ok(res)
+}
+
+/// `GET /api/v1/identities/{identity}?minutes=`: the identity's keys and their
+/// decisions together over the last minutes.
+async fn identity(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    Path(identity): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Answer {
+    let (_, rate) = authorize(&core, &headers, Scope::Read).await?;
+    only_params(&query, &["minutes"]).map_err(bad)?;
+    let minutes =
+        whole_param(&query, "minutes", DEFAULT_USAGE_MINUTES, MAX_USAGE_MINUTES).map_err(bad)?;
+    let (keys, _) = admin::key_page(&core.store, Some(&identity), None, usize::MAX)
+        .await
+        .map_err(admin_error)?;
+    if keys.is_empty() {
+        let shown: String = identity.chars().take(64).collect();
+        return Err(fail(
+            StatusCode::NOT_FOUND,
+            ApiError::new(format!("no key has the identity {shown:?}")),
+        ));
+    }
+    let counts = crate::traffic::usage(&core.store, now_secs(), minutes)
+        .await
+        .map_err(|e| admin_error(e.into()))?;
+    let mut body = IdentityView {
+        identity,
+        keys: keys.iter().map(view).collect(),
+        minutes,
+        allowed: 0,
+        throttled: 0,
+        degraded: 0,
+    };
+    for k in &keys {
+        let u = counts.get(&k.record.id).copied().unwrap_or_default();
+        body.allowed += u.allowed;
+        body.throttled += u.throttled;
+        body.degraded += u.degraded;
+    }
     let mut res = json(StatusCode::OK, &body);
     with_rate(&mut res, &rate);
     Ok(res)

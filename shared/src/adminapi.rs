@@ -326,6 +326,20 @@ pub struct KeyUsage {
     pub last_used: Option<i64>,
 }
 
+/// An identity (the operator's external id of a customer): its keys, and their
+/// decisions over the last `minutes` minutes together (they share the buckets
+/// of `identity` policies).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityView {
+    pub identity: String,
+    pub keys: Vec<KeyView>,
+    pub minutes: i64,
+    pub allowed: u64,
+    pub throttled: u64,
+    pub degraded: u64,
+}
+
 /// `POST /api/v1/keys/{id}/rotate`: how long the replaced secret keeps working
 /// (0 to 30 days; 0 stops it at once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -444,6 +458,14 @@ mod tests {
         });
         round_trip(&RotateRequest {
             overlap_seconds: 60,
+        });
+        round_trip(&IdentityView {
+            identity: "cus_1".into(),
+            keys: vec![view.clone()],
+            minutes: 60,
+            allowed: 7,
+            throttled: 0,
+            degraded: 1,
         });
         round_trip(&KeyUsage {
             id: "Ab3dE5gH1j".into(),

@@ -350,6 +350,22 @@ async fn every_documented_call_works_with_a_real_client_and_scoped_tokens() {
         "no edge ran"
     );
 
+    let who = read
+        .get("/api/v1/identities/{identity}", "/api/v1/identities/cus_1")
+        .await;
+    assert_eq!(who.status, 200, "{}", who.body);
+    let their: BTreeSet<&str> = who.body["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(their, ids, "the identity's two keys");
+    let nobody = read
+        .get("/api/v1/identities/{identity}", "/api/v1/identities/cus_9")
+        .await;
+    assert_eq!(nobody.status, 404);
+
     let revoked = write.revoke(id).await;
     assert_eq!(
         (revoked.status, revoked.body["status"].as_str()),
@@ -857,19 +873,26 @@ async fn the_cli_updates_and_rotates_keys_through_the_shared_code() {
     );
 }
 
-/// The usage call reads what a real edge counted for the key: 12 checkouts
-/// (10 a minute per key in the demo configuration) are 10 allowed and 2
-/// throttled, with the last use.
+/// The usage calls read what a real edge counted: 12 checkouts by one key (10 a
+/// minute per key in the demo configuration) are 10 allowed and 2 throttled,
+/// with the last use; with 2 more by another key of its identity, the identity's
+/// are 12 allowed and 2 throttled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn usage_is_what_the_edge_counted_for_the_key() {
+async fn usage_is_what_the_edge_counted_for_the_key_and_its_identity() {
     let s = setup("600/1m").await;
     let api = s.api(&s.token(Scope::Read, "reporting").await.1);
     let write = s.api(&s.token(Scope::Write, "ops").await.1);
-    let made = write.create(json!({"plan": "free"})).await;
-    let (id, secret) = (
-        made.body["key"]["id"].as_str().unwrap(),
-        made.body["secret"].as_str().unwrap(),
-    );
+    let mut secrets = vec![];
+    for _ in 0..2 {
+        let made = write
+            .create(json!({"plan": "free", "identity": "cus_7"}))
+            .await;
+        let key = (
+            made.body["key"]["id"].as_str().unwrap().to_string(),
+            made.body["secret"].as_str().unwrap().to_string(),
+        );
+        secrets.push(key);
+    }
     let upstream = floodgate_tests::upstream::RawUpstream::start().await;
     let edge = start_edge_with(
         EdgeKind::Native,
@@ -879,29 +902,46 @@ async fn usage_is_what_the_edge_counted_for_the_key() {
     )
     .await;
     let http = reqwest::Client::new();
+    let send = |path: &'static str, secret: String| {
+        let (http, url) = (http.clone(), edge.url.clone());
+        async move {
+            http.get(format!("{url}{path}"))
+                .bearer_auth(secret)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
     let mut statuses = vec![];
     for _ in 0..12 {
-        let r = http
-            .get(format!("{}/v1/checkout", edge.url))
-            .bearer_auth(secret)
-            .send()
-            .await
-            .unwrap();
-        statuses.push(r.status().as_u16());
+        statuses.push(send("/v1/checkout", secrets[0].1.clone()).await);
     }
     assert_eq!(
         statuses.iter().filter(|s| **s == 200).count(),
         10,
         "{statuses:?}"
     );
+    for _ in 0..2 {
+        assert_eq!(send("/v1/items", secrets[1].1.clone()).await, 200);
+    }
+    let id = &secrets[0].0;
     let path = format!("/api/v1/keys/{id}/usage?minutes=5");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let usage = loop {
+    let (usage, together) = loop {
         let u = api.get("/api/v1/keys/{id}/usage", &path).await.body;
-        if u["allowed"] == 10 && u["throttled"] == 2 {
-            break u;
+        let t = api
+            .get(
+                "/api/v1/identities/{identity}",
+                "/api/v1/identities/cus_7?minutes=5",
+            )
+            .await
+            .body;
+        if u["allowed"] == 10 && u["throttled"] == 2 && t["allowed"] == 12 {
+            break (u, t);
         }
-        assert!(std::time::Instant::now() < deadline, "{u}");
+        assert!(std::time::Instant::now() < deadline, "{u} {t}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(
@@ -912,5 +952,13 @@ async fn usage_is_what_the_edge_counted_for_the_key() {
     assert!(
         (last - floodgate_dashboard::time::now_secs()).abs() <= 20,
         "{usage}"
+    );
+    assert_eq!(
+        (
+            together["throttled"].as_u64(),
+            together["keys"].as_array().unwrap().len()
+        ),
+        (Some(2), 2),
+        "{together}"
     );
 }
