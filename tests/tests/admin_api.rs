@@ -5,7 +5,7 @@
 //! document is valid OpenAPI 3.1 by `openapi-spec-validator`, tokens are scoped,
 //! revocable and rate-limited per token, bad input is a 400 naming its field with
 //! nothing stored, and concurrent changes through the API and the dashboard lose
-//! nothing. Rotation at the edge (native host): both secrets work through the
+//! nothing. Rotation at the edge (both hosts): both secrets work through the
 //! overlap on the same bucket, the old one is refused after it.
 
 use std::collections::BTreeSet;
@@ -19,7 +19,9 @@ use floodgate_edge::tokens;
 use floodgate_shared::adminapi::{Scope, token_rate_key};
 use floodgate_shared::apikeys::check_secret;
 use floodgate_tests::dash::{Operator, start_dashboard_configured};
-use floodgate_tests::{EdgeKind, EdgeOptions, RedisServer, start_edge_with};
+use floodgate_tests::{EdgeKind, EdgeOptions, RedisServer, on_both_hosts, start_edge_with};
+
+on_both_hosts!(rotation_keeps_both_secrets_on_one_bucket_at_the_edge_until_the_overlap_ends);
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -504,6 +506,17 @@ async fn bad_input_is_a_400_naming_the_field_and_stores_nothing() {
         .await
         .unwrap();
     assert_eq!(raw.status(), 400);
+    let huge = reqwest::Client::new()
+        .post(format!("{}/api/v1/keys", s.url))
+        .bearer_auth(&api.token)
+        .body(format!(
+            r#"{{"plan":"free","name":"{}"}}"#,
+            "n".repeat(20_000)
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), 413, "bodies over 16 KB");
     for overlap in [json!(-1), json!(2_592_001), json!("1h")] {
         let r = api.rotate(&id, overlap.clone()).await;
         assert_eq!(
@@ -668,11 +681,12 @@ const EDGE_CONFIG: &str = r#"{
   "plans": {"free": ["default"]}
 }"#;
 
-/// The native edge honours a rotated-out secret through the overlap, on the
-/// key's one bucket (rotation does not reset the limits), and refuses it from
-/// the overlap's end on, within the cache bound.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rotation_keeps_both_secrets_on_one_bucket_at_the_edge_until_the_overlap_ends() {
+/// The edge (both hosts) honours a rotated-out secret through the overlap, on
+/// the key's one bucket (rotation does not reset the limits), and refuses it
+/// from the overlap's end on, within the cache bound.
+async fn rotation_keeps_both_secrets_on_one_bucket_at_the_edge_until_the_overlap_ends(
+    kind: EdgeKind,
+) {
     let redis = RedisServer::start();
     let seeded = floodgate_tests::seed(&redis, EDGE_CONFIG).await;
     let store = NativeStore::connect(&StoreOptions::new(redis.url(), Duration::from_secs(2)))
@@ -683,7 +697,7 @@ async fn rotation_keeps_both_secrets_on_one_bucket_at_the_edge_until_the_overlap
         cache_ttl_ms: 300,
         ..EdgeOptions::default()
     };
-    let edge = start_edge_with(EdgeKind::Native, &redis, &upstream.url, &options).await;
+    let edge = start_edge_with(kind, &redis, &upstream.url, &options).await;
     let http = reqwest::Client::new();
     let call = |secret: String| {
         let (http, url) = (http.clone(), edge.url.clone());
