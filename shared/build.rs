@@ -21,6 +21,9 @@ const LEASE_SCRIPTS: &[(&str, &str)] = &[
 /// The configuration's audited save (`shared/src/audit.rs`).
 const AUDIT_SCRIPTS: &[(&str, &str)] = &[("CONFIG_CAS", "config_cas.lua")];
 
+/// The key records' compare-and-set (`shared/src/adminapi.rs`).
+const ADMIN_API_SCRIPTS: &[(&str, &str)] = &[("KEY_CAS", "key_cas.lua")];
+
 /// The change log of cached records (`shared/src/changes.rs`).
 const CHANGES_SCRIPTS: &[(&str, &str)] = &[("CHANGED", "changed.lua")];
 
@@ -29,6 +32,7 @@ fn main() {
     write_shas(LEASE_SCRIPTS, "lease_sha1.rs");
     write_shas(AUDIT_SCRIPTS, "audit_sha1.rs");
     write_shas(CHANGES_SCRIPTS, "changes_sha1.rs");
+    write_shas(ADMIN_API_SCRIPTS, "adminapi_sha1.rs");
 }
 
 fn write_shas(scripts: &[(&str, &str)], file: &str) {

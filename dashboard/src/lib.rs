@@ -5,6 +5,7 @@
 //!
 //! The modules, top to bottom (each uses only those below it):
 //! - [`router`] (ssr): the HTTP server and its guard; used by the binary only.
+//!   [`adminapi`] (ssr): the admin HTTP API (`/api/v1/…`, tokens, not sessions).
 //! - [`app`]: the shell and the routes of the pages; `pages`: one module per page.
 //! - [`api`]: the server functions, the dashboard's only API; [`forms`]: what
 //!   their forms post and the edit each makes.
@@ -13,6 +14,8 @@
 //!   [`state`] (ssr): what every handler shares.
 //! - [`model`], [`describe`], [`chart`], [`time`]: pure types, words and geometry.
 
+#[cfg(feature = "ssr")]
+pub mod adminapi;
 pub mod api;
 pub mod app;
 #[cfg(feature = "ssr")]

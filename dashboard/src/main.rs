@@ -4,6 +4,7 @@
 //! floodgate-dashboard [--listen 127.0.0.1:3000] [--redis redis://127.0.0.1:6379]
 //!                     [--redis-ca-file ca.pem] [--site-root target/site] [--secure-cookies]
 //!                     [--trusted-proxy CIDR]... [--edge-url URL] [--log-format text|json]
+//!                     [--api-rate 600/1m]
 //! ```
 //! `--help` lists every flag; each can also be set by the environment variable
 //! named there.
@@ -29,6 +30,7 @@ use floodgate_dashboard::router::router;
 use floodgate_dashboard::state::Core;
 use floodgate_edge::args::{LogArgs, StoreArgs, socket_addr};
 use floodgate_edge::store::NativeStore;
+use floodgate_shared::policy::Quota;
 
 /// Floodgate's operator dashboard: limits, API keys, traffic. The first operator
 /// comes from FLOODGATE_ADMIN_USER and FLOODGATE_ADMIN_PASSWORD (or
@@ -55,8 +57,15 @@ struct Args {
     /// comma-separated.
     #[arg(long, env = "FLOODGATE_TRUSTED_PROXY", value_delimiter = ',', value_parser = ip_net)]
     trusted_proxy: Vec<ipnet::IpNet>,
+    /// Requests each admin API token (/api/v1/…) may make, like 600/1m.
+    #[arg(long, env = "FLOODGATE_API_RATE", default_value = floodgate_dashboard::state::API_RATE, value_parser = quota)]
+    api_rate: Quota,
     #[command(flatten)]
     log: LogArgs,
+}
+
+fn quota(v: &str) -> Result<Quota, String> {
+    Quota::parse_short(v).map_err(|e| format!("{e} (expected LIMIT/PERIOD, like 600/1m)"))
 }
 
 fn ip_net(v: &str) -> Result<ipnet::IpNet, String> {
@@ -112,6 +121,7 @@ async fn main() -> ExitCode {
     core.secure_cookies = args.secure_cookies;
     core.trusted_proxies = args.trusted_proxy;
     core.edge_url = args.edge_url;
+    core.api_quota = args.api_rate;
     let app = router(core, &args.site_root);
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,

@@ -2,7 +2,8 @@
 //! functions, the hydration bundle, the favicon, `/healthz` and the fleet's
 //! `/metrics`, behind the guard: a session on every page and server function, the
 //! same origin on every mutation, bodies bounded, an outage told as a page, and
-//! security headers. Only the binary (and the tests) use it.
+//! security headers; and, outside the guard, the admin HTTP API
+//! ([`crate::adminapi`]). Only the binary (and the tests) use it.
 
 use std::sync::Arc;
 
@@ -51,6 +52,7 @@ pub fn router(core: Core, site_root: &str) -> axum::Router {
     let routes = generate_route_list(crate::app::App);
     let options = state.options.clone();
     let core = state.core.clone();
+    let core_for_api = state.core.clone();
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/favicon.ico", axum::routing::get(favicon))
@@ -69,6 +71,8 @@ pub fn router(core: Core, site_root: &str) -> axum::Router {
         // must answer (the guard reads sessions from Redis)
         .route("/metrics", axum::routing::get(metrics))
         .with_state(state)
+        // outside the guard too: tokens, not sessions (crate::adminapi)
+        .merge(crate::adminapi::routes(core_for_api))
 }
 
 /// The fleet's totals (`crate::fleet`), without a session.

@@ -3,6 +3,7 @@
 //! functions (`use_context`) and hands it to the guard.
 
 use floodgate_edge::store::NativeStore;
+use floodgate_shared::policy::Quota;
 use ipnet::IpNet;
 
 use crate::fleet::Fleet;
@@ -18,7 +19,13 @@ pub struct Core {
     pub fleet: Fleet,
     /// The edge's address (`--edge-url`), for the pages' ready-to-paste requests.
     pub edge_url: Option<String>,
+    /// Requests each admin API token may make (`--api-rate`), counted by
+    /// Floodgate's own token-bucket script.
+    pub api_quota: Quota,
 }
+
+/// The admin API's default rate per token.
+pub const API_RATE: &str = "600/1m";
 
 impl Core {
     /// A dashboard over `store`: cookies without `Secure`, no trusted proxy.
@@ -29,6 +36,7 @@ impl Core {
             trusted_proxies: vec![],
             fleet: Fleet::default(),
             edge_url: None,
+            api_quota: Quota::parse_short(API_RATE).expect("a valid quota"),
         }
     }
 }

@@ -7,8 +7,10 @@
 //! log, newest first), `fg:apikey:<sha256>` (a key's record JSON) and
 //! `fg:apikeys` (a hash: key id → sha256, to list and revoke).
 
+use floodgate_shared::adminapi::{KEY_CAS, VerifyAnswer, VerifyReason};
 use floodgate_shared::apikeys::{
-    ID_LEN, KeyRecord, KeyStatus, RANDOM_LEN, hash_secret, new_secret, record_key,
+    ID_LEN, KeyRecord, KeyStatus, RANDOM_LEN, check_secret, hash_secret, new_secret, record_key,
+    secret_for,
 };
 use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY, AuditEntry, CONFIG_CAS, SaveOutcome};
 use floodgate_shared::changes::{CHANGED, Change, LOG_KEEP, LOG_KEY, REV_KEY};
@@ -47,6 +49,13 @@ pub enum AdminError {
          to replace exactly that version, or --force to overwrite whatever is stored"
     )]
     Unversioned { current: String },
+    /// The stored record of key `id` is not the version a change was based on.
+    #[error("key {id} is version {current}, not {based_on}: someone changed it; read it again")]
+    KeyConflict {
+        id: String,
+        based_on: String,
+        current: String,
+    },
 }
 
 /// The version of a configuration text: its SHA-1 (hex), what `config_cas.lua`
@@ -266,12 +275,11 @@ pub async fn edit_deny<S: Store>(
 /// Validates and stores a configuration whatever is stored (as `--force`),
 /// audited as `floodgate`; returns it as stored.
 pub async fn set_config<S: Store>(store: &S, json: &str) -> Result<EdgeConfig, AdminError> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    Ok(replace_config(store, json, Basis::Force, "floodgate", now)
-        .await?
-        .0)
+    Ok(
+        replace_config(store, json, Basis::Force, "floodgate", now_secs())
+            .await?
+            .0,
+    )
 }
 
 /// Appends an audit record (key operations; configuration changes record theirs
@@ -362,14 +370,33 @@ pub async fn key_changed<S: Store>(store: &S, hash: &str) -> Result<u64, AdminEr
     }
 }
 
-async fn record_by_id<S: Store>(store: &S, id: &str) -> Result<(String, KeyRecord), AdminError> {
+/// A key's record as stored: under the hash the index names, with its version
+/// (the SHA-1 of the stored JSON, what `lua/key_cas.lua` compares).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    pub hash: String,
+    pub record: KeyRecord,
+    pub version: String,
+}
+
+/// The version of a stored key record's text.
+pub fn record_version(text: &[u8]) -> String {
+    sha1_smol::Sha1::from(text).digest().to_string()
+}
+
+/// The key `id` as stored.
+pub async fn stored_key<S: Store>(store: &S, id: &str) -> Result<StoredKey, AdminError> {
     let hash = match store.hget(KEY_INDEX, id).await? {
         Some(h) => String::from_utf8_lossy(&h).into_owned(),
         None => return Err(AdminError::NotFound(format!("no key has the id {id:?}"))),
     };
     match store.get(&record_key(&hash)).await? {
         Some(raw) => KeyRecord::from_json(&raw)
-            .map(|r| (hash, r))
+            .map(|record| StoredKey {
+                hash,
+                record,
+                version: record_version(&raw),
+            })
             .ok_or_else(|| AdminError::NotFound(format!("the record of key {id:?} is unreadable"))),
         None => Err(AdminError::NotFound(format!(
             "the record of key {id:?} is missing"
@@ -379,71 +406,356 @@ async fn record_by_id<S: Store>(store: &S, id: &str) -> Result<(String, KeyRecor
 
 /// The record of the key `id`.
 pub async fn key_by_id<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
-    Ok(record_by_id(store, id).await?.1)
+    Ok(stored_key(store, id).await?.record)
 }
 
-/// Revokes a key: an edge instance refuses it from its next decision (or
-/// revision check) on.
-pub async fn revoke_key<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
-    let (hash, mut record) = record_by_id(store, id).await?;
-    record.status = KeyStatus::Revoked;
-    store
-        .set(
-            &record_key(&hash),
-            record.to_json().as_bytes(),
-            SetOptions::default(),
+/// Saves `after` over the stored record of `key` if it is still `key.version`
+/// (`lua/key_cas.lua`); `Ok(None)` when someone changed it first. Then the copy a
+/// rotation keeps under the replaced secret's hash is written too, and edge
+/// instances are told.
+async fn save_key<S: Store>(
+    store: &S,
+    key: &StoredKey,
+    after: &KeyRecord,
+    now: i64,
+) -> Result<Option<String>, AdminError> {
+    let json = after.to_json();
+    let reply = store
+        .run(
+            &KEY_CAS,
+            &[&record_key(&key.hash)],
+            &[key.version.clone(), json],
         )
         .await?;
-    key_changed(store, &hash).await?;
-    Ok(record)
+    let version = match &reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1), version] => version.as_str().map(str::to_string),
+            [Value::Int(0), _] => return Ok(None),
+            _ => None,
+        },
+        _ => None,
+    }
+    .ok_or_else(|| StoreError::protocol(format!("unexpected key_cas reply {reply:?}")))?;
+    write_previous(store, after, now).await?;
+    key_changed(store, &key.hash).await?;
+    Ok(Some(version))
+}
+
+/// The copy of `record` under the hash of the secret its rotation replaced, for
+/// the rest of the overlap (the edge finds it by that secret and refuses it from
+/// the overlap's end on, [`KeyRecord::refusal`]); it expires a minute later.
+async fn write_previous<S: Store>(
+    store: &S,
+    record: &KeyRecord,
+    now: i64,
+) -> Result<(), AdminError> {
+    let Some(rotation) = &record.rotation else {
+        return Ok(());
+    };
+    let left = rotation.overlap_ends - now;
+    if left <= 0 {
+        return Ok(());
+    }
+    let expire = SetOptions::default().expire(std::time::Duration::from_secs(left as u64 + 60));
+    let copy = record_key(&rotation.previous_hash);
+    store
+        .set(&copy, record.to_json().as_bytes(), expire)
+        .await?;
+    key_changed(store, &rotation.previous_hash).await?;
+    Ok(())
+}
+
+/// Changes the key `id` to what `change` makes of its stored record, version
+/// checked: with `if_match`, only over exactly that version
+/// ([`AdminError::KeyConflict`] otherwise); without, `change` is applied again
+/// to whatever a concurrent writer stored first, so no change is lost. Its id
+/// and creation time stay. Returns the record before, after, and its version.
+pub async fn modify_key<S: Store>(
+    store: &S,
+    id: &str,
+    if_match: Option<&str>,
+    now: i64,
+    change: impl Fn(&KeyRecord) -> Result<KeyRecord, AdminError>,
+) -> Result<(KeyRecord, KeyRecord, String), AdminError> {
+    for _ in 0..8 {
+        let key = stored_key(store, id).await?;
+        if is_previous(&key) {
+            // a rotation is moving the index to the new secret's record
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            continue;
+        }
+        if let Some(v) = if_match.filter(|v| *v != key.version) {
+            return Err(AdminError::KeyConflict {
+                id: key.record.id,
+                based_on: v.to_string(),
+                current: key.version,
+            });
+        }
+        let mut after = change(&key.record)?;
+        after.id.clone_from(&key.record.id);
+        after.created = key.record.created;
+        after.validate()?;
+        if let Some(version) = save_key(store, &key, &after, now).await? {
+            return Ok((key.record, after, version));
+        }
+        if let Some(v) = if_match {
+            let current = stored_key(store, id).await?.version;
+            return Err(AdminError::KeyConflict {
+                id: id.to_string(),
+                based_on: v.to_string(),
+                current,
+            });
+        }
+    }
+    Err(AdminError::NotFound(format!(
+        "key {id:?} kept changing while it was saved; try again"
+    )))
+}
+
+fn refuse_revoked(r: &KeyRecord) -> Result<(), AdminError> {
+    if r.status == KeyStatus::Revoked {
+        return Err(AdminError::Invalid(PolicyError::new(
+            "id",
+            format!("key {} is revoked; a revoked key is read-only", r.id),
+        )));
+    }
+    Ok(())
+}
+
+/// Revokes a key (and the copy a rotation keeps): an edge instance refuses it
+/// from its next decision (or revision check) on.
+pub async fn revoke_key<S: Store>(store: &S, id: &str) -> Result<KeyRecord, AdminError> {
+    let now = now_secs();
+    let (_, after, _) = modify_key(store, id, None, now, |r| {
+        Ok(KeyRecord {
+            status: KeyStatus::Revoked,
+            ..r.clone()
+        })
+    })
+    .await?;
+    Ok(after)
+}
+
+/// Every key as stored, by id.
+pub async fn list_stored<S: Store>(store: &S) -> Result<Vec<StoredKey>, AdminError> {
+    let ids = store.hkeys(KEY_INDEX).await?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Ok(k) = stored_key(store, &String::from_utf8_lossy(&id)).await {
+            out.push(k);
+        }
+    }
+    out.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+    Ok(out)
 }
 
 /// Every key's record, by id.
 pub async fn list_keys<S: Store>(store: &S) -> Result<Vec<KeyRecord>, AdminError> {
-    let ids = store.hkeys(KEY_INDEX).await?;
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Ok((_, r)) = record_by_id(store, &String::from_utf8_lossy(&id)).await {
-            out.push(r);
-        }
-    }
-    out.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(out)
+    Ok(list_stored(store)
+        .await?
+        .into_iter()
+        .map(|k| k.record)
+        .collect())
 }
 
-/// Changes a key's label (owner) and plan; its id, status and creation time stay.
-/// Returns the record before and after.
+/// One page of the keys (of `identity`, if given), by id: at most `limit` keys
+/// after the id `after`, and whether more follow.
+pub async fn key_page<S: Store>(
+    store: &S,
+    identity: Option<&str>,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<StoredKey>, bool), AdminError> {
+    let mut keys: Vec<StoredKey> = list_stored(store)
+        .await?
+        .into_iter()
+        .filter(|k| identity.is_none_or(|i| k.record.identity.as_deref() == Some(i)))
+        .filter(|k| after.is_none_or(|a| k.record.id.as_str() > a))
+        .collect();
+    let more = keys.len() > limit;
+    keys.truncate(limit);
+    Ok((keys, more))
+}
+
+/// Changes a key's label (owner) and plan; its id, status and creation time stay
+/// (a revoked key is read-only). Version checked ([`modify_key`]): a concurrent
+/// change of another field is kept. Returns the record before and after.
 pub async fn update_key<S: Store>(
     store: &S,
     id: &str,
-    change: impl FnOnce(&mut KeyRecord),
+    change: impl Fn(&mut KeyRecord),
 ) -> Result<(KeyRecord, KeyRecord), AdminError> {
-    let (hash, before) = record_by_id(store, id).await?;
-    if before.status == KeyStatus::Revoked {
-        return Err(AdminError::Invalid(PolicyError::new(
-            "id",
-            format!("key {} is revoked; a revoked key is read-only", before.id),
-        )));
-    }
-    let mut after = before.clone();
-    change(&mut after);
-    after.id.clone_from(&before.id);
-    after.status = before.status;
-    after.created = before.created;
-    validate_name("plan", &after.plan)?;
-    after.validate()?;
-    store
-        .set(
-            &record_key(&hash),
-            after.to_json().as_bytes(),
-            SetOptions::XX,
-        )
-        .await?;
-    if before.credits != after.credits {
-        set_live_credits(store, &after, redis_now(store).await?).await?;
-    }
-    key_changed(store, &hash).await?;
+    let (before, after, _) = modify_key(store, id, None, now_secs(), |r| {
+        refuse_revoked(r)?;
+        let mut after = r.clone();
+        change(&mut after);
+        after.status = r.status;
+        validate_name("plan", &after.plan)?;
+        Ok(after)
+    })
+    .await?;
+    restart_credits(store, &before, &after).await?;
     Ok((before, after))
+}
+
+/// Applies `changes` (the admin API's update) to the key `id` at `now`, version
+/// checked ([`modify_key`]); every field checked before anything is stored. A
+/// revoked key is read-only; changed credits start again from the new count.
+pub async fn change_key<S: Store>(
+    store: &S,
+    id: &str,
+    changes: &KeyChanges,
+    if_match: Option<&str>,
+    now: i64,
+) -> Result<(KeyRecord, KeyRecord, String), AdminError> {
+    let (before, after, version) = modify_key(store, id, if_match, now, |r| {
+        refuse_revoked(r)?;
+        Ok(changes.apply(r, now).map_err(PolicyError::from)?)
+    })
+    .await?;
+    restart_credits(store, &before, &after).await?;
+    Ok((before, after, version))
+}
+
+/// A change of a key's credits starts its live count again from the new
+/// record ([`set_live_credits`]); other changes leave the count alone.
+async fn restart_credits<S: Store>(
+    store: &S,
+    before: &KeyRecord,
+    after: &KeyRecord,
+) -> Result<(), AdminError> {
+    if before.credits != after.credits {
+        set_live_credits(store, after, redis_now(store).await?).await?;
+    }
+    Ok(())
+}
+
+/// Refuses a plan (of a new key or a change) that the stored configuration does
+/// not define, naming the configured ones.
+pub async fn check_plan<S: Store>(store: &S, changes: &KeyChanges) -> Result<(), AdminError> {
+    let Some(plan) = changes.plan.as_deref() else {
+        return Ok(());
+    };
+    let stored = get_config(store).await?;
+    let config = stored
+        .as_deref()
+        .and_then(|t| EdgeConfig::from_json(t).ok());
+    match config {
+        Some(c) if c.has_plan(plan) => Ok(()),
+        Some(c) => {
+            let plans: Vec<&str> = c.spec().plans.keys().map(String::as_str).collect();
+            let shown: String = plan.chars().take(40).collect();
+            Err(PolicyError::new(
+                "plan",
+                format!(
+                    "no plan is named {shown:?}; configured: {}",
+                    plans.join(", ")
+                ),
+            )
+            .into())
+        }
+        None => Err(PolicyError::new("plan", "no configuration is stored yet").into()),
+    }
+}
+
+/// Whether `key` was read under the hash of a secret a rotation replaced: the
+/// index still names it while a rotation moves it to the new secret's.
+fn is_previous(key: &StoredKey) -> bool {
+    key.record
+        .rotation
+        .as_ref()
+        .is_some_and(|r| r.previous_hash == key.hash)
+}
+
+/// Rotates the key `id` at `now`: a new secret (returned once, never stored),
+/// the same key (id, identity, buckets); the replaced secret keeps working for
+/// `overlap_secs` (0 to 30 days, [`KeyRecord::rotate`]), a secret an earlier
+/// rotation replaced stops now. Returns the record before, after and the secret.
+pub async fn rotate_key<S: Store>(
+    store: &S,
+    id: &str,
+    overlap_secs: i64,
+    now: i64,
+) -> Result<(KeyRecord, KeyRecord, String), AdminError> {
+    let mut random = [0u8; RANDOM_LEN];
+    rand::rng().fill_bytes(&mut random);
+    for _ in 0..8 {
+        let key = stored_key(store, id).await?;
+        if is_previous(&key) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            continue;
+        }
+        let secret = secret_for(&key.record.id, &random);
+        let hash = hash_secret(&secret);
+        let rotated = key
+            .record
+            .rotate(&key.hash, now, overlap_secs)
+            .map_err(PolicyError::from)?;
+        let record = rotated.record;
+        // the replaced secret's record becomes the rotated one, version checked
+        // (a concurrent change is read again); then the new secret's record is
+        // written and the index moves to it
+        if save_key(store, &key, &record, now).await?.is_none() {
+            continue;
+        }
+        let json = record.to_json();
+        if !store
+            .set(&record_key(&hash), json.as_bytes(), SetOptions::NX)
+            .await?
+        {
+            return Err(StoreError::protocol("a fresh secret's hash is taken").into());
+        }
+        store
+            .command(&[
+                b"HSET",
+                KEY_INDEX.as_bytes(),
+                id.as_bytes(),
+                hash.as_bytes(),
+            ])
+            .await?;
+        let mut gone: Vec<&str> = rotated.retired_hash.iter().map(String::as_str).collect();
+        if overlap_secs == 0 {
+            gone.push(&key.hash);
+        }
+        for old in gone {
+            store.del(&[&record_key(old)]).await?;
+            key_changed(store, old).await?;
+        }
+        key_changed(store, &hash).await?;
+        return Ok((key.record, record, secret));
+    }
+    Err(AdminError::NotFound(format!(
+        "key {id:?} kept changing while it was rotated; try again"
+    )))
+}
+
+/// What the edge would decide on `secret` at `now` (Unix seconds), for
+/// backends not behind it: its shape and checksum (no lookup when they fail),
+/// then the record it names ([`VerifyAnswer::of`]). Spends nothing.
+pub async fn verify_key<S: Store>(
+    store: &S,
+    secret: &str,
+    now: i64,
+) -> Result<VerifyAnswer, AdminError> {
+    if check_secret(secret).is_err() {
+        return Ok(VerifyAnswer::refused(VerifyReason::Malformed));
+    }
+    let hash = hash_secret(secret);
+    let raw = store.get(&record_key(&hash)).await?;
+    let found = raw
+        .as_deref()
+        .and_then(|raw| KeyRecord::from_json(raw).map(|r| (r, record_version(raw))));
+    Ok(VerifyAnswer::of(
+        found.as_ref().map(|(r, v)| (r, v.as_str())),
+        &hash,
+        now,
+    ))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Starts a key's live credits again from its record (its credits just

@@ -10,8 +10,14 @@
 //!                      [--expires-at <RFC 3339 | Unix s> | --expires-in <duration>]
 //!                      [--identity <id>] [--name <label>] [--metadata <JSON object>]
 //!                      [--credits <JSON: {"remaining": N, "refill": {...}}>]
+//! floodgate-cli [STORE] key update <id> [--plan P] [--owner T] [--name N] [--identity I]
+//!                      [--metadata JSON] [--expires-at T | --expires-in D] [--clear FIELD]...
+//! floodgate-cli [STORE] key rotate <id> --overlap <duration>     prints the new secret ONCE
 //! floodgate-cli [STORE] key list
 //! floodgate-cli [STORE] key revoke <id>
+//! floodgate-cli [STORE] token create --scope read|write --name <text>   the admin API's; prints it ONCE
+//! floodgate-cli [STORE] token list
+//! floodgate-cli [STORE] token revoke <id>
 //! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
 //! floodgate-cli [STORE] deny add|remove <list> <value>   list: key_id, ip, country, user_agent
 //! floodgate-cli [STORE] deny list [<list>]
@@ -40,6 +46,8 @@ use clap::{Parser, Subcommand};
 use crate::admin::{self, AdminError, Basis, DenyEdit};
 use crate::args::StoreArgs;
 use crate::store::{NativeStore, Store, StoreError};
+use crate::tokens;
+use floodgate_shared::adminapi::Scope;
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::contract::Answer;
 use floodgate_shared::deny::{DenyList, UnknownList};
@@ -66,6 +74,9 @@ enum Command {
     /// API keys.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Tokens of the admin HTTP API (/api/v1/…, served by floodgate-dashboard).
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Prints the newest audit records (time in UTC, who, action, target).
     Audit {
         /// How many records.
@@ -148,6 +159,45 @@ enum KeyCommand {
         #[arg(long, value_name = "JSON", value_parser = credits_input)]
         credits: Option<CreditsInput>,
     },
+    /// Changes a key's fields (the admin API's update): each checked before
+    /// anything is stored; a concurrent change of another field is kept.
+    Update {
+        /// The key's id.
+        id: String,
+        /// A plan of the stored configuration.
+        #[arg(long)]
+        plan: Option<String>,
+        /// Who the key is for (free text).
+        #[arg(long)]
+        owner: Option<String>,
+        /// A label for the key.
+        #[arg(long)]
+        name: Option<String>,
+        /// The customer the key belongs to (your external id).
+        #[arg(long, value_name = "ID")]
+        identity: Option<String>,
+        /// A JSON object (at most 1 KB) sent upstream as X-Floodgate-Key-Meta.
+        #[arg(long, value_name = "JSON", value_parser = json_value)]
+        metadata: Option<serde_json::Value>,
+        /// When the key stops working: RFC 3339 or Unix seconds, in the future.
+        #[arg(long, value_name = "TIME", value_parser = instant, conflicts_with = "expires_in")]
+        expires_at: Option<i64>,
+        /// How long from now the key works: a duration like 90m, 12h or 30d.
+        #[arg(long, value_name = "DURATION", value_parser = span)]
+        expires_in: Option<i64>,
+        /// Removes a field: name, identity, metadata or expires_at (repeatable).
+        #[arg(long, value_name = "FIELD", value_parser = ["name", "identity", "metadata", "expires_at"])]
+        clear: Vec<String>,
+    },
+    /// Gives a key a new secret (printed once); the replaced one keeps working
+    /// for the overlap. The key keeps its id, identity and buckets.
+    Rotate {
+        /// The key's id.
+        id: String,
+        /// How long the replaced secret keeps working: 0s to 30d, like 1h.
+        #[arg(long, value_name = "DURATION", value_parser = span)]
+        overlap: i64,
+    },
     /// Lists the API keys (id, status, plan, created in UTC, owner).
     List,
     /// Revokes an API key.
@@ -155,6 +205,30 @@ enum KeyCommand {
         /// The key's id.
         id: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Creates an admin API token and prints it, once.
+    Create {
+        /// read (get, list, verify keys) or write (everything).
+        #[arg(long, value_parser = scope)]
+        scope: Scope,
+        /// What the token is for ("billing backend").
+        #[arg(long)]
+        name: String,
+    },
+    /// Lists the tokens (id, status, scope, created in UTC, name).
+    List,
+    /// Revokes a token: refused from its next request on.
+    Revoke {
+        /// The token's id.
+        id: String,
+    },
+}
+
+fn scope(v: &str) -> Result<Scope, String> {
+    v.parse()
 }
 
 #[derive(Debug, Subcommand)]
@@ -256,6 +330,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         match cli.command {
             Command::Config(c) => config_command(&store, c).await,
             Command::Key(k) => key_command(&store, k).await,
+            Command::Token(t) => token_command(&store, t).await,
             Command::Audit { count } => audit_command(&store, count).await,
             Command::Deny(d) => deny_command(&store, d).await,
             Command::Check { key, quota, cost } => {
@@ -377,19 +452,109 @@ async fn key_command(store: &NativeStore, command: KeyCommand) -> Result<(), Cli
             println!("revoked {}", r.id);
             ("key.revoke", r)
         }
+        KeyCommand::Update { .. } => return key_update(store, command).await,
+        KeyCommand::Rotate { id, overlap } => {
+            let (before, after, secret) =
+                admin::rotate_key(store, &id, overlap, now_secs()).await?;
+            let until = after.rotation.as_ref().map_or(0, |r| r.overlap_ends);
+            eprintln!(
+                "rotated key {id}; the replaced secret works until {}; the new one is shown this once:",
+                utc_seconds(until)
+            );
+            println!("{secret}");
+            return audit_key(store, "key.rotate", Some(&before), &after).await;
+        }
     };
+    audit_key(store, action, None, &record).await
+}
+
+/// The audit record of a key operation made from the command line.
+async fn audit_key(
+    store: &NativeStore,
+    action: &str,
+    before: Option<&floodgate_shared::apikeys::KeyRecord>,
+    after: &floodgate_shared::apikeys::KeyRecord,
+) -> Result<(), CliError> {
     admin::audit(
         store,
         &AuditEntry {
             at: now_secs(),
             user: who(),
             action: action.into(),
-            target: record.id.clone(),
-            before: None,
-            after: Some(record.to_json()),
+            target: after.id.clone(),
+            before: before.map(|b| b.to_json()),
+            after: Some(after.to_json()),
         },
     )
     .await?;
+    Ok(())
+}
+
+/// `key update`: the flags as one [`KeyChanges`], applied by the admin API's code.
+async fn key_update(store: &NativeStore, command: KeyCommand) -> Result<(), CliError> {
+    let KeyCommand::Update {
+        id,
+        plan,
+        owner,
+        name,
+        identity,
+        metadata,
+        expires_at,
+        expires_in,
+        clear,
+    } = command
+    else {
+        unreachable!("called for key update only");
+    };
+    let now = now_secs();
+    let cleared = |f: &str| clear.iter().any(|c| c == f);
+    let changes = KeyChanges {
+        owner,
+        plan,
+        name: name.map(Some).or(cleared("name").then_some(None)),
+        identity: identity.map(Some).or(cleared("identity").then_some(None)),
+        metadata: metadata.map(Some).or(cleared("metadata").then_some(None)),
+        expires_at: expires_at
+            .or(expires_in.map(|s| now.saturating_add(s)))
+            .map(Some)
+            .or(cleared("expires_at").then_some(None)),
+        credits: None,
+    };
+    admin::check_plan(store, &changes).await?;
+    let (before, after, _) = admin::change_key(store, &id, &changes, None, now).await?;
+    println!("updated {}", after.id);
+    audit_key(store, "key.update", Some(&before), &after).await
+}
+
+/// `token create|list|revoke` (audited by the shared code).
+async fn token_command(store: &NativeStore, command: TokenCommand) -> Result<(), CliError> {
+    match command {
+        TokenCommand::Create { scope, name } => {
+            let (t, secret) = tokens::create_token(store, &name, scope, &who(), now_secs()).await?;
+            eprintln!(
+                "created API token {} (scope {}); it is shown this once:",
+                t.id,
+                t.scope.name()
+            );
+            println!("{secret}");
+        }
+        TokenCommand::List => {
+            for t in tokens::list_tokens(store).await? {
+                println!(
+                    "{}\t{:?}\t{}\t{}\t{}",
+                    t.id,
+                    t.status,
+                    t.scope.name(),
+                    utc_seconds(t.created),
+                    t.name
+                );
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = tokens::revoke_token(store, &id, &who(), now_secs()).await?;
+            println!("revoked API token {}", t.id);
+        }
+    }
     Ok(())
 }
 
@@ -522,6 +687,11 @@ mod tests {
         assert!(err(&["check", "k", "ten/1m"]).contains("LIMIT/PERIOD"));
         assert!(err(&["audit", "many"]).contains("[COUNT]"));
         assert!(err(&["key", "create"]).contains("--plan"));
+        let scope = err(&["token", "create", "--scope", "admin", "--name", "x"]);
+        assert!(
+            scope.contains("--scope") && scope.contains("read or write"),
+            "{scope}"
+        );
         let both = err(&["config", "set", "f.json", "--force", "--based-on", "v"]);
         assert!(
             both.contains("--force") && both.contains("--based-on"),

@@ -28,6 +28,8 @@ pub mod forward_auth;
 pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native_host;
+#[cfg(feature = "native")]
+pub mod tokens;
 
 /// Completes on Ctrl-C or SIGTERM: the native servers stop gracefully on either.
 #[cfg(feature = "native")]

@@ -9,6 +9,7 @@
 //! credits ([`credits`]); UTC calendar windows ([`calendar`]). Builds for native
 //! targets and for wasm32.
 
+pub mod adminapi;
 pub mod apikeys;
 pub mod audit;
 pub mod bucket;

@@ -60,6 +60,15 @@ pub async fn start_dashboard_over(
     options: &StoreOptions,
     trusted_proxies: Vec<ipnet::IpNet>,
 ) -> Dashboard {
+    start_dashboard_configured(options, |core| core.trusted_proxies = trusted_proxies).await
+}
+
+/// [`start_dashboard`] with its settings changed by `configure` (the admin API's
+/// rate per token, `api_quota`, say).
+pub async fn start_dashboard_configured(
+    options: &StoreOptions,
+    configure: impl FnOnce(&mut floodgate_dashboard::state::Core),
+) -> Dashboard {
     let store = NativeStore::connect(options)
         .await
         .expect("connect to the store");
@@ -70,7 +79,7 @@ pub async fn start_dashboard_over(
         .await
         .expect("create the operator");
     let mut core = floodgate_dashboard::state::Core::new(store);
-    core.trusted_proxies = trusted_proxies;
+    configure(&mut core);
     let site_root = site_root();
     let router =
         floodgate_dashboard::router::router(core, site_root.to_str().expect("a UTF-8 path"));

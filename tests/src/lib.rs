@@ -450,11 +450,31 @@ pub fn commands(cmds: &[&[&str]]) -> Vec<Vec<Vec<u8>>> {
 /// `npm ci` does for `tests/node`. Returns the virtualenv's `python`.
 pub fn python_env() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let requirements = root.join("python/requirements.txt");
-    let venv = root.join("../target/python-conformance");
+    python_venv(
+        &root.join("python/requirements.txt"),
+        &root.join("../target/python-conformance"),
+    )
+}
+
+/// A Python with `openapi-spec-validator` (`tests/python/openapi-requirements.txt`),
+/// in a virtualenv under `~/.cache/floodgate/` (beside the other tools) made on
+/// first use. Returns the virtualenv's `python`.
+pub fn openapi_validator_env() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+    python_venv(
+        &root.join("python/openapi-requirements.txt"),
+        &home.join(".cache/floodgate/openapi-validator"),
+    )
+}
+
+/// A virtualenv at `venv` with the packages of `requirements`, made (or made
+/// again) when its stamp does not hold those requirements. Returns its `python`.
+pub fn python_venv(requirements: &std::path::Path, venv: &std::path::Path) -> PathBuf {
     let python = venv.join("bin/python");
     let stamp = venv.join("installed.txt");
-    let wanted = std::fs::read_to_string(&requirements).expect("tests/python/requirements.txt");
+    let wanted = std::fs::read_to_string(requirements)
+        .unwrap_or_else(|e| panic!("{}: {e}", requirements.display()));
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) && python.exists() {
         return python;
     }
@@ -470,7 +490,7 @@ pub fn python_env() -> PathBuf {
     run(
         Command::new("python3")
             .args(["-m", "venv", "--clear"])
-            .arg(&venv),
+            .arg(venv),
         "python3 -m venv (Debian: python3-venv; scripts/test installs it)",
     );
     run(
@@ -483,8 +503,8 @@ pub fn python_env() -> PathBuf {
                 "--disable-pip-version-check",
                 "-r",
             ])
-            .arg(&requirements),
-        "pip install -r tests/python/requirements.txt",
+            .arg(requirements),
+        &format!("pip install -r {}", requirements.display()),
     );
     std::fs::write(&stamp, wanted).expect("write the stamp");
     python

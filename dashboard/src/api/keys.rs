@@ -107,8 +107,8 @@ pub async fn update_key(
     check_key_fields(&core, &label, &plan).await?;
     let (label, plan) = (label.trim().to_string(), plan.trim().to_string());
     let (before, after) = floodgate_edge::admin::update_key(&core.store, id.trim(), |r| {
-        r.owner = label;
-        r.plan = plan;
+        r.owner.clone_from(&label);
+        r.plan.clone_from(&plan);
     })
     .await?;
     ctx::audit_key(&core, &session, "edit key", Some(&before), &after).await?;

@@ -42,9 +42,9 @@ mod ctx {
                 AdminError::Invalid(e) => AppError::from_policy(e, None),
                 AdminError::Store(e) => AppError::from(e),
                 AdminError::NotFound(m) => AppError::invalid("id", m),
-                e @ (AdminError::Conflict { .. } | AdminError::Unversioned { .. }) => {
-                    AppError::Conflict(e.to_string())
-                }
+                e @ (AdminError::Conflict { .. }
+                | AdminError::Unversioned { .. }
+                | AdminError::KeyConflict { .. }) => AppError::Conflict(e.to_string()),
             }
         }
     }
