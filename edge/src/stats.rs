@@ -3,8 +3,8 @@
 //! background task natively): one flush per flush interval is ONE `HSET` of this
 //! instance's field of the current minute's hash (its counts of the minute, whole:
 //! rewritten by every flush, so a flush that fails is made good by the next), the
-//! sample's `LPUSH` (its `LTRIM` once per minute), the minute hash's `EXPIRE`
-//! once per minute, and each key's last use once per minute. The dashboard reads them. An instance
+//! sample's `LPUSH` and `LTRIM`, the minute hash's `EXPIRE` once per minute, and
+//! each key's last use once per minute. The dashboard reads them. An instance
 //! with nothing new writes nothing.
 //!
 //! Every field, hash and entry is a type of `floodgate_shared::stats` (the contract
@@ -62,9 +62,6 @@ struct Pending {
     /// API key id → Unix seconds of its latest decision, written once a minute.
     last_used: BTreeMap<String, i64>,
     last_used_written: Option<Micros>,
-    /// When the sample was last trimmed, and the entries pushed since.
-    sample_trimmed: Option<Micros>,
-    pushed_since_trim: usize,
     last_flush: Micros,
 }
 
@@ -241,9 +238,8 @@ impl Stats {
     /// When at least `every` has passed since the last flush and something is
     /// pending: the commands of one batched write — per minute counted since the
     /// last flush ONE `HSET` of this instance's field with its counts of the
-    /// minute (and the hash's `EXPIRE` the first time), the sample's `LPUSH` (and
-    /// once a minute its `LTRIM`), and at most once a minute one `HSET` of the
-    /// keys' last use.
+    /// minute (and the hash's `EXPIRE` the first time), the sample's `LPUSH` and
+    /// `LTRIM`, and at most once a minute one `HSET` of the keys' last use.
     pub fn take_due(&self, now: Micros, every: Micros) -> Option<Flush> {
         let mut p = lock(&self.pending);
         let last_used_due =
@@ -275,25 +271,15 @@ impl Stats {
         }
         let sample = std::mem::take(&mut p.sample);
         if !sample.is_empty() {
-            p.pushed_since_trim += sample.len();
             let mut push = vec!["LPUSH".to_string(), SAMPLE_KEY.to_string()];
             push.extend(sample);
             commands.push(push);
-            // trimmed once a minute, or sooner once this instance pushed a
-            // sample's worth: the list stays under 2 × SAMPLE_KEEP + one flush's
-            // entries per instance, for one command per flush instead of two
-            let trim_due = p.pushed_since_trim >= SAMPLE_KEEP
-                || p.sample_trimmed.is_none_or(|at| now - at >= MINUTE);
-            if trim_due {
-                p.sample_trimmed = Some(now);
-                p.pushed_since_trim = 0;
-                commands.push(vec![
-                    "LTRIM".into(),
-                    SAMPLE_KEY.into(),
-                    "0".into(),
-                    (SAMPLE_KEEP - 1).to_string(),
-                ]);
-            }
+            commands.push(vec![
+                "LTRIM".into(),
+                SAMPLE_KEY.into(),
+                "0".into(),
+                (SAMPLE_KEEP - 1).to_string(),
+            ]);
         }
         if last_used_due {
             p.last_used_written = Some(now);
@@ -524,42 +510,5 @@ mod tests {
             Some(&7),
             "what the sample missed is counted"
         );
-    }
-
-    #[test]
-    fn the_sample_is_pushed_every_flush_and_trimmed_once_a_minute() {
-        let s = Stats::default();
-        let names = |f: &Flush| -> Vec<String> {
-            f.commands
-                .iter()
-                .filter(|c| c[1] == SAMPLE_KEY)
-                .map(|c| c[0].clone())
-                .collect()
-        };
-        let mut seen = vec![];
-        for at in [0, 10, 20, 50, 61, 70] {
-            let now = T + at * MICROS_PER_SEC;
-            s.record(now, None, &key("k1"), Outcome::Allowed, None);
-            seen.push(names(&s.take_due(now, 1).unwrap()));
-        }
-        let trimmed: Vec<bool> = seen.iter().map(|n| n.contains(&"LTRIM".into())).collect();
-        assert_eq!(
-            trimmed,
-            [true, false, false, false, true, false],
-            "{seen:?}"
-        );
-        assert!(seen.iter().all(|n| n[0] == "LPUSH"), "{seen:?}");
-        // a busy instance trims as soon as it pushed a sample's worth
-        let s = Stats::default();
-        let mut trims = 0;
-        for f in 0..(SAMPLE_KEEP / MAX_SAMPLE_PENDING + 1) as i64 {
-            let now = T + f * MICROS_PER_SEC;
-            for _ in 0..MAX_SAMPLE_PENDING {
-                s.record(now, None, &key("k1"), Outcome::Allowed, None);
-            }
-            let flush = s.take_due(now, 1).unwrap();
-            trims += names(&flush).iter().filter(|n| *n == "LTRIM").count();
-        }
-        assert_eq!(trims, 2, "at the first flush and after SAMPLE_KEEP entries");
     }
 }
