@@ -811,8 +811,8 @@ mod tests {
     /// A key of one request every two seconds, with now and then three in one
     /// second: its sub-leases follow its mean rate (half a 60 s lifetime of 0.5
     /// requests/s: about 15), not its busiest second (the meter's 3/s kept for
-    /// half a lifetime drew 90, ten times its traffic); a key of 10 requests/s
-    /// gets what the bound allows (half a pool refill).
+    /// half a lifetime drew 90, ten times its traffic); a key of 4 requests/s
+    /// gets what the bound allows (an eighth of a pool refill).
     #[test]
     fn sub_leases_follow_the_mean_rate_not_the_busiest_second() {
         let l = Leases::new(LeaseSettings::default(), 7, true);
