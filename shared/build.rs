@@ -27,7 +27,11 @@ const ADMIN_API_SCRIPTS: &[(&str, &str)] = &[("KEY_CAS", "key_cas.lua")];
 /// The change log of cached records (`shared/src/changes.rs`).
 const CHANGES_SCRIPTS: &[(&str, &str)] = &[("CHANGED", "changed.lua")];
 
+/// The statistics flush (`shared/src/stats.rs`).
+const STATS_SCRIPTS: &[(&str, &str)] = &[("STATS_FLUSH", "stats_flush.lua")];
+
 fn main() {
+    write_shas(STATS_SCRIPTS, "stats_sha1.rs");
     write_shas(SCRIPTS, "script_sha1.rs");
     write_shas(LEASE_SCRIPTS, "lease_sha1.rs");
     write_shas(AUDIT_SCRIPTS, "audit_sha1.rs");

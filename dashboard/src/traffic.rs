@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use floodgate_edge::store::{NativeStore, Store, StoreError};
 use floodgate_shared::config::{ConfigSpec, EdgeConfig};
 use floodgate_shared::stats::{
-    Counted, Endpoint, KeyField, LAST_USED_KEY, Minute, Outcome, SAMPLE_KEY, SampleEntry,
-    StatsField, key_minute_key, minute_key, ten_second_key,
+    Counted, Endpoint, KeyField, LAST_USED_KEY, Minute, Outcome, SAMPLE_KEEP, SAMPLE_KEY,
+    SampleEntry, StatsField, key_minute_key, minute_key, ten_second_key,
 };
 
 use crate::model::{PolicyLeasing, Range, Resolution, Series, Traffic, histogram_quantile};
@@ -408,9 +408,10 @@ pub async fn sample_dropped(
 }
 
 /// The edge's sample of recent decisions, oldest first (entries that do not
-/// parse are skipped).
+/// parse are skipped): the newest [`SAMPLE_KEEP`] (the list holds up to a quarter
+/// more between its trims).
 pub async fn sample(store: &NativeStore) -> Result<Vec<SampleEntry>, StoreError> {
-    let items = store.lrange(SAMPLE_KEY, 0, -1).await?;
+    let items = store.lrange(SAMPLE_KEY, 0, SAMPLE_KEEP as i64 - 1).await?;
     let mut entries: Vec<SampleEntry> = items
         .iter()
         .filter_map(|b| std::str::from_utf8(b).ok()?.parse().ok())

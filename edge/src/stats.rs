@@ -1,11 +1,12 @@
 //! Traffic counters and the decision sample, kept in memory on the request path
 //! and written at chunk cost, off the request path (`waitUntil` in the Worker, a
-//! background task natively): one flush per flush interval is ONE `HSET` of this
-//! instance's field of the current minute's hash (its counts of the minute, whole:
-//! rewritten by every flush, so a flush that fails is made good by the next), the
-//! sample's `LPUSH` and `LTRIM`, the minute hash's `EXPIRE` once per minute, and
-//! each key's last use once per minute. The dashboard reads them. An instance
-//! with nothing new writes nothing.
+//! background task natively): one flush per flush interval is ONE call of
+//! `lua/stats_flush.lua` (billed: the call, an `HSET` of this instance's field of
+//! the current minute's hash — its counts of the minute, whole: rewritten by every
+//! flush, so a flush that fails is made good by the next — and the sample's
+//! `LPUSH`; once per minute the hash's `EXPIRE` and an `HSET` of the keys' last
+//! use; an `LTRIM` once per `SAMPLE_KEEP / 4` decisions sampled). The dashboard
+//! reads them. An instance with nothing new writes nothing.
 //!
 //! Every field, hash and entry is a type of `floodgate_shared::stats` (the contract
 //! with the dashboard, round-trip tested): `fg:stats:<minute>` holds each
@@ -21,8 +22,8 @@ use std::sync::Mutex;
 use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::stats::{
-    Counted, Endpoint, KeyField, LAST_USED_KEY, MINUTE_TTL_SECS, MinuteCounts, SAMPLE_KEEP,
-    SAMPLE_KEY, SampleEntry, instance_field, latency_bound, minute_key,
+    Counted, Endpoint, KeyField, MinuteCounts, MinuteWrite, SampleEntry, StatsWrite,
+    instance_field, latency_bound, minute_key,
 };
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 
@@ -132,11 +133,11 @@ impl Default for Stats {
 /// The most counters of one minute this instance keeps (bounded memory).
 const MAX_PENDING: usize = 10_000;
 
-/// One flush: its commands, and the minutes it writes (made dirty again if the
+/// One flush: what it writes, and the minutes it writes (made dirty again if the
 /// write fails, so the next flush writes them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Flush {
-    pub commands: Vec<Vec<String>>,
+    pub write: StatsWrite,
     pub minutes: Vec<i64>,
 }
 
@@ -236,10 +237,10 @@ impl Stats {
     }
 
     /// When at least `every` has passed since the last flush and something is
-    /// pending: the commands of one batched write — per minute counted since the
-    /// last flush ONE `HSET` of this instance's field with its counts of the
-    /// minute (and the hash's `EXPIRE` the first time), the sample's `LPUSH` and
-    /// `LTRIM`, and at most once a minute one `HSET` of the keys' last use.
+    /// pending: what one flush writes in ONE script call ([`StatsWrite`],
+    /// `lua/stats_flush.lua`) — per minute counted since the last flush this
+    /// instance's counts of the minute (giving the hash its TTL the first time),
+    /// the sample, and at most once a minute the keys' last use.
     pub fn take_due(&self, now: Micros, every: Micros) -> Option<Flush> {
         let mut p = lock(&self.pending);
         let last_used_due =
@@ -250,52 +251,35 @@ impl Stats {
             return None;
         }
         p.last_flush = now;
-        let mut commands = vec![];
         let dirty: Vec<i64> = std::mem::take(&mut p.dirty).into_iter().collect();
+        let mut write = StatsWrite {
+            field: instance_field(&self.instance),
+            sample: std::mem::take(&mut p.sample),
+            ..StatsWrite::default()
+        };
         for m in &dirty {
-            let json = p
+            let counts = p
                 .minutes
                 .get(m)
                 .map(MinuteCounts::to_json)
                 .unwrap_or_default();
-            let key = minute_key(*m);
-            commands.push(vec![
-                "HSET".into(),
-                key.clone(),
-                instance_field(&self.instance),
-                json,
-            ]);
-            if p.expiring.insert(*m) {
-                commands.push(vec!["EXPIRE".into(), key, MINUTE_TTL_SECS.to_string()]);
-            }
-        }
-        let sample = std::mem::take(&mut p.sample);
-        if !sample.is_empty() {
-            let mut push = vec!["LPUSH".to_string(), SAMPLE_KEY.to_string()];
-            push.extend(sample);
-            commands.push(push);
-            commands.push(vec![
-                "LTRIM".into(),
-                SAMPLE_KEY.into(),
-                "0".into(),
-                (SAMPLE_KEEP - 1).to_string(),
-            ]);
+            let expire = p.expiring.insert(*m);
+            write.minutes.push(MinuteWrite {
+                key: minute_key(*m),
+                counts,
+                expire,
+            });
         }
         if last_used_due {
             p.last_used_written = Some(now);
-            let mut set = vec!["HSET".to_string(), LAST_USED_KEY.to_string()];
-            for (id, secs) in std::mem::take(&mut p.last_used) {
-                set.push(id);
-                set.push(secs.to_string());
-            }
-            commands.push(set);
+            write.last_used = std::mem::take(&mut p.last_used).into_iter().collect();
         }
         // minutes before the last are complete once written
         let current = now.div_euclid(MINUTE);
         p.minutes.retain(|m, _| *m >= current - 1);
         p.expiring.retain(|m| *m >= current - 1);
         Some(Flush {
-            commands,
+            write,
             minutes: dirty,
         })
     }
@@ -329,11 +313,13 @@ mod tests {
     }
 
     /// What a flush wrote of minute hash `hash`, read back as the dashboard does.
-    fn minute(batch: &[Vec<String>], hash: &str) -> MinuteCounts {
-        let pairs = batch
-            .iter()
-            .filter(|c| c[0] == "HSET" && c[1] == hash)
-            .map(|c| (c[2].clone().into_bytes(), c[3].clone().into_bytes()));
+    fn minute(write: &StatsWrite, hash: &str) -> MinuteCounts {
+        let pairs = write.minutes.iter().filter(|m| m.key == hash).map(|m| {
+            (
+                write.field.clone().into_bytes(),
+                m.counts.clone().into_bytes(),
+            )
+        });
         Minute::read(pairs).0
     }
 
@@ -352,16 +338,14 @@ mod tests {
             None,
         );
         let flush = s.take_due(T, MICROS_PER_SEC).unwrap();
-        let batch = &flush.commands;
-        let writes: Vec<&Vec<String>> = batch
-            .iter()
-            .filter(|c| c[0] == "HSET" && c[1].starts_with("fg:stats:"))
-            .collect();
+        let batch = &flush.write;
+        let writes: Vec<&str> = batch.minutes.iter().map(|m| m.key.as_str()).collect();
         assert_eq!(
             writes.len(),
             2,
             "one field write per minute counted: {batch:?}"
         );
+        assert!(writes.iter().all(|k| k.starts_with("fg:stats:")));
         let (m, ten) = (T / 60_000_000, T / 10_000_000);
         let this = minute(batch, &minute_key(m));
         let search = route("search", Outcome::Allowed);
@@ -378,20 +362,21 @@ mod tests {
         );
         let next = minute(batch, &minute_key(m + 1));
         assert_eq!(next.minute[&route("search", Outcome::Degraded)], 1);
-        let expires: Vec<&Vec<String>> = batch.iter().filter(|c| c[0] == "EXPIRE").collect();
-        assert_eq!(expires.len(), 2, "each minute's hash gets its TTL once");
-        assert!(expires.iter().all(|c| c[2] == "172800"));
+        let expires = batch.minutes.iter().filter(|m| m.expire).count();
+        assert_eq!(expires, 2, "each minute's hash gets its TTL once");
+        let (keys, args) = &batch.calls(true)[0];
+        assert_eq!(args[1], "172800", "the minute hash's TTL");
         assert!(
-            batch.iter().all(|c| c[1] != key_minute_key(m)),
+            keys.iter().all(|k| *k != key_minute_key(m)),
             "no separate per-key hash"
         );
-        let last = batch
+        let last: Vec<(&str, i64)> = batch
+            .last_used
             .iter()
-            .find(|c| c[0] == "HSET" && c[1] == LAST_USED_KEY)
-            .unwrap();
-        assert_eq!(last[2..], ["k1", "1764000000", "k2", "1764000060"]);
-        let sample = batch.iter().find(|c| c[0] == "LPUSH").unwrap();
-        let entries: Vec<SampleEntry> = sample[2..].iter().map(|e| e.parse().unwrap()).collect();
+            .map(|(k, s)| (k.as_str(), *s))
+            .collect();
+        assert_eq!(last, [("k1", 1764000000), ("k2", 1764000060)]);
+        let entries: Vec<SampleEntry> = batch.sample.iter().map(|e| e.parse().unwrap()).collect();
         assert_eq!(entries.len(), 4, "every decision is sampled");
         assert_eq!(entries[2].outcome, Outcome::Throttled);
         assert_eq!(entries[2].endpoint, Endpoint::Unmatched);
@@ -416,31 +401,29 @@ mod tests {
         );
         let second = s.take_due(T + 10 * MICROS_PER_SEC, MICROS_PER_SEC).unwrap();
         let m = minute_key(T / 60_000_000);
-        assert_eq!(minute(&first.commands, &m).minute["unmatched|allowed"], 1);
+        assert_eq!(minute(&first.write, &m).minute["unmatched|allowed"], 1);
         assert_eq!(
-            minute(&second.commands, &m).minute["unmatched|allowed"],
+            minute(&second.write, &m).minute["unmatched|allowed"],
             2,
             "the field holds the minute so far: the second write replaces the first"
         );
-        for c in &second.commands {
-            assert!(c[0] != "EXPIRE", "the TTL was set already: {c:?}");
-            assert!(
-                c[1] != LAST_USED_KEY,
-                "last use is written once a minute: {c:?}"
-            );
+        for m in &second.write.minutes {
+            assert!(!m.expire, "the TTL was set already: {m:?}");
         }
+        assert!(
+            second.write.last_used.is_empty(),
+            "last use is written once a minute: {:?}",
+            second.write
+        );
         // a failed write: the next flush writes the minute again
         s.unflushed(&second);
         let again = s.take_due(T + 20 * MICROS_PER_SEC, MICROS_PER_SEC).unwrap();
-        assert_eq!(minute(&again.commands, &m).minute["unmatched|allowed"], 2);
-        assert!(
-            again.commands.iter().any(|c| c[0] == "EXPIRE"),
-            "and its TTL"
-        );
+        assert_eq!(minute(&again.write, &m).minute["unmatched|allowed"], 2);
+        assert!(again.write.minutes.iter().any(|m| m.expire), "and its TTL");
         // a minute later the last use goes out again
         s.record(T + 61 * MICROS_PER_SEC, None, &k1, Outcome::Allowed, None);
         let later = s.take_due(T + 61 * MICROS_PER_SEC, MICROS_PER_SEC).unwrap();
-        assert!(later.commands.iter().any(|c| c[1] == LAST_USED_KEY));
+        assert!(!later.write.last_used.is_empty());
     }
 
     #[test]
@@ -454,7 +437,7 @@ mod tests {
         s.bump(T, StatsField::BreakerOpenMs, 300);
         s.bump(T, StatsField::BreakerOpenMs, 0);
         let flush = s.take_due(T, 1).unwrap();
-        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
+        let m = minute(&flush.write, &minute_key(T / 60_000_000));
         let field = |f: &str| m.minute.get(f).copied();
         assert_eq!(field("mode:fail_open"), Some(2));
         assert_eq!(field("route:search|degraded:fail_open"), Some(2));
@@ -473,7 +456,7 @@ mod tests {
             s.record(T, Some(name), &key("k1"), Outcome::Allowed, None);
         }
         let flush = s.take_due(T, 1).unwrap();
-        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
+        let m = minute(&flush.write, &minute_key(T / 60_000_000));
         for name in ["mode", "lat", "key", "_"] {
             let f = format!("route:{name}|allowed");
             assert_eq!(m.minute.get(&f), Some(&1), "{f}");
@@ -495,16 +478,15 @@ mod tests {
             );
         }
         let flush = s.take_due(T, 1).unwrap();
-        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
+        let m = minute(&flush.write, &minute_key(T / 60_000_000));
         assert_eq!(m.len(), MAX_PENDING);
         let s = Stats::default();
         for _ in 0..MAX_SAMPLE_PENDING + 7 {
             s.record(T, None, &key("k1"), Outcome::Allowed, None);
         }
         let flush = s.take_due(T, 1).unwrap();
-        let sample = flush.commands.iter().find(|c| c[0] == "LPUSH").unwrap();
-        assert_eq!(sample.len() - 2, MAX_SAMPLE_PENDING);
-        let m = minute(&flush.commands, &minute_key(T / 60_000_000));
+        assert_eq!(flush.write.sample.len(), MAX_SAMPLE_PENDING);
+        let m = minute(&flush.write, &minute_key(T / 60_000_000));
         assert_eq!(
             m.minute.get("sample:dropped"),
             Some(&7),

@@ -697,8 +697,7 @@ async fn every_decision_is_sampled_with_its_outcome_recent_429s_and_degraded_inc
     let writes = store.writes.lock().unwrap().clone();
     let sample: Vec<SampleEntry> = writes
         .iter()
-        .filter(|c| c[0] == "LPUSH" && c[1] == floodgate_shared::stats::SAMPLE_KEY)
-        .flat_map(|c| c[2..].iter().map(|e| e.parse().unwrap()))
+        .flat_map(|w| w.sample.iter().map(|e| e.parse().unwrap()))
         .collect();
     let count = |o: Outcome| sample.iter().filter(|e| e.outcome == o).count();
     assert_eq!(sample.len(), 12, "{sample:?}");

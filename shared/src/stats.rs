@@ -14,7 +14,11 @@
 //!   (`HINCRBY`), and the per-10-second and per-key counts to `fg:stats10:<unix
 //!   second / 10>` and `fg:keystats:<unix minute>`: [`Minute::read`] adds up both;
 //! - `fg:key_last_used`: API key id → Unix seconds of its latest decision;
-//! - `fg:sample`: the newest [`SAMPLE_KEEP`] [`SampleEntry`]s, newest first.
+//! - `fg:sample`: the newest [`SampleEntry`]s, newest first: at least
+//!   [`SAMPLE_KEEP`] once that many were sampled, trimmed back to it when it
+//!   reaches [`SAMPLE_TRIM_AT`]; readers take the first `SAMPLE_KEEP`.
+//!
+//! An instance writes all three in ONE call of [`STATS_FLUSH`] per flush.
 //!
 //! Route names are `[a-z0-9_-]{1,32}`: every field puts a route name after
 //! `route:` and ends it at `|`, two characters no route name contains, so a route
@@ -27,6 +31,9 @@ use std::str::FromStr;
 
 use crate::deny::DenyList;
 use crate::policy::FailureMode;
+
+mod flush;
+pub use flush::{MinuteWrite, SAMPLE_TRIM_AT, STATS_FLUSH, ScriptCall, StatsWrite};
 
 /// How long the per-minute hashes stay (two days: the 24 h range and a margin).
 pub const MINUTE_TTL_SECS: u64 = 2 * 86_400;

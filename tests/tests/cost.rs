@@ -3,7 +3,8 @@
 //! edge, which counts the same way. An exact decision is ONE script call running
 //! TIME, one MGET and one SET (4 billed commands); what an instance writes about
 //! its traffic (statistics, key last use) and its record checks are paid per
-//! flush interval and per TTL, not per request. Printed per host, side by side.
+//! flush interval and per TTL, not per request: a flush is ONE script call.
+//! Printed per host, side by side.
 //! A key with credits pays for them in the same call: limiter.lua's GET and SET
 //! of the live count (6 billed commands); a key without credits pays exactly
 //! what it did before credits existed.
@@ -35,17 +36,7 @@ async fn an_exact_decision_bills_four_commands_and_bookkeeping_almost_none(kind:
     let redis = RedisServer::start();
     let secret = seed(&redis, CONFIG).await.secret;
     let (n, per_request, by_name) = measure(kind, &redis, &secret).await;
-    let calls = |name: &str| {
-        by_name
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0, |(_, c)| *c)
-    };
-    assert_eq!(
-        calls("evalsha") + calls("eval"),
-        n,
-        "one script call per decision"
-    );
+    one_script_call_per_decision_and_per_flush(n, &by_name);
     assert!(
         per_request <= 4.1,
         "{per_request:.3} billed commands per request: {by_name:?}"
@@ -71,17 +62,8 @@ async fn a_decision_with_credits_bills_six_commands_in_the_same_call(kind: EdgeK
         .await
         .unwrap();
     let (n, per_request, by_name) = measure(kind, &redis, &secret).await;
-    let calls = |name: &str| {
-        by_name
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0, |(_, c)| *c)
-    };
-    assert_eq!(
-        calls("evalsha") + calls("eval"),
-        n,
-        "one script call per decision"
-    );
+    let calls = |name: &str| calls(&by_name, name);
+    one_script_call_per_decision_and_per_flush(n, &by_name);
     assert!(
         (2 * n..=2 * n + 20).contains(&calls("get")),
         "the bucket and the live count, read in the call: {by_name:?}"
@@ -90,6 +72,30 @@ async fn a_decision_with_credits_bills_six_commands_in_the_same_call(kind: EdgeK
         (5.9..=6.1).contains(&per_request),
         "{per_request:.3} billed commands per request: {by_name:?}"
     );
+}
+
+fn calls(by_name: &[(String, u64)], name: &str) -> u64 {
+    by_name
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, c)| *c)
+}
+
+/// Every decision is ONE script call, and so is every statistics flush
+/// (`lua/stats_flush.lua`: its `LPUSH` of the sample, one per flush here as every
+/// decision is sampled, runs inside it), with no `LTRIM` at this volume.
+fn one_script_call_per_decision_and_per_flush(n: u64, by_name: &[(String, u64)]) {
+    let flushes = calls(by_name, "lpush");
+    assert!(
+        (1..=4).contains(&flushes),
+        "a flush per 2 s interval: {by_name:?}"
+    );
+    assert_eq!(
+        calls(by_name, "evalsha") + calls(by_name, "eval"),
+        n + flushes,
+        "one script call per decision and one per flush: {by_name:?}"
+    );
+    assert_eq!(calls(by_name, "ltrim"), 0, "{by_name:?}");
 }
 
 /// 400 requests of `secret` through one edge, after a warm-up: the requests, the

@@ -177,7 +177,7 @@ where
         }
     }
 
-    /// Writes the pending traffic counters in one batch, if a flush is due
+    /// Writes the pending traffic counters in one script call, if a flush is due
     /// ([`super::PipelineConfig::stats_flush_every`] since the last). Hosts call
     /// it off the request path: the Worker after each request, the native host
     /// from a timer. While the breaker is not closed the counters wait (bounded)
@@ -199,7 +199,7 @@ where
         }
         match self.stats.take_due(now, every) {
             Some(flush) => {
-                let written = self.global.store.write_batch(flush.commands.clone()).await;
+                let written = self.global.store.write_stats(&flush.write).await;
                 if written.is_err() {
                     self.stats.unflushed(&flush);
                 }

@@ -23,6 +23,7 @@ use floodgate_shared::script::{
     Verdict, When, can_watch, credited_call, credited_refund_call, interpret, interpret_credited,
     refund_call, script_call, stale_reply, watched_reply,
 };
+use floodgate_shared::stats::{STATS_FLUSH, StatsWrite};
 
 #[cfg(any(feature = "native", feature = "rest"))]
 mod batch;
@@ -657,19 +658,22 @@ pub trait Store: MaybeSync {
         }
     }
 
-    /// Runs several write commands in ONE round trip (not atomic); fails if any
-    /// command failed.
-    fn write_batch(
+    /// Writes one statistics flush ([`StatsWrite`]): ONE call of
+    /// `lua/stats_flush.lua` on a store of one slot, one per key on a cluster
+    /// (sent together); fails if any call failed (the script writes nothing when
+    /// it refuses its input).
+    fn write_stats(
         &self,
-        commands: Vec<Vec<String>>,
+        write: &StatsWrite,
     ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
-        let commands: Vec<Vec<Vec<u8>>> = commands
-            .into_iter()
-            .map(|c| c.into_iter().map(String::into_bytes).collect())
-            .collect();
+        let calls = write.calls(self.one_slot());
         async move {
-            for reply in self.pipeline(&commands).await? {
-                reply.ok()?;
+            let runs = calls.iter().map(|(keys, args)| {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                async move { self.run(&STATS_FLUSH, &keys, args).await }
+            });
+            for reply in futures_util::future::join_all(runs).await {
+                reply?.ok()?;
             }
             Ok(())
         }

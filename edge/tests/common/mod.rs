@@ -22,7 +22,7 @@ use floodgate_shared::lease::{
 use floodgate_shared::script::{
     Check, LuaScript, Verdict, When, can_watch, interpret_token_bucket,
 };
-use floodgate_shared::stats::Minute;
+use floodgate_shared::stats::{Minute, StatsWrite};
 use floodgate_shared::time::{FakeClock, Micros};
 
 pub const T0: Micros = 1_764_000_000_000_000;
@@ -47,7 +47,8 @@ pub struct MemStore {
     /// In-flight slots held per set.
     pub slots: Mutex<HashMap<String, u32>>,
     pub now: Mutex<Micros>,
-    pub writes: Mutex<Vec<Vec<String>>>,
+    /// The statistics flushes written.
+    pub writes: Mutex<Vec<StatsWrite>>,
     /// Lease bookkeeping per bucket (its full_at lives in `buckets`).
     pub leases: Mutex<HashMap<String, Central>>,
     /// Regional pools per pool key.
@@ -397,8 +398,8 @@ impl Store for &MemStore {
         Ok(out)
     }
 
-    async fn write_batch(&self, commands: Vec<Vec<String>>) -> Result<(), StoreError> {
-        self.writes.lock().unwrap().extend(commands);
+    async fn write_stats(&self, write: &StatsWrite) -> Result<(), StoreError> {
+        self.writes.lock().unwrap().push(write.clone());
         Ok(())
     }
 
@@ -475,9 +476,9 @@ pub fn changed(store: &MemStore, change: Change) -> u64 {
 /// by each flush: the last write counts), summed over the minutes.
 pub fn minute_sum(store: &MemStore, field: &str) -> u64 {
     let mut last: HashMap<(String, String), String> = HashMap::new();
-    for c in store.writes.lock().unwrap().iter() {
-        if c[0] == "HSET" && c[1].starts_with("fg:stats:") {
-            last.insert((c[1].clone(), c[2].clone()), c[3].clone());
+    for w in store.writes.lock().unwrap().iter() {
+        for m in &w.minutes {
+            last.insert((m.key.clone(), w.field.clone()), m.counts.clone());
         }
     }
     type Fields = Vec<(Vec<u8>, Vec<u8>)>;
