@@ -77,7 +77,7 @@ fn lengths(scale: usize) -> (f64, f64) {
 pub fn cost(cpu: Option<usize>, scale: usize, lifetimes_ms: &[u32], rt: &tokio::runtime::Runtime) {
     let (warm, secs) = lengths(scale);
     println!(
-        "\n## Cost: billed commands per request, every store together (2 regions × {PER_REGION} instances, global Redis {} ms one way, {RATE} req/s over 16 subjects Zipf(1.1), 60,000/min, bound 3,000; {warm} s warm-up, {secs} s measured)",
+        "\n## Cost: billed commands per request, every store together (2 regions × {PER_REGION} instances, global Redis {} ms one way, {RATE} req/s over 16 subjects Zipf(1.1), 60,000/min, bound 3,000; {warm} s warm-up, {secs} s measured, twice for bounded rows)",
         ONE_WAY.as_millis()
     );
     let world = rt.block_on(World::start_on(2, &config(&[LOAD, QUOTA], 2), cpu));
@@ -96,11 +96,11 @@ pub fn cost(cpu: Option<usize>, scale: usize, lifetimes_ms: &[u32], rt: &tokio::
     let mut cases = vec![(Mode::ExactGlobal, default_life)];
     cases.extend(lifetimes.iter().map(|&l| (Mode::RegionalPools, l)));
     for &(mode, lifetime) in &cases {
-        rows.push(rt.block_on(native(&world, &zipf, mode, lifetime, warm, secs)));
+        rows.extend(rt.block_on(native(&world, &zipf, mode, lifetime, warm, secs)));
     }
     if worker_built() {
         for &(mode, lifetime) in &cases {
-            rows.push(rt.block_on(worker(&world, &zipf, mode, lifetime, warm, secs)));
+            rows.extend(rt.block_on(worker(&world, &zipf, mode, lifetime, warm, secs)));
         }
     } else {
         println!("\n(The Worker is not built: `scripts/worker build`, then rerun for its rows.)");
@@ -156,7 +156,7 @@ fn bills(world: &World) -> Bills {
 impl Bills {
     /// What was billed between `self` and `later`: (global, regional, the
     /// commands by name, most first).
-    fn until(&self, later: &Bills) -> (u64, u64, Vec<(String, u64)>) {
+    fn until(&self, later: &Bills) -> Bill {
         let mut names: Vec<(String, u64)> = later
             .by_name
             .iter()
@@ -181,7 +181,7 @@ async fn native(
     lifetime: Micros,
     warm: f64,
     secs: f64,
-) -> Row {
+) -> Vec<Row> {
     let settings = PipelineConfig {
         leases: LeaseSettings {
             lifetime,
@@ -209,10 +209,13 @@ async fn native(
     let key = world.key(mode, &LOAD.plan(mode)).await;
     offer(world, &edges, &key, zipf, RATE, warm, 3).await;
     settle(ONE_WAY).await;
-    let before = bills(world);
-    let run = offer(world, &edges, &key, zipf, RATE, secs, 4).await;
-    settle(ONE_WAY).await;
-    let (global, regional, commands) = before.until(&bills(world));
+    let mut measured = vec![];
+    for w in 0..windows(mode) {
+        let before = bills(world);
+        let run = offer(world, &edges, &key, zipf, RATE, secs, 4 + w).await;
+        settle(ONE_WAY).await;
+        measured.push((run, before.until(&bills(world))));
+    }
     let quota = if mode == Mode::ExactGlobal {
         None
     } else {
@@ -222,16 +225,45 @@ async fn native(
     for f in flushers {
         f.abort();
     }
-    Row {
-        host: "native",
-        mode: mode_name(mode, lifetime),
-        run,
-        base: Some(base),
-        global,
-        regional,
-        commands,
-        quota,
-    }
+    rows("native", mode, lifetime, base, measured, quota)
+}
+
+/// Bounded rows measure two windows one after the other: the first after the
+/// warm-up, where the chunks taken at the start all die and are replaced (their
+/// generation is in step), and the next, where chunks come and go one by one.
+fn windows(mode: Mode) -> u64 {
+    if mode == Mode::ExactGlobal { 1 } else { 2 }
+}
+
+type Bill = (u64, u64, Vec<(String, u64)>);
+
+/// One row per measured window (the quota's admissions on the first).
+fn rows(
+    host: &'static str,
+    mode: Mode,
+    lifetime: Micros,
+    base: Run,
+    measured: Vec<(Run, Bill)>,
+    quota: Option<u64>,
+) -> Vec<Row> {
+    let n = measured.len();
+    measured
+        .into_iter()
+        .enumerate()
+        .map(|(i, (run, (global, regional, commands)))| Row {
+            host,
+            mode: match n {
+                1 => mode_name(mode, lifetime),
+                _ => format!("{}, window {} of {n}", mode_name(mode, lifetime), i + 1),
+            },
+            run,
+            base: Some(base.clone()),
+            global,
+            regional,
+            commands,
+            quota: if i == 0 { quota } else { None },
+        })
+        .collect()
 }
 
 /// Flushes `edge`'s statistics as the native host does, until aborted.
@@ -255,7 +287,7 @@ async fn worker(
     lifetime: Micros,
     warm: f64,
     secs: f64,
-) -> Row {
+) -> Vec<Row> {
     let setup = WorkerSetup {
         per_region: PER_REGION,
         cache_ttl_ms: 5_000,
@@ -290,26 +322,20 @@ async fn worker(
     let key = each(world.key(mode, &LOAD.plan(mode)).await);
     offer_http(&calls, &client, &urls, &key, zipf, RATE, warm, 3).await;
     settle(ONE_WAY).await;
-    let before = bills(world);
-    let run = offer_http(&calls, &client, &urls, &key, zipf, RATE, secs, 4).await;
-    settle(ONE_WAY).await;
-    let (global, regional, commands) = before.until(&bills(world));
+    let mut measured = vec![];
+    for w in 0..windows(mode) {
+        let before = bills(world);
+        let run = offer_http(&calls, &client, &urls, &key, zipf, RATE, secs, 4 + w).await;
+        settle(ONE_WAY).await;
+        measured.push((run, before.until(&bills(world))));
+    }
     let quota = if mode == Mode::ExactGlobal {
         None
     } else {
         let q = each(world.key(mode, &QUOTA.plan(mode)).await);
         Some(burst_http(&client, &urls, &q, 200).await)
     };
-    Row {
-        host: "Worker",
-        mode: mode_name(mode, lifetime),
-        run,
-        base: Some(base),
-        global,
-        regional,
-        commands,
-        quota,
-    }
+    rows("Worker", mode, lifetime, base, measured, quota)
 }
 
 fn print_rows(rows: &[Row]) {
