@@ -55,6 +55,10 @@ struct Row {
     run: Run,
     /// The same host's requests without policies (added latency is the difference).
     base: Option<Run>,
+    /// The policies' requests and the same host's requests without policies,
+    /// offered at the same time (each at the load's rate): the added latency with
+    /// the machine's noise the same on both sides.
+    paired: Option<(Run, Run)>,
     global: u64,
     regional: u64,
     /// The commands billed, by store and name, most first.
@@ -216,6 +220,10 @@ async fn native(
         settle(ONE_WAY).await;
         measured.push((run, before.until(&bills(world))));
     }
+    let paired = tokio::join!(
+        offer(world, &edges, &key, zipf, RATE, PAIRED_SECS, 7),
+        offer(world, &edges, &none, &Subjects::One, RATE, PAIRED_SECS, 8),
+    );
     let quota = if mode == Mode::ExactGlobal {
         None
     } else {
@@ -225,7 +233,7 @@ async fn native(
     for f in flushers {
         f.abort();
     }
-    rows("native", mode, lifetime, base, measured, quota)
+    rows("native", mode, lifetime, (base, paired), measured, quota)
 }
 
 /// Bounded rows measure two windows one after the other: the first after the
@@ -237,12 +245,16 @@ fn windows(mode: Mode) -> u64 {
 
 type Bill = (u64, u64, Vec<(String, u64)>);
 
-/// One row per measured window (the quota's admissions on the first).
+/// How long the paired latency window runs (s).
+const PAIRED_SECS: f64 = 30.0;
+
+/// One row per measured window (the quota's admissions and the paired latency
+/// on the first).
 fn rows(
     host: &'static str,
     mode: Mode,
     lifetime: Micros,
-    base: Run,
+    (base, paired): (Run, (Run, Run)),
     measured: Vec<(Run, Bill)>,
     quota: Option<u64>,
 ) -> Vec<Row> {
@@ -258,6 +270,7 @@ fn rows(
             },
             run,
             base: Some(base.clone()),
+            paired: (i == 0).then(|| paired.clone()),
             global,
             regional,
             commands,
@@ -329,20 +342,33 @@ async fn worker(
         settle(ONE_WAY).await;
         measured.push((run, before.until(&bills(world))));
     }
+    let paired = tokio::join!(
+        offer_http(&calls, &client, &urls, &key, zipf, RATE, PAIRED_SECS, 7),
+        offer_http(
+            &calls,
+            &client,
+            &urls,
+            &none,
+            &Subjects::One,
+            RATE,
+            PAIRED_SECS,
+            8
+        ),
+    );
     let quota = if mode == Mode::ExactGlobal {
         None
     } else {
         let q = each(world.key(mode, &QUOTA.plan(mode)).await);
         Some(burst_http(&client, &urls, &q, 200).await)
     };
-    rows("Worker", mode, lifetime, base, measured, quota)
+    rows("Worker", mode, lifetime, (base, paired), measured, quota)
 }
 
 fn print_rows(rows: &[Row]) {
     println!(
-        "| host | mode | billed/request | global / regional per request | $ per million requests | added p50 / p99 ms | requests admitted / degraded | quota 400 + bound 40: admitted |"
+        "| host | mode | billed/request | global / regional per request | $ per million requests | added p50 / p99 ms | paired: added p50 / p99 ms (with / without policies) | requests admitted / degraded | quota 400 + bound 40: admitted |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let n = r.run.requests.max(1) as f64;
         let (p50, p99) = match &r.base {
@@ -352,8 +378,17 @@ fn print_rows(rows: &[Row]) {
             ),
             None => (r.run.quantile_ms(0.5), r.run.quantile_ms(0.99)),
         };
+        let paired = r.paired.as_ref().map_or("—".into(), |(with, without)| {
+            let q = |run: &Run| (run.quantile_ms(0.5), run.quantile_ms(0.99));
+            let ((w50, w99), (o50, o99)) = (q(with), q(without));
+            format!(
+                "{:.2} / {:.2} ({w50:.2} / {w99:.2} vs {o50:.2} / {o99:.2})",
+                w50 - o50,
+                w99 - o99
+            )
+        });
         println!(
-            "| {} | {} | **{:.3}** | {:.3} / {:.3} | {:.2} | {p50:.2} / {p99:.2} | {}/{} / {} | {} |",
+            "| {} | {} | **{:.3}** | {:.3} / {:.3} | {:.2} | {p50:.2} / {p99:.2} | {paired} | {}/{} / {} | {} |",
             r.host,
             r.mode,
             r.billed_per_request(),
