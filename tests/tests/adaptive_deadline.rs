@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::native_host::{HostConfig, NativeStore};
-use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
+use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline, transport_deadline};
 use floodgate_edge::proxy::HEALTH_PATH;
 use floodgate_edge::store::StoreOptions;
 use floodgate_shared::time::SystemClock;
@@ -142,6 +142,7 @@ async fn a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker(
     let Seeded { secret, .. } = seed(&redis, CONFIG).await;
     let upstream = RawUpstream::start().await;
     let (edge, _guard) = edge(&redis.url(), &upstream.url, DeadlineSettings::RESP).await;
+    let transport = transport_deadline(&DeadlineSettings::RESP);
     let c = client();
     // learn the store: 40 answers
     let statuses = load(&edge, &secret, 40, 1).await;
@@ -176,15 +177,30 @@ async fn a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker(
             .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
         "{statuses:?}"
     );
-    // the learned deadline plus an HTTP round trip on a busy machine
+    // found out at the learned deadline, not at the store's own transport
+    // deadline (2 s here) nor never: how far past the deadline the slowest came
+    // back is the machine's scheduling, a figure
+    eprintln!("stopped Redis: slowest request {slowest:?} (learned deadline {learned} ms)");
     assert!(
-        slowest < Duration::from_secs_f64(learned / 1e3) + Duration::from_millis(40),
-        "a request waited {slowest:?} (deadline {learned} ms)"
+        slowest < transport,
+        "a request waited {slowest:?}, as if there were no answer deadline (learned {learned} ms)"
     );
     assert_eq!(h["breaker"], "open", "{h}");
     let global = &h["deadlines"]["global"];
     assert!(global["expired_silent"].as_u64().unwrap() >= 5, "{h}");
     assert_eq!(global["late_replies"], 0, "{h}");
+    // one client, one request at a time: the first `threshold` requests each
+    // waited the deadline once, their silent expiries opened the breaker, and
+    // every later request was answered without waiting on the store (kept off
+    // it, or a health check) — counted, not timed
+    let threshold = u64::from(PipelineConfig::default().breaker_threshold);
+    let (late, skipped, probes) = (
+        h["late_calls"].as_u64().unwrap(),
+        h["breaker_skipped"].as_u64().unwrap(),
+        h["breaker_probes"].as_u64().unwrap(),
+    );
+    assert_eq!(late, threshold, "{h}");
+    assert_eq!(skipped + probes, statuses.len() as u64 - threshold, "{h}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
