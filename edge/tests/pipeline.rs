@@ -784,6 +784,85 @@ async fn a_late_admission_of_a_refused_request_is_refunded() {
     }
 }
 
+/// A call past its deadline while the store keeps answering other calls is a
+/// busy store's: it is waited for, a deadline at a time, up to the ceiling — on
+/// tokio's paused clock, to the microsecond: answered when the store answers
+/// (60 ms, 12 deadlines of 5 ms), refused at exactly the ceiling (100 ms) when
+/// the store takes longer, and not a breaker failure either way.
+#[tokio::test(start_paused = true)]
+async fn a_late_call_is_waited_for_while_the_store_answers_others_up_to_the_ceiling() {
+    use std::time::Duration;
+    use tokio::time::{Instant, sleep};
+    const ROOMY: &str = r#"{"policies":[
+      {"name":"roomy","dimensions":["api_key"],"quota":{"capacity":100000,"period":"1m"},"failure_mode":"fail_closed"}],
+      "plans":{"roomy":["roomy"]}}"#;
+    let store = mem();
+    let auth = seed(store, ROOMY, "roomy");
+    let clock: &'static FakeClock = Box::leak(Box::new(FakeClock::at(T0)));
+    let deadline = floodgate_edge::deadline::DeadlineSettings {
+        floor: 5_000,
+        ceiling: 100_000,
+        ..floodgate_edge::deadline::DeadlineSettings::RESP
+    };
+    let settings = PipelineConfig {
+        deadline,
+        ..PipelineConfig::default()
+    };
+    let p = Pipeline::new(store, clock, settings);
+    // learned: replies in no time, so the deadline is the floor
+    for _ in 0..20 {
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    assert_eq!(p.deadline_stats().0.deadline_us, 5_000);
+    // one call of `slow` among others answered every millisecond until `until`;
+    // the slow one's answer and when it came
+    let (p, auth) = (&p, &auth);
+    let one_slow_call = |slow: Duration, until: Duration| async move {
+        *store.slow_first.lock().unwrap() = Some(slow);
+        let sent = Instant::now();
+        let slow_one = async {
+            let d = p.gate(head(auth)).await;
+            let at = sent.elapsed();
+            (settle(d).await, at)
+        };
+        let others = async {
+            while sent.elapsed() < until {
+                sleep(Duration::from_millis(1)).await;
+                assert_eq!(status(&settle(p.gate(head(auth)).await).await), 200);
+            }
+        };
+        tokio::join!(slow_one, others).0
+    };
+    let (g, at) = one_slow_call(Duration::from_millis(60), Duration::from_millis(80)).await;
+    assert_eq!(status(&g), 200, "waited for: {g:?}");
+    assert_eq!(
+        at,
+        Duration::from_millis(60),
+        "answered when the store answered"
+    );
+    let (stats, _) = p.deadline_stats();
+    assert_eq!((stats.waited_on, stats.silent), (1, 0));
+    assert_eq!(p.health().late_calls, 0);
+    // the raise of that late reply forgotten (the pipeline's clock): the floor again
+    advance(clock, store, 10 * MICROS_PER_SEC);
+    assert_eq!(p.deadline_stats().0.deadline_us, 5_000);
+    let (g, at) = one_slow_call(Duration::from_millis(200), Duration::from_millis(150)).await;
+    assert_eq!(status(&g), 503, "past the ceiling: {g:?}");
+    assert_eq!(
+        at,
+        Duration::from_millis(100),
+        "refused at exactly the ceiling"
+    );
+    let (stats, _) = p.deadline_stats();
+    assert_eq!((stats.waited_on, stats.slow, stats.silent), (1, 1, 0));
+    assert_eq!(p.health().late_calls, 1);
+    assert_eq!(
+        p.breaker_stats().opened,
+        0,
+        "a busy store is not a failing one"
+    );
+}
+
 /// A request admitted by its rate limit but refused by its in-flight limit gets
 /// its tokens back.
 #[tokio::test]
