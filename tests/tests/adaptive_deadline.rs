@@ -119,14 +119,50 @@ async fn a_slow_but_answering_redis_is_waited_for_not_refused() {
         "a fixed 3 ms deadline refuses most requests to a Redis 5-20 ms away ({on_fixed} of 40)"
     );
 
-    // adaptive: 320 requests from 4 clients, none refused
+    // adaptive: 320 requests from 4 clients, none refused while the store answers
+    // within the ceiling (100 ms). A reply later than that is refused by design;
+    // only the machine makes a 5-20 ms store that late (a loaded 2-core machine
+    // stalls a round trip past 100 ms now and then): each refusal must be such a
+    // reply, counted by the edge once it came, never one it could have waited for
     let (adaptive, _guard) = edge(&proxy.url(), &upstream.url, DeadlineSettings::RESP).await;
     let statuses = load(&adaptive, &secret, 320, 4).await;
-    let h = health(&c, &adaptive).await;
-    assert_eq!(refused(&statuses), 0, "{h}");
-    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{h}");
+    let refusals = refused(&statuses) as u64;
+    let too_late = |h: &serde_json::Value| {
+        h["deadlines"]["global"]["too_late"]
+            .as_u64()
+            .expect("too_late")
+    };
+    let mut h = health(&c, &adaptive).await;
+    // a refused call's reply comes after its refusal, within the store's
+    // transport deadline
+    let waited = Instant::now();
+    let transport = transport_deadline(&DeadlineSettings::RESP);
+    while too_late(&h) < refusals && waited.elapsed() < transport + Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h = health(&c, &adaptive).await;
+    }
+    eprintln!(
+        "slow Redis: {refusals} of {} refused ({} replies after the ceiling)",
+        statuses.len(),
+        too_late(&h)
+    );
+    assert!(
+        refusals <= too_late(&h),
+        "{refusals} refused, only {} of them a reply after the ceiling: {h}",
+        too_late(&h)
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{h}"
+    );
     let global = &h["deadlines"]["global"];
     assert_eq!(global["adaptive"], true, "{h}");
+    assert_eq!(
+        global["ceiling_ms"], 100.0,
+        "after the ceiling: five times the store's slowest: {h}"
+    );
     let d = global["deadline_ms"].as_f64().unwrap();
     assert!(
         (20.0..=100.0).contains(&d),
