@@ -35,16 +35,18 @@ pub async fn sleep(d: Duration) {
     }
 }
 
-/// Elapsed time, also in wasm32 (where `std::time::Instant` panics).
+/// Elapsed time, also in wasm32 (where `std::time::Instant` panics). Natively
+/// tokio's clock (the system's monotonic clock, or the paused clock of a test
+/// runtime, so deadline tests measure virtual time).
 pub struct Stopwatch(
-    #[cfg(not(target_arch = "wasm32"))] std::time::Instant,
+    #[cfg(not(target_arch = "wasm32"))] tokio::time::Instant,
     #[cfg(target_arch = "wasm32")] f64,
 );
 
 impl Stopwatch {
     pub fn start() -> Self {
         #[cfg(not(target_arch = "wasm32"))]
-        return Stopwatch(std::time::Instant::now());
+        return Stopwatch(tokio::time::Instant::now());
         #[cfg(target_arch = "wasm32")]
         return Stopwatch(js_sys::Date::now());
     }
@@ -87,12 +89,18 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_late_future_is_handed_back_still_running() {
         let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let watch = Stopwatch::start();
         let Raced::Late(rx) = race(rx, Duration::from_millis(10)).await else {
             panic!("nothing was sent yet");
         };
+        assert_eq!(
+            watch.elapsed(),
+            Duration::from_millis(10),
+            "given up at exactly the deadline (paused clock)"
+        );
         tx.send(3).unwrap();
         assert_eq!(rx.await.unwrap(), 3, "the late future still delivers");
     }

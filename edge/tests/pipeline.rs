@@ -460,9 +460,19 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     let stats = p.breaker_stats();
     assert_eq!((stats.opened, stats.skipped), (1, 15));
     assert_eq!(p.breaker_phase(), Phase::Open);
-    // still down at the health check: open again, without a bucket check
-    advance(&clock, store, 1_000_001);
+    // the cool-down (1 s, on the pipeline's clock) is not over a µs before its end
+    advance(&clock, store, 999_999);
     let gets = store.gets.load(Ordering::SeqCst);
+    assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        gets,
+        "no health check yet"
+    );
+    assert_eq!(p.breaker_stats().probes, 0);
+    // still down at the health check, exactly at the cool-down's end: open
+    // again, without a bucket check
+    advance(&clock, store, 1);
     assert_eq!(status(&p.gate(head(&auth)).await.gate), 200);
     assert_eq!(
         store.gets.load(Ordering::SeqCst) - gets,
@@ -486,7 +496,8 @@ async fn the_circuit_breaker_opens_probes_and_closes() {
     assert!(matches!(&g, Ok(admit) if admit.header("X-RateLimit-Limit").is_some()));
     let stats = p.breaker_stats();
     assert_eq!((stats.opened, stats.closed, stats.probes), (1, 1, 2));
-    assert!(stats.degraded_us >= 2_000_000);
+    // opened at T0, closed by the probe two cool-downs (and a µs) later
+    assert_eq!(stats.degraded_us, 2_000_001);
     assert_eq!(p.breaker_phase(), Phase::Closed);
 }
 
@@ -620,7 +631,7 @@ async fn degraded_decisions_and_breaker_time_are_counted_for_the_dashboard() {
     assert_eq!(sum("unmatched|degraded"), 8, "the modes sum to the outcome");
     assert_eq!(sum("breaker:opened"), 1);
     let open_ms = sum("breaker:open_ms");
-    assert!((2_500..=2_600).contains(&open_ms), "open_ms {open_ms}");
+    assert_eq!(open_ms, 2_500, "open 2.5 s on the pipeline's clock");
     assert_eq!(sum("mode:fail_closed"), 0);
 }
 
@@ -720,9 +731,12 @@ async fn every_decision_is_sampled_with_its_outcome_recent_429s_and_degraded_inc
 /// once; when it admits in the store later anyway, the request it admitted was
 /// refused (503), so the tokens go back. A fail-open answer refunds nothing (the
 /// request was served; its late call is awaited in the background only for its
-/// latency, which teaches the store's deadline).
-#[tokio::test]
+/// latency, which teaches the store's deadline). On tokio's paused clock: the
+/// answer comes at exactly the deadline, the late call ends when the store does.
+#[tokio::test(start_paused = true)]
 async fn a_late_admission_of_a_refused_request_is_refunded() {
+    use std::time::Duration;
+    use tokio::time::Instant;
     for (plan, refused) in [("free", true), ("lenient", false)] {
         let store = mem();
         let auth = seed(store, CONFIG, plan);
@@ -736,10 +750,21 @@ async fn a_late_admission_of_a_refused_request_is_refunded() {
             },
         );
         assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
-        *store.slow.lock().unwrap() = Some(std::time::Duration::from_millis(60));
+        *store.slow.lock().unwrap() = Some(Duration::from_millis(60));
+        let sent = Instant::now();
         let d = p.gate(head(&auth)).await;
+        assert_eq!(
+            sent.elapsed(),
+            Duration::from_millis(5),
+            "{plan}: answered at exactly the deadline, not when the store answers"
+        );
         assert_eq!(d.background.len(), 1, "{plan}: the late call goes on");
         let g = settle(d).await;
+        assert_eq!(
+            sent.elapsed(),
+            Duration::from_millis(60),
+            "{plan}: the late call ran on to the store's reply"
+        );
         assert_eq!(status(&g), if refused { 503 } else { 200 }, "{plan}");
         assert_eq!(
             store.refunds.load(Ordering::SeqCst),
@@ -756,6 +781,85 @@ async fn a_late_admission_of_a_refused_request_is_refunded() {
         assert_eq!(p.health().late_calls, 1);
         assert_eq!(p.health().refunds, u64::from(refused));
     }
+}
+
+/// A call past its deadline while the store keeps answering other calls is a
+/// busy store's: it is waited for, a deadline at a time, up to the ceiling — on
+/// tokio's paused clock, to the microsecond: answered when the store answers
+/// (60 ms, 12 deadlines of 5 ms), refused at exactly the ceiling (100 ms) when
+/// the store takes longer, and not a breaker failure either way.
+#[tokio::test(start_paused = true)]
+async fn a_late_call_is_waited_for_while_the_store_answers_others_up_to_the_ceiling() {
+    use std::time::Duration;
+    use tokio::time::{Instant, sleep};
+    const ROOMY: &str = r#"{"policies":[
+      {"name":"roomy","dimensions":["api_key"],"quota":{"capacity":100000,"period":"1m"},"failure_mode":"fail_closed"}],
+      "plans":{"roomy":["roomy"]}}"#;
+    let store = mem();
+    let auth = seed(store, ROOMY, "roomy");
+    let clock: &'static FakeClock = Box::leak(Box::new(FakeClock::at(T0)));
+    let deadline = floodgate_edge::deadline::DeadlineSettings {
+        floor: 5_000,
+        ceiling: 100_000,
+        ..floodgate_edge::deadline::DeadlineSettings::RESP
+    };
+    let settings = PipelineConfig {
+        deadline,
+        ..PipelineConfig::default()
+    };
+    let p = Pipeline::new(store, clock, settings);
+    // learned: replies in no time, so the deadline is the floor
+    for _ in 0..20 {
+        assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    }
+    assert_eq!(p.deadline_stats().0.deadline_us, 5_000);
+    // one call of `slow` among others answered every millisecond until `until`;
+    // the slow one's answer and when it came
+    let (p, auth) = (&p, &auth);
+    let one_slow_call = |slow: Duration, until: Duration| async move {
+        *store.slow_first.lock().unwrap() = Some(slow);
+        let sent = Instant::now();
+        let slow_one = async {
+            let d = p.gate(head(auth)).await;
+            let at = sent.elapsed();
+            (settle(d).await, at)
+        };
+        let others = async {
+            while sent.elapsed() < until {
+                sleep(Duration::from_millis(1)).await;
+                assert_eq!(status(&settle(p.gate(head(auth)).await).await), 200);
+            }
+        };
+        tokio::join!(slow_one, others).0
+    };
+    let (g, at) = one_slow_call(Duration::from_millis(60), Duration::from_millis(80)).await;
+    assert_eq!(status(&g), 200, "waited for: {g:?}");
+    assert_eq!(
+        at,
+        Duration::from_millis(60),
+        "answered when the store answered"
+    );
+    let (stats, _) = p.deadline_stats();
+    assert_eq!((stats.waited_on, stats.silent), (1, 0));
+    assert_eq!(p.health().late_calls, 0);
+    // the raise of that late reply forgotten (the pipeline's clock): the floor again
+    advance(clock, store, 10 * MICROS_PER_SEC);
+    assert_eq!(p.deadline_stats().0.deadline_us, 5_000);
+    let (g, at) = one_slow_call(Duration::from_millis(200), Duration::from_millis(150)).await;
+    assert_eq!(status(&g), 503, "past the ceiling: {g:?}");
+    assert_eq!(
+        at,
+        Duration::from_millis(100),
+        "refused at exactly the ceiling"
+    );
+    let (stats, _) = p.deadline_stats();
+    assert_eq!((stats.waited_on, stats.slow, stats.silent), (1, 1, 0));
+    assert_eq!(p.health().late_calls, 1);
+    assert_eq!(
+        p.breaker_stats().opened,
+        0,
+        "a busy store is not a failing one"
+    );
 }
 
 /// A request admitted by its rate limit but refused by its in-flight limit gets

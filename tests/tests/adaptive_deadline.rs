@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::native_host::{HostConfig, NativeStore};
-use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline};
+use floodgate_edge::pipeline::{Pipeline, PipelineConfig, store_deadline, transport_deadline};
 use floodgate_edge::proxy::HEALTH_PATH;
 use floodgate_edge::store::StoreOptions;
 use floodgate_shared::time::SystemClock;
@@ -119,14 +119,50 @@ async fn a_slow_but_answering_redis_is_waited_for_not_refused() {
         "a fixed 3 ms deadline refuses most requests to a Redis 5-20 ms away ({on_fixed} of 40)"
     );
 
-    // adaptive: 320 requests from 4 clients, none refused
+    // adaptive: 320 requests from 4 clients, none refused while the store answers
+    // within the ceiling (100 ms). A reply later than that is refused by design;
+    // only the machine makes a 5-20 ms store that late (a loaded 2-core machine
+    // stalls a round trip past 100 ms now and then): each refusal must be such a
+    // reply, counted by the edge once it came, never one it could have waited for
     let (adaptive, _guard) = edge(&proxy.url(), &upstream.url, DeadlineSettings::RESP).await;
     let statuses = load(&adaptive, &secret, 320, 4).await;
-    let h = health(&c, &adaptive).await;
-    assert_eq!(refused(&statuses), 0, "{h}");
-    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{h}");
+    let refusals = refused(&statuses) as u64;
+    let too_late = |h: &serde_json::Value| {
+        h["deadlines"]["global"]["too_late"]
+            .as_u64()
+            .expect("too_late")
+    };
+    let mut h = health(&c, &adaptive).await;
+    // a refused call's reply comes after its refusal, within the store's
+    // transport deadline
+    let waited = Instant::now();
+    let transport = transport_deadline(&DeadlineSettings::RESP);
+    while too_late(&h) < refusals && waited.elapsed() < transport + Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h = health(&c, &adaptive).await;
+    }
+    eprintln!(
+        "slow Redis: {refusals} of {} refused ({} replies after the ceiling)",
+        statuses.len(),
+        too_late(&h)
+    );
+    assert!(
+        refusals <= too_late(&h),
+        "{refusals} refused, only {} of them a reply after the ceiling: {h}",
+        too_late(&h)
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{h}"
+    );
     let global = &h["deadlines"]["global"];
     assert_eq!(global["adaptive"], true, "{h}");
+    assert_eq!(
+        global["ceiling_ms"], 100.0,
+        "after the ceiling: five times the store's slowest: {h}"
+    );
     let d = global["deadline_ms"].as_f64().unwrap();
     assert!(
         (20.0..=100.0).contains(&d),
@@ -142,6 +178,7 @@ async fn a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker(
     let Seeded { secret, .. } = seed(&redis, CONFIG).await;
     let upstream = RawUpstream::start().await;
     let (edge, _guard) = edge(&redis.url(), &upstream.url, DeadlineSettings::RESP).await;
+    let transport = transport_deadline(&DeadlineSettings::RESP);
     let c = client();
     // learn the store: 40 answers
     let statuses = load(&edge, &secret, 40, 1).await;
@@ -176,15 +213,30 @@ async fn a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker(
             .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
         "{statuses:?}"
     );
-    // the learned deadline plus an HTTP round trip on a busy machine
+    // found out at the learned deadline, not at the store's own transport
+    // deadline (2 s here) nor never: how far past the deadline the slowest came
+    // back is the machine's scheduling, a figure
+    eprintln!("stopped Redis: slowest request {slowest:?} (learned deadline {learned} ms)");
     assert!(
-        slowest < Duration::from_secs_f64(learned / 1e3) + Duration::from_millis(40),
-        "a request waited {slowest:?} (deadline {learned} ms)"
+        slowest < transport,
+        "a request waited {slowest:?}, as if there were no answer deadline (learned {learned} ms)"
     );
     assert_eq!(h["breaker"], "open", "{h}");
     let global = &h["deadlines"]["global"];
     assert!(global["expired_silent"].as_u64().unwrap() >= 5, "{h}");
     assert_eq!(global["late_replies"], 0, "{h}");
+    // one client, one request at a time: the first `threshold` requests each
+    // waited the deadline once, their silent expiries opened the breaker, and
+    // every later request was answered without waiting on the store (kept off
+    // it, or a health check) — counted, not timed
+    let threshold = u64::from(PipelineConfig::default().breaker_threshold);
+    let (late, skipped, probes) = (
+        h["late_calls"].as_u64().unwrap(),
+        h["breaker_skipped"].as_u64().unwrap(),
+        h["breaker_probes"].as_u64().unwrap(),
+    );
+    assert_eq!(late, threshold, "{h}");
+    assert_eq!(skipped + probes, statuses.len() as u64 - threshold, "{h}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,6 +44,8 @@ pub struct MemStore {
     pub down: AtomicBool,
     /// How long a bucket check takes before it decides (a slow Redis).
     pub slow: Mutex<Option<std::time::Duration>>,
+    /// How long the next bucket check alone takes (one slow call among others).
+    pub slow_first: Mutex<Option<std::time::Duration>>,
     /// In-flight slots held per set.
     pub slots: Mutex<HashMap<String, u32>>,
     pub now: Mutex<Micros>,
@@ -277,7 +279,8 @@ impl Store for &MemStore {
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::new(StoreErrorKind::Connect, "down"));
         }
-        let slow = *self.slow.lock().unwrap();
+        let first = self.slow_first.lock().unwrap().take();
+        let slow = first.or(*self.slow.lock().unwrap());
         if let Some(d) = slow {
             tokio::time::sleep(d).await;
         }
