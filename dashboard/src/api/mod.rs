@@ -180,6 +180,14 @@ mod ctx {
             Ok(c) => c,
             Err(e) => return Err(on_form(e, done.at.as_deref(), &spec)),
         };
+        let stored = text.as_deref().and_then(|t| EdgeConfig::from_json(t).ok());
+        let stored = stored.as_ref().map(EdgeConfig::spec);
+        floodgate_edge::identities::check_new_identities(&core.store, stored, config.spec())
+            .await
+            .map_err(|e| match e {
+                AdminError::Invalid(e) => on_form(e, done.at.as_deref(), config.spec()),
+                e => e.into(),
+            })?;
         if text.as_deref() == Some(config.to_json().as_str()) {
             return Ok(Saved::Ok("No change".into()));
         }
