@@ -514,22 +514,24 @@ async fn verify(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
     Ok(res)
 }
 
-/// The answer of an identity override's call, or its error on the body's field.
+/// The answer of an identity override's call (`shown` picks the override to
+/// answer), or its error on the body's field.
 fn override_answer(
     identity: &str,
     saved: Result<identities::OverrideSaved, AdminError>,
     shown: impl Fn(&identities::OverrideSaved) -> Option<&IdentityOverride>,
     rate: &RateLimitHeaders,
-) -> Answer {
-    let saved = saved.map_err(|e| match e {
-        AdminError::Invalid(e) => bad(override_field(identity, e)),
-        e => admin_error(e),
-    })?;
+) -> Response {
+    let saved = match saved {
+        Ok(s) => s,
+        Err(AdminError::Invalid(e)) => return bad(override_field(identity, e)),
+        Err(e) => return admin_error(e),
+    };
     let over = shown(&saved).cloned().unwrap_or_default();
     let body = IdentityOverrideView::of(identity, &over, &saved.version);
     let mut res = json(StatusCode::OK, &body);
     with_rate(&mut res, rate);
-    Ok(res)
+    res
 }
 
 /// `GET /api/v1/identities/{identity}/overrides`: 404 when it has none.
@@ -578,7 +580,12 @@ async fn put_override(
         now_secs(),
     )
     .await;
-    override_answer(&identity, saved, |s| s.after.as_ref(), &rate)
+    Ok(override_answer(
+        &identity,
+        saved,
+        |s| s.after.as_ref(),
+        &rate,
+    ))
 }
 
 /// `DELETE /api/v1/identities/{identity}/overrides`: the identity's keys are
@@ -595,5 +602,10 @@ async fn delete_override(
     if matches!(&saved, Err(AdminError::NotFound(_))) {
         return Err(no_override(&identity));
     }
-    override_answer(&identity, saved, |s| s.before.as_ref(), &rate)
+    Ok(override_answer(
+        &identity,
+        saved,
+        |s| s.before.as_ref(),
+        &rate,
+    ))
 }
