@@ -11,12 +11,14 @@ mod audit;
 #[cfg(feature = "ssr")]
 mod backtest;
 mod config;
+mod identities;
 mod keys;
 mod session;
 mod stats;
 
 pub use audit::*;
 pub use config::*;
+pub use identities::*;
 pub use keys::*;
 pub use session::*;
 pub use stats::*;

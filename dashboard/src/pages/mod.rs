@@ -12,6 +12,7 @@
 
 mod audit;
 mod charts;
+mod identities;
 mod keys;
 mod limits;
 mod login;
@@ -19,6 +20,7 @@ mod policies;
 mod traffic;
 
 pub use audit::AuditPage;
+pub use identities::IdentitiesPage;
 pub use keys::KeysPage;
 pub use login::LoginPage;
 pub use policies::PoliciesPage;
