@@ -10,7 +10,8 @@ use leptos_router::path;
 
 use crate::api::{Logout, current_session};
 use crate::pages::{
-    AuditPage, IdentitiesPage, KeysPage, LoginPage, PoliciesPage, SessionResource, TrafficPage,
+    AuditPage, IdentitiesPage, KeyDetailPage, KeysPage, LoginPage, PoliciesPage, SessionResource,
+    TrafficPage,
 };
 
 /// The pages' style sheet (also the outage page's).
@@ -47,6 +48,7 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/") view=|| view! { <Layout><TrafficPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/policies") view=|| view! { <Layout><PoliciesPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/keys") view=|| view! { <Layout><KeysPage/></Layout> } ssr=SsrMode::Async/>
+                <Route path=path!("/keys/:id") view=|| view! { <Layout><KeyDetailPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/identities") view=|| view! { <Layout><IdentitiesPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/audit") view=|| view! { <Layout><AuditPage/></Layout> } ssr=SsrMode::Async/>
             </Routes>

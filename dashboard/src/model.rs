@@ -273,6 +273,24 @@ pub struct IdentitiesView {
     pub plans: Vec<String>,
 }
 
+/// One key in detail (never its secret): the key page's fields, its rotation's
+/// overlap, and the version its forms change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyDetailView {
+    pub row: KeyRow,
+    pub identity: Option<String>,
+    pub name: Option<String>,
+    /// Compact JSON.
+    pub metadata: Option<String>,
+    /// Unix seconds.
+    pub expires_at: Option<i64>,
+    /// Compact JSON, as set (the live count is in Redis).
+    pub credits: Option<String>,
+    /// Unix seconds until which the secret a rotation replaced still works.
+    pub previous_secret_until: Option<i64>,
+    pub version: String,
+}
+
 /// A key just created: the only time its secret is shown.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreatedKey {

@@ -180,3 +180,94 @@ async fn identities_are_listed_with_their_keys_and_their_overrides_edited_and_au
         "{mine:?}"
     );
 }
+
+/// A key's page shows its fields, its expiry, credits and a rotation's overlap;
+/// its form changes the expiry and (confirmed) the credits of exactly the version
+/// shown, each bad value refused naming its field, every change audited.
+#[tokio::test]
+async fn a_keys_page_shows_expiry_credits_and_rotation_and_changes_them() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let op = Operator::sign_in(&d.url).await;
+    let id = key_of(&store, "cus_42", "production").await;
+    let now = floodgate_dashboard::time::now_secs();
+    admin::rotate_key(&store, &id, 3600, now).await.unwrap();
+    let (status, html) = op.page(&format!("/keys/{id}")).await;
+    assert_eq!(status, 200);
+    let until = floodgate_dashboard::time::utc(now + 3600);
+    assert!(
+        html.contains(&format!("the replaced secret works until {until}")),
+        "{html}"
+    );
+    assert!(html.contains("never"), "no expiry yet");
+    assert!(html.contains("cus_42"));
+
+    let detail = op.json("key_detail", &[("id", &id)]).await;
+    let version = detail["version"].as_str().unwrap().to_string();
+    let save = |fields: Vec<(&'static str, String)>| {
+        let op = &op;
+        async move {
+            let f: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            op.answer("save_key_detail", &f).await
+        }
+    };
+    let fields = |expires: &str, credits: &str, confirm: &str, version: &str| {
+        vec![
+            ("id", id.clone()),
+            ("version", version.to_string()),
+            ("expires_at", expires.to_string()),
+            ("credits", credits.to_string()),
+            ("confirm_credits", confirm.to_string()),
+        ]
+    };
+    for (expires, credits, confirm, field) in [
+        ("2020-01-01T00:00:00Z", "", "", "expires_at"),
+        ("tomorrow", "", "", "expires_at"),
+        ("", r#"{"remaining": 5}"#, "", "confirm_credits"),
+        ("", r#"{"remaining": -1}"#, "yes", "credits"),
+        ("", r#"{"remaining": 5"#, "yes", "credits"),
+    ] {
+        let (status, v) = save(fields(expires, credits, confirm, &version)).await;
+        assert_eq!(status, 422, "{expires} {credits}: {v}");
+        let got = v["Invalid"]["field"].as_str().unwrap_or("(none)");
+        assert!(got.starts_with(field), "{expires} {credits}: {v}");
+    }
+    assert_eq!(
+        admin::stored_key(&store, &id).await.unwrap().version,
+        version,
+        "nothing written"
+    );
+    let (status, v) = save(fields(
+        "2099-01-01T00:00:00Z",
+        r#"{"remaining": 5, "refill": {"amount": 5, "interval": "daily"}}"#,
+        "yes",
+        &version,
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let r = admin::key_by_id(&store, &id).await.unwrap();
+    assert_eq!(r.expires_at, Some(4_070_908_800));
+    assert_eq!(r.credits.as_ref().map(|c| c.remaining), Some(5));
+    // the page's version is stale now: refused, nothing lost
+    let (status, v) = save(fields("", "", "yes", &version)).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(
+        admin::key_by_id(&store, &id).await.unwrap().expires_at,
+        Some(4_070_908_800)
+    );
+    let (_, html) = op.page(&format!("/keys/{id}")).await;
+    assert!(html.contains("2099-01-01"), "the expiry shown");
+    assert!(
+        html.contains("&quot;remaining&quot;:5") || html.contains("\"remaining\":5"),
+        "the credits shown: {html}"
+    );
+    let log = admin::audit_log(&store, 5).await.unwrap();
+    assert!(
+        log.iter()
+            .any(|e| e.user == ADMIN && e.action == "edit key" && e.target == id),
+        "audited"
+    );
+}

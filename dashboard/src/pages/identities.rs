@@ -74,7 +74,7 @@ fn identity_card(
         })
         .collect_view();
     let keys = row.keys.into_iter().map(|k| view! {
-        <tr><td><code>{k.id}</code></td><td>{k.label}</td><td>{k.plan}</td><td>{if k.revoked { "revoked" } else { "active" }}</td></tr>
+        <tr><td><a href=format!("/keys/{}", k.id)><code>{k.id.clone()}</code></a></td><td>{k.label}</td><td>{k.plan}</td><td>{if k.revoked { "revoked" } else { "active" }}</td></tr>
     }).collect_view();
     view! {
         <section class="card" data-identity=id3>

@@ -13,6 +13,7 @@
 mod audit;
 mod charts;
 mod identities;
+mod keydetail;
 mod keys;
 mod limits;
 mod login;
@@ -21,6 +22,7 @@ mod traffic;
 
 pub use audit::AuditPage;
 pub use identities::IdentitiesPage;
+pub use keydetail::KeyDetailPage;
 pub use keys::KeysPage;
 pub use login::LoginPage;
 pub use policies::PoliciesPage;
