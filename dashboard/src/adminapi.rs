@@ -25,15 +25,17 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use floodgate_edge::admin::{self, AdminError, StoredKey};
+use floodgate_edge::identities;
 use floodgate_edge::store::Store;
 use floodgate_edge::tokens;
 use floodgate_shared::adminapi::{
-    ApiError, DEFAULT_PAGE, DEFAULT_USAGE_MINUTES, IdentityView, KeyPage, KeyUsage, KeyView,
-    KeyWithSecret, MAX_PAGE, MAX_REQUEST_JSON, MAX_USAGE_MINUTES, RotateRequest, Scope,
-    TokenRecord, TokenRefusal, VerifyRequest, parse_request, token_rate_key,
+    ApiError, DEFAULT_PAGE, DEFAULT_USAGE_MINUTES, IdentityOverrideView, IdentityView, KeyPage,
+    KeyUsage, KeyView, KeyWithSecret, MAX_PAGE, MAX_REQUEST_JSON, MAX_USAGE_MINUTES, RotateRequest,
+    Scope, TokenRecord, TokenRefusal, VerifyRequest, override_field, parse_request, token_rate_key,
 };
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus};
 use floodgate_shared::audit::AuditEntry;
+use floodgate_shared::config::IdentityOverride;
 use floodgate_shared::contract::RateLimitHeaders;
 use floodgate_shared::keychanges::KeyChanges;
 use floodgate_shared::policy::PolicyError;
@@ -59,6 +61,10 @@ pub fn routes(core: Arc<Core>) -> axum::Router {
         .route("/api/v1/keys/{id}/revoke", post(revoke))
         .route("/api/v1/keys/{id}/usage", get(usage))
         .route("/api/v1/identities/{identity}", get(identity))
+        .route(
+            "/api/v1/identities/{identity}/overrides",
+            get(show_override).put(put_override).delete(delete_override),
+        )
         .route("/api/v1/verify", post(verify))
         .route("/api/v1/{*rest}", any(not_found))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_JSON))
@@ -506,4 +512,100 @@ async fn verify(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
     let mut res = json(StatusCode::OK, &answer);
     with_rate(&mut res, &rate);
     Ok(res)
+}
+
+/// The answer of an identity override's call (`shown` picks the override to
+/// answer), or its error on the body's field.
+fn override_answer(
+    identity: &str,
+    saved: Result<identities::OverrideSaved, AdminError>,
+    shown: impl Fn(&identities::OverrideSaved) -> Option<&IdentityOverride>,
+    rate: &RateLimitHeaders,
+) -> Response {
+    let saved = match saved {
+        Ok(s) => s,
+        Err(AdminError::Invalid(e)) => return bad(override_field(identity, e)),
+        Err(e) => return admin_error(e),
+    };
+    let over = shown(&saved).cloned().unwrap_or_default();
+    let body = IdentityOverrideView::of(identity, &over, &saved.version);
+    let mut res = json(StatusCode::OK, &body);
+    with_rate(&mut res, rate);
+    res
+}
+
+/// `GET /api/v1/identities/{identity}/overrides`: 404 when it has none.
+async fn show_override(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    Path(identity): Path<String>,
+) -> Answer {
+    let (_, rate) = authorize(&core, &headers, Scope::Read).await?;
+    let (version, _) = admin::load_config(&core.store).await.map_err(admin_error)?;
+    let over = identities::identity_override(&core.store, &identity)
+        .await
+        .map_err(admin_error)?
+        .ok_or_else(|| no_override(&identity))?;
+    let mut res = json(
+        StatusCode::OK,
+        &IdentityOverrideView::of(&identity, &over, &version),
+    );
+    with_rate(&mut res, &rate);
+    Ok(res)
+}
+
+fn no_override(identity: &str) -> Response {
+    let shown: String = identity.chars().take(64).collect();
+    fail(
+        StatusCode::NOT_FOUND,
+        ApiError::new(format!("no override for identity {shown:?}")),
+    )
+}
+
+/// `PUT /api/v1/identities/{identity}/overrides`: sets (or replaces) what
+/// replaces the plans of the identity's keys; the identity must be some key's.
+async fn put_override(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    Path(identity): Path<String>,
+    body: Bytes,
+) -> Answer {
+    let (token, rate) = authorize(&core, &headers, Scope::Write).await?;
+    let over: IdentityOverride = parse_request(text(&body).map_err(bad)?).map_err(bad)?;
+    let saved = identities::edit_identity_override(
+        &core.store,
+        &identity,
+        Some(over),
+        &who(&token),
+        now_secs(),
+    )
+    .await;
+    Ok(override_answer(
+        &identity,
+        saved,
+        |s| s.after.as_ref(),
+        &rate,
+    ))
+}
+
+/// `DELETE /api/v1/identities/{identity}/overrides`: the identity's keys are
+/// back on their own plans; answers the override removed.
+async fn delete_override(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+    Path(identity): Path<String>,
+) -> Answer {
+    let (token, rate) = authorize(&core, &headers, Scope::Write).await?;
+    let saved =
+        identities::edit_identity_override(&core.store, &identity, None, &who(&token), now_secs())
+            .await;
+    if matches!(&saved, Err(AdminError::NotFound(_))) {
+        return Err(no_override(&identity));
+    }
+    Ok(override_answer(
+        &identity,
+        saved,
+        |s| s.before.as_ref(),
+        &rate,
+    ))
 }

@@ -9,7 +9,10 @@ use leptos_router::components::{A, Route, Router, Routes};
 use leptos_router::path;
 
 use crate::api::{Logout, current_session};
-use crate::pages::{AuditPage, KeysPage, LoginPage, PoliciesPage, SessionResource, TrafficPage};
+use crate::pages::{
+    AuditPage, IdentitiesPage, KeyDetailPage, KeysPage, LoginPage, PoliciesPage, SessionResource,
+    TrafficPage,
+};
 
 /// The pages' style sheet (also the outage page's).
 pub const STYLE: &str = include_str!("../assets/style.css");
@@ -45,6 +48,8 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/") view=|| view! { <Layout><TrafficPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/policies") view=|| view! { <Layout><PoliciesPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/keys") view=|| view! { <Layout><KeysPage/></Layout> } ssr=SsrMode::Async/>
+                <Route path=path!("/keys/:id") view=|| view! { <Layout><KeyDetailPage/></Layout> } ssr=SsrMode::Async/>
+                <Route path=path!("/identities") view=|| view! { <Layout><IdentitiesPage/></Layout> } ssr=SsrMode::Async/>
                 <Route path=path!("/audit") view=|| view! { <Layout><AuditPage/></Layout> } ssr=SsrMode::Async/>
             </Routes>
         </Router>
@@ -62,6 +67,7 @@ fn Layout(children: Children) -> impl IntoView {
             <A href="/">"Traffic"</A>
             <A href="/policies">"Policies"</A>
             <A href="/keys">"API keys"</A>
+            <A href="/identities">"Identities"</A>
             <A href="/audit">"Audit log"</A>
             <span class="who">
                 <Suspense fallback=|| ()>

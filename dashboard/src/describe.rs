@@ -104,12 +104,21 @@ pub fn describe_field(field: &str, spec: Option<&ConfigSpec>) -> String {
     if let Some(rest) = field.strip_prefix("key_overrides.") {
         return format!("Override for key {:?}, limits", strip_index(rest));
     }
+    if let Some(rest) = field.strip_prefix("identity_overrides.") {
+        let rest = strip_index(rest);
+        return match rest.rsplit_once('.') {
+            Some((who, "plan")) => format!("Override for identity {who:?}, plan"),
+            Some((who, "policies")) => format!("Override for identity {who:?}, limits"),
+            _ => format!("Override for identity {rest:?}"),
+        };
+    }
     if field.starts_with("ip_policies") {
         return "Per client IP, limits".to_string();
     }
     match field {
         "plans" => "Plans".to_string(),
         "key_overrides" => "Per API key overrides".to_string(),
+        "identity_overrides" => "Per identity overrides".to_string(),
         "(form)" | "(none)" | "" => "This form".to_string(),
         "(stored configuration)" => "The stored configuration".to_string(),
         other => {
@@ -262,6 +271,18 @@ mod tests {
             (
                 "key_overrides.Ab3dE5gH1j[1]",
                 "Override for key \"Ab3dE5gH1j\", limits",
+            ),
+            (
+                "identity_overrides.cus.42.policies[0]",
+                "Override for identity \"cus.42\", limits",
+            ),
+            (
+                "identity_overrides.cus_42.plan",
+                "Override for identity \"cus_42\", plan",
+            ),
+            (
+                "identity_overrides.cus_42",
+                "Override for identity \"cus_42\"",
             ),
             ("ip_policies[0]", "Per client IP, limits"),
             ("quota.capacity", "Capacity"),

@@ -252,6 +252,45 @@ pub struct KeyRow {
     pub degraded: u64,
 }
 
+/// One identity on the identities page: its keys, their decisions over the last
+/// hour together (they share the buckets of `identity` policies), and the
+/// configuration's override of their plans, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityRow {
+    pub identity: String,
+    pub keys: Vec<KeyRow>,
+    pub allowed: u64,
+    pub throttled: u64,
+    pub degraded: u64,
+    pub plan: Option<String>,
+    pub policies: Option<Vec<String>>,
+}
+
+/// The identities page: every identity some key holds, and what the forms need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentitiesView {
+    pub identities: Vec<IdentityRow>,
+    pub plans: Vec<String>,
+}
+
+/// One key in detail (never its secret): the key page's fields, its rotation's
+/// overlap, and the version its forms change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyDetailView {
+    pub row: KeyRow,
+    pub identity: Option<String>,
+    pub name: Option<String>,
+    /// Compact JSON.
+    pub metadata: Option<String>,
+    /// Unix seconds.
+    pub expires_at: Option<i64>,
+    /// Compact JSON, as set (the live count is in Redis).
+    pub credits: Option<String>,
+    /// Unix seconds until which the secret a rotation replaced still works.
+    pub previous_secret_until: Option<i64>,
+    pub version: String,
+}
+
 /// A key just created: the only time its secret is shown.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreatedKey {

@@ -137,7 +137,9 @@ pub enum Basis {
 }
 
 /// Validates `json` and saves it as `who` at `now_secs` (audited), replacing what
-/// `basis` allows. Returns the configuration as stored and its new version.
+/// `basis` allows; an identity override it adds must name an identity some key
+/// holds ([`crate::identities::check_new_identities`]). Returns the configuration
+/// as stored and its new version.
 pub async fn replace_config<S: Store>(
     store: &S,
     json: &str,
@@ -159,6 +161,11 @@ pub async fn replace_config<S: Store>(
                 Some(_) => return Err(AdminError::Unversioned { current }),
             },
         };
+        let stored = before
+            .as_deref()
+            .and_then(|t| EdgeConfig::from_json(t).ok());
+        let stored = stored.as_ref().map(EdgeConfig::spec);
+        crate::identities::check_new_identities(store, stored, config.spec()).await?;
         let entry = AuditEntry {
             at: now_secs,
             user: who.to_string(),

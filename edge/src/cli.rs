@@ -18,6 +18,8 @@
 //! floodgate-cli [STORE] token create --scope read|write --name <text>   the admin API's; prints it ONCE
 //! floodgate-cli [STORE] token list
 //! floodgate-cli [STORE] token revoke <id>
+//! floodgate-cli [STORE] identity override <identity> [--plan P] [--policy NAME]...
+//! floodgate-cli [STORE] identity clear|show <identity>
 //! floodgate-cli [STORE] audit [count]            the newest audit records (UTC)
 //! floodgate-cli [STORE] deny add|remove <list> <value>   list: key_id, ip, country, user_agent
 //! floodgate-cli [STORE] deny list [<list>]
@@ -46,9 +48,10 @@ use clap::{Parser, Subcommand};
 use crate::admin::{self, AdminError, Basis, DenyEdit};
 use crate::args::StoreArgs;
 use crate::store::{NativeStore, Store, StoreError};
-use crate::tokens;
+use crate::{identities, tokens};
 use floodgate_shared::adminapi::Scope;
 use floodgate_shared::audit::AuditEntry;
+use floodgate_shared::config::IdentityOverride;
 use floodgate_shared::contract::Answer;
 use floodgate_shared::deny::{DenyList, UnknownList};
 use floodgate_shared::keychanges::{CreditsInput, KeyChanges};
@@ -77,6 +80,10 @@ enum Command {
     /// Tokens of the admin HTTP API (/api/v1/…, served by floodgate-dashboard).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// What replaces the plans of one identity's keys (the configuration's
+    /// identity_overrides; the admin API's /identities/{identity}/overrides).
+    #[command(subcommand)]
+    Identity(IdentityCommand),
     /// Prints the newest audit records (time in UTC, who, action, target).
     Audit {
         /// How many records.
@@ -227,6 +234,34 @@ enum TokenCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum IdentityCommand {
+    /// Sets (or replaces) an identity's override: a plan in place of each of its
+    /// keys' own, and/or per-key policies in place of the plan's (a key's own
+    /// override still comes first). The identity must be held by some key.
+    /// Validated, version-checked and audited like every configuration save.
+    Override {
+        /// The identity (the operator's external id of the customer).
+        identity: String,
+        /// A plan of the configuration.
+        #[arg(long)]
+        plan: Option<String>,
+        /// A policy keyed by api_key or identity (repeatable, in order).
+        #[arg(long = "policy")]
+        policies: Vec<String>,
+    },
+    /// Removes an identity's override: its keys are back on their own plans.
+    Clear {
+        /// The identity.
+        identity: String,
+    },
+    /// Prints an identity's override (plan, policies) and its keys.
+    Show {
+        /// The identity.
+        identity: String,
+    },
+}
+
 fn scope(v: &str) -> Result<Scope, String> {
     v.parse()
 }
@@ -331,6 +366,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             Command::Config(c) => config_command(&store, c).await,
             Command::Key(k) => key_command(&store, k).await,
             Command::Token(t) => token_command(&store, t).await,
+            Command::Identity(i) => identity_command(&store, i).await,
             Command::Audit { count } => audit_command(&store, count).await,
             Command::Deny(d) => deny_command(&store, d).await,
             Command::Check { key, quota, cost } => {
@@ -556,6 +592,57 @@ async fn token_command(store: &NativeStore, command: TokenCommand) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// `identity override|clear` (the admin API's code, [`crate::identities`]) and
+/// `identity show`.
+async fn identity_command(store: &NativeStore, command: IdentityCommand) -> Result<(), CliError> {
+    let (identity, over) = match command {
+        IdentityCommand::Override {
+            identity,
+            plan,
+            policies,
+        } => {
+            let policies = (!policies.is_empty()).then_some(policies);
+            let over = IdentityOverride { plan, policies };
+            (identity, Some(over))
+        }
+        IdentityCommand::Clear { identity } => (identity, None),
+        IdentityCommand::Show { identity } => {
+            let over = identities::identity_override(store, &identity).await?;
+            println!("{}", describe_override(over.as_ref()));
+            let (keys, _) = admin::key_page(store, Some(&identity), None, usize::MAX).await?;
+            for k in keys {
+                let r = k.record;
+                println!("{}\t{:?}\t{}", r.id, r.status, r.plan);
+            }
+            return Ok(());
+        }
+    };
+    let cleared = over.is_none();
+    let saved =
+        identities::edit_identity_override(store, &identity, over, &who(), now_secs()).await?;
+    let shown = if cleared { saved.before } else { saved.after };
+    let verb = if cleared { "removed" } else { "set" };
+    println!(
+        "{identity}: {verb} {} (version {})",
+        describe_override(shown.as_ref()),
+        saved.version
+    );
+    Ok(())
+}
+
+/// An override as `identity show` prints it.
+fn describe_override(over: Option<&IdentityOverride>) -> String {
+    let Some(o) = over else {
+        return "no override".into();
+    };
+    let plan = o.plan.as_deref().unwrap_or("(the key's)");
+    let policies = o
+        .policies
+        .as_ref()
+        .map_or("(the plan's)".to_string(), |l| l.join(","));
+    format!("plan {plan}, policies {policies}")
 }
 
 /// `deny add|remove` (the audited, version-checked save) and `deny list`.

@@ -10,7 +10,6 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use floodgate_shared::contract::{KEY_IDENTITY_HEADER, KEY_META_HEADER};
 use floodgate_shared::time::Clock;
 
 use crate::pipeline::{Admit, Pipeline, Reply, RequestHead, Task};
@@ -186,10 +185,10 @@ pub fn upstream_headers<H: HeaderList>(
         out.set(&rules.identity_header, id);
     }
     if let Some(identity) = &admit.identity {
-        out.set(KEY_IDENTITY_HEADER, identity);
+        out.set(&rules.key_identity_header, identity);
     }
     if let Some(meta) = &admit.key_meta {
-        out.set(KEY_META_HEADER, meta);
+        out.set(&rules.key_meta_header, meta);
     }
     out.set(REQUEST_ID_HEADER, request_id);
     let existing = from.texts("x-forwarded-for");

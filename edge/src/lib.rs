@@ -25,6 +25,8 @@ pub mod demo_upstream;
 #[cfg(feature = "native")]
 pub mod forward_auth;
 #[cfg(feature = "native")]
+pub mod identities;
+#[cfg(feature = "native")]
 pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native_host;

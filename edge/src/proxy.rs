@@ -115,6 +115,10 @@ pub struct ProxyRules {
     pub forward_key: bool,
     /// The header the edge sets to the caller's key id, lower case.
     pub identity_header: String,
+    /// The header the edge sets to the caller's identity, lower case.
+    pub key_identity_header: String,
+    /// The header the edge sets to the caller's key metadata, lower case.
+    pub key_meta_header: String,
     pub limits: Limits,
     pub timeouts: Timeouts,
 }
@@ -126,6 +130,8 @@ impl ProxyRules {
             key_header: "authorization".into(),
             forward_key: false,
             identity_header: IDENTITY_HEADER.into(),
+            key_identity_header: KEY_IDENTITY_HEADER.into(),
+            key_meta_header: KEY_META_HEADER.into(),
             limits: Limits::default(),
             timeouts: Timeouts::default(),
         }
@@ -146,13 +152,17 @@ impl ProxyRules {
     /// names the request's `Connection` header lists (see [`connection_named`]).
     /// Dropped: hop-by-hop headers, the ones `Connection` names, every spelling of
     /// the headers the edge sets about the caller (the key id, the identity and
-    /// the key's metadata: the edge sets its own) and of the key header unless
+    /// the key's metadata, under their configured names and, for the last two,
+    /// their default names too, so an upstream still reading those after a
+    /// rename never sees a client's value: the edge sets its own) and of the key header unless
     /// the key is forwarded — "spelling" in the CGI sense: `X_Floodgate_Key_Id`
     /// reaches a WSGI/CGI application as the same variable as
     /// `X-Floodgate-Key-Id`.
     pub fn forwards_request_header(&self, name: &str, named: &[String]) -> bool {
         !(is_hop_by_hop(name, named)
             || same_variable(name, &self.identity_header)
+            || same_variable(name, &self.key_identity_header)
+            || same_variable(name, &self.key_meta_header)
             || same_variable(name, KEY_IDENTITY_HEADER)
             || same_variable(name, KEY_META_HEADER)
             || (!self.forward_key && same_variable(name, &self.key_header)))
@@ -410,6 +420,20 @@ mod tests {
         r.forward_key = false;
         assert!(!r.forwards_request_header("X_API_KEY", &[]));
         assert!(!r.bearer());
+        // renamed: the configured names are dropped in every spelling
+        r.key_identity_header = "x-customer".into();
+        r.key_meta_header = "x-customer-meta".into();
+        for h in [
+            "X-Customer",
+            "x_customer",
+            "X_CUSTOMER-META",
+            "x-customer_meta",
+            "X-Floodgate-Identity",
+            "x_floodgate_key_meta",
+        ] {
+            assert!(!r.forwards_request_header(h, &[]), "{h}");
+        }
+        assert!(r.forwards_request_header("x-customer-id", &[]));
     }
 
     #[test]

@@ -56,6 +56,15 @@ pub struct EdgeSettings {
     /// The header the edge sets to the caller's key id.
     #[arg(long, env = "FLOODGATE_IDENTITY_HEADER", default_value = "x-floodgate-key-id", value_parser = header_name)]
     pub identity_header: String,
+    /// The header the edge sets to the caller's identity (the key's `identity`,
+    /// when it has one); client copies are dropped in every spelling.
+    #[arg(long, env = "FLOODGATE_KEY_IDENTITY_HEADER", default_value = "x-floodgate-identity", value_parser = header_name)]
+    pub key_identity_header: String,
+    /// The header the edge sets to the caller's key metadata (compact JSON, at
+    /// most 1 KB, when the key has metadata); client copies are dropped in every
+    /// spelling.
+    #[arg(long, env = "FLOODGATE_KEY_META_HEADER", default_value = "x-floodgate-key-meta", value_parser = header_name)]
+    pub key_meta_header: String,
     /// How long configuration and key records are cached.
     #[arg(long, env = "FLOODGATE_CACHE_TTL_MS", default_value_t = 5_000)]
     pub cache_ttl_ms: u32,
@@ -256,6 +265,10 @@ impl EdgeSettings {
         let mut rules = ProxyRules::new(upstream);
         rules.key_header.clone_from(&self.key_header);
         rules.identity_header.clone_from(&self.identity_header);
+        rules
+            .key_identity_header
+            .clone_from(&self.key_identity_header);
+        rules.key_meta_header.clone_from(&self.key_meta_header);
         rules.forward_key = self.forward_key;
         rules.timeouts.upstream =
             std::time::Duration::from_millis(u64::from(self.upstream_timeout_ms));
@@ -293,6 +306,19 @@ mod tests {
             (2_000_000, 60_000_000)
         );
         assert!(!s.forward_key);
+        let rules = s.rules("http://u");
+        assert_eq!(
+            (
+                rules.identity_header.as_str(),
+                rules.key_identity_header.as_str(),
+                rules.key_meta_header.as_str()
+            ),
+            (
+                "x-floodgate-key-id",
+                "x-floodgate-identity",
+                "x-floodgate-key-meta"
+            )
+        );
         let p = s.pipeline(Protocol::Rest);
         assert_eq!(p.deadline, DeadlineSettings::REST);
         assert_eq!(s.pipeline(Protocol::Resp).deadline, DeadlineSettings::RESP);
@@ -305,8 +331,18 @@ mod tests {
             ("FORWARD_KEY", "true"),
             ("KEY_HEADER", "X-Api-Key"),
             ("MAX_BODY_BYTES", "0"),
+            ("KEY_IDENTITY_HEADER", "X-Customer"),
+            ("KEY_META_HEADER", "X-Customer-Meta"),
         ])
         .unwrap();
+        let rules = s.rules("http://u");
+        assert_eq!(
+            (
+                rules.key_identity_header.as_str(),
+                rules.key_meta_header.as_str()
+            ),
+            ("x-customer", "x-customer-meta")
+        );
         assert_eq!(s.deadline_ms, Some(40));
         assert!(s.forward_key);
         assert_eq!(s.key_header, "x-api-key");
@@ -329,6 +365,8 @@ mod tests {
             ("BREAKER_THRESHOLD", "0"),
             ("CACHE_TTL_MS", "soon"),
             ("KEY_HEADER", "a b"),
+            ("KEY_IDENTITY_HEADER", "x customer"),
+            ("KEY_META_HEADER", ""),
         ] {
             let e = from(&[(name, value), ("STARTUP_WAIT_MS", "2000")]).unwrap_err();
             assert!(

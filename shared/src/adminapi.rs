@@ -340,6 +340,47 @@ pub struct IdentityView {
     pub degraded: u64,
 }
 
+/// `GET|PUT|DELETE /api/v1/identities/{identity}/overrides`: what replaces the
+/// plans of the identity's keys (the configuration's `identity_overrides` entry,
+/// [`crate::config::IdentityOverride`]; the PUT's body is that entry), and the
+/// configuration's version after the call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityOverrideView {
+    pub identity: String,
+    pub plan: Option<String>,
+    pub policies: Option<Vec<String>>,
+    pub config_version: String,
+}
+
+impl IdentityOverrideView {
+    pub fn of(identity: &str, o: &crate::config::IdentityOverride, version: &str) -> Self {
+        IdentityOverrideView {
+            identity: identity.to_string(),
+            plan: o.plan.clone(),
+            policies: o.policies.clone(),
+            config_version: version.to_string(),
+        }
+    }
+}
+
+/// An error of an identity override's edit on the field of the PUT's body that
+/// caused it: `identity_overrides.<identity>.policies[0]` → `policies[0]`, the
+/// override as a whole (`identity_overrides.<identity>`) → `identity` when no
+/// key holds it, `(document)` otherwise.
+pub fn override_field(identity: &str, mut e: PolicyError) -> PolicyError {
+    let at = format!("identity_overrides.{identity}");
+    if let Some(rest) = e.field.strip_prefix(&at) {
+        e.field = match rest.strip_prefix('.') {
+            Some(inner) => inner.to_string(),
+            None if rest.is_empty() && e.message.contains("no API key has") => "identity".into(),
+            None if rest.is_empty() => "(document)".into(),
+            None => e.field.clone(),
+        };
+    }
+    e
+}
+
 /// `POST /api/v1/keys/{id}/rotate`: how long the replaced secret keeps working
 /// (0 to 30 days; 0 stops it at once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -467,6 +508,37 @@ mod tests {
             throttled: 0,
             degraded: 1,
         });
+        let over = crate::config::IdentityOverride {
+            plan: Some("pro".into()),
+            policies: None,
+        };
+        let shown = round_trip(&IdentityOverrideView::of("cus_1", &over, "v2"));
+        assert_eq!(
+            shown,
+            r#"{"identity":"cus_1","plan":"pro","policies":null,"config_version":"v2"}"#
+        );
+        let body = parse_request::<crate::config::IdentityOverride>(r#"{"policies":["vip"]}"#);
+        assert_eq!(body.unwrap().policies, Some(vec!["vip".to_string()]));
+        let bad = parse_request::<crate::config::IdentityOverride>(r#"{"plan":"pro","x":1}"#);
+        assert_eq!(bad.unwrap_err().field, "x");
+        for (field, message, shown) in [
+            (
+                "identity_overrides.cus.1.policies[0]",
+                "no policy",
+                "policies[0]",
+            ),
+            ("identity_overrides.cus.1.plan", "no plan", "plan"),
+            (
+                "identity_overrides.cus.1",
+                "no API key has the identity",
+                "identity",
+            ),
+            ("identity_overrides.cus.1", "must name a plan", "(document)"),
+            ("plans", "at most 16", "plans"),
+        ] {
+            let e = override_field("cus.1", PolicyError::new(field, message));
+            assert_eq!(e.field, shown, "{field}");
+        }
         round_trip(&KeyUsage {
             id: "Ab3dE5gH1j".into(),
             minutes: 60,

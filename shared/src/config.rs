@@ -17,6 +17,10 @@
 //! For a request by a key on plan P that matched route R from IP A, the buckets
 //! checked are: P's policies (per key), R's policies (per key and route) and the IP
 //! policies (per IP) — all in one atomic call.
+//!
+//! The per-key policies come from the first of: the key's override
+//! (`key_overrides`), its identity's override's policies (`identity_overrides`),
+//! its identity's override's plan, the key's own plan ([`EdgeConfig::applicable`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -40,6 +44,7 @@ pub const MAX_POLICIES: usize = 64;
 pub const MAX_ROUTES: usize = 256;
 pub const MAX_PLANS: usize = 64;
 pub const MAX_KEY_OVERRIDES: usize = 4096;
+pub const MAX_IDENTITY_OVERRIDES: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,6 +67,10 @@ pub struct ConfigSpec {
     /// Per API key overrides: key id → the per-key policies that replace its plan's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub key_overrides: BTreeMap<String, Vec<String>>,
+    /// Per identity overrides: identity → the plan and/or the per-key policies
+    /// that replace the plans of the identity's keys (a key's own override wins).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub identity_overrides: BTreeMap<String, IdentityOverride>,
     /// Response header options.
     #[serde(default, skip_serializing_if = "HeaderSpec::is_default")]
     pub headers: HeaderSpec,
@@ -75,6 +84,18 @@ pub struct ConfigSpec {
     /// ranges, countries, user-agent substrings ([`crate::deny`]).
     #[serde(default, skip_serializing_if = "DenySpec::is_empty")]
     pub deny: DenySpec,
+}
+
+/// What replaces the plans of one identity's keys: a `plan` of the configuration
+/// in place of each key's own, and/or `policies` (per key or identity, as a key
+/// override's) in place of the plan's. At least one is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<String>>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -108,6 +129,8 @@ impl HeaderSpec {
 pub enum Source {
     Plan(String),
     KeyOverride,
+    /// The key's identity's override (its `policies`; its `plan` is a `Plan`).
+    IdentityOverride(String),
     Route(String),
     ClientIp,
 }
@@ -119,6 +142,8 @@ pub struct EdgeConfig {
     policies: Vec<Policy>,
     plans: BTreeMap<String, Vec<usize>>,
     overrides: BTreeMap<String, Vec<usize>>,
+    /// Identity → its override's policies, when it names some.
+    identity_policies: BTreeMap<String, Vec<usize>>,
     routes: RouteTable,
     route_policies: BTreeMap<String, Vec<usize>>,
     ip_policies: Vec<usize>,
@@ -180,6 +205,12 @@ fn check_sizes(spec: &ConfigSpec) -> Result<(), PolicyError> {
             format!("must hold at most {MAX_KEY_OVERRIDES} keys"),
         ));
     }
+    if spec.identity_overrides.len() > MAX_IDENTITY_OVERRIDES {
+        return Err(err(
+            "identity_overrides",
+            format!("must hold at most {MAX_IDENTITY_OVERRIDES} identities"),
+        ));
+    }
     if spec.routes.len() > MAX_ROUTES {
         return Err(err(
             "routes",
@@ -228,6 +259,41 @@ fn per_key(p: &Policy) -> Result<(), String> {
     } else {
         Ok(())
     }
+}
+
+/// The policies of each identity override that names some (by index), each
+/// override checked: a valid identity, a configured plan, at least one of the two,
+/// a non-empty list of per-key policies.
+fn identity_policies(
+    spec: &ConfigSpec,
+    names: &Names<'_>,
+) -> Result<BTreeMap<String, Vec<usize>>, PolicyError> {
+    let mut out = BTreeMap::new();
+    for (identity, o) in &spec.identity_overrides {
+        let field = format!("identity_overrides.{identity}");
+        crate::keyrecord::check_identity(identity).map_err(|e| {
+            let message = e.to_string();
+            let message = message.strip_prefix("identity: ").unwrap_or(&message);
+            err(field.clone(), message)
+        })?;
+        if o.plan.is_none() && o.policies.is_none() {
+            return Err(err(field, "must name a plan, policies or both"));
+        }
+        if let Some(plan) = o.plan.as_ref().filter(|p| !spec.plans.contains_key(*p)) {
+            return Err(err(
+                format!("{field}.plan"),
+                format!("no plan is named {plan:?}"),
+            ));
+        }
+        if let Some(list) = &o.policies {
+            let field = format!("{field}.policies");
+            if list.is_empty() {
+                return Err(err(field, "must name at least one policy"));
+            }
+            out.insert(identity.clone(), names.all(&field, list, per_key)?);
+        }
+    }
+    Ok(out)
 }
 
 /// A route's policy: keyed by endpoint.
@@ -287,6 +353,7 @@ impl EdgeConfig {
                 Ok((key_id.clone(), names.all(&field, list, per_key)?))
             })
             .collect::<Result<BTreeMap<_, _>, PolicyError>>()?;
+        let identity_policies = identity_policies(&spec, &names)?;
         let routes = RouteTable::new(
             spec.routes
                 .iter()
@@ -310,6 +377,7 @@ impl EdgeConfig {
         let most_plan = plans
             .values()
             .chain(overrides.values())
+            .chain(identity_policies.values())
             .map(Vec::len)
             .max()
             .unwrap_or(0);
@@ -326,6 +394,7 @@ impl EdgeConfig {
             policies,
             plans,
             overrides,
+            identity_policies,
             routes,
             route_policies,
             ip_policies,
@@ -366,23 +435,31 @@ impl EdgeConfig {
         self.policies.iter().find(|p| p.name() == name)
     }
 
-    /// The policies one request must pass and where each comes from: the key's
-    /// override or else its plan, the matched route, and the client IP (when known).
-    /// `None` when the plan is not configured.
+    /// The policies one request must pass and where each comes from: the per-key
+    /// ones of the first of the key's override, its identity's override's
+    /// policies, its identity's override's plan and the key's own `plan`; the
+    /// matched route's; and the client IP's (when known). `None` when the plan
+    /// that applies (the identity's, else the key's) is not configured.
     pub fn applicable(
         &self,
-        key_id: &str,
+        (key_id, identity): (&str, Option<&str>),
         plan: &str,
         route: Option<&Route>,
         has_ip: bool,
     ) -> Option<Vec<(&Policy, Source)>> {
+        let by_identity = identity.and_then(|i| self.spec.identity_overrides.get_key_value(i));
+        let plan = by_identity
+            .and_then(|(_, o)| o.plan.as_deref())
+            .unwrap_or(plan);
         let plan_idx = self.plans.get(plan)?;
-        let per_key = match self.overrides.get(key_id) {
-            Some(o) => o
+        let identity_idx = by_identity.and_then(|(i, _)| Some((i, self.identity_policies.get(i)?)));
+        let per_key: Vec<(usize, Source)> = match (self.overrides.get(key_id), identity_idx) {
+            (Some(o), _) => o.iter().map(|&i| (i, Source::KeyOverride)).collect(),
+            (None, Some((who, o))) => o
                 .iter()
-                .map(|&i| (i, Source::KeyOverride))
-                .collect::<Vec<_>>(),
-            None => plan_idx
+                .map(|&i| (i, Source::IdentityOverride(who.clone())))
+                .collect(),
+            (None, None) => plan_idx
                 .iter()
                 .map(|&i| (i, Source::Plan(plan.to_string())))
                 .collect(),
@@ -414,13 +491,15 @@ impl EdgeConfig {
     }
 
     /// Every enforced policy that may apply to a request on `route` whoever sends
-    /// it: each plan's and key override's, the route's and (with an address) the
-    /// per-IP ones. What decides a request whose API key cannot be verified.
+    /// it: each plan's, key override's and identity override's, the route's and
+    /// (with an address) the per-IP ones. What decides a request whose API key
+    /// cannot be verified.
     pub fn any_caller(&self, route: Option<&Route>, has_ip: bool) -> Vec<&Policy> {
         let mut idx: Vec<usize> = self
             .plans
             .values()
             .chain(self.overrides.values())
+            .chain(self.identity_policies.values())
             .flatten()
             .copied()
             .collect();
@@ -455,7 +534,7 @@ impl EdgeConfig {
             client_ip: ip,
         };
         Some(
-            self.applicable(key_id, plan, route, ip.is_some())?
+            self.applicable((key_id, identity), plan, route, ip.is_some())?
                 .into_iter()
                 .map(|(p, _)| identity_bucket_key(p, &subject, identity).map(|k| (k, p)))
                 .collect(),
@@ -569,7 +648,7 @@ mod tests {
         let c = EdgeConfig::from_json(&v.to_string()).unwrap();
         let search = c.routes().resolve("/v1/search").cloned();
         let names = |id: &str| -> Vec<(String, Source)> {
-            c.applicable(id, "free", search.as_ref(), false)
+            c.applicable((id, None), "free", search.as_ref(), false)
                 .unwrap()
                 .into_iter()
                 .map(|(p, s)| (p.name().to_string(), s))
@@ -619,6 +698,137 @@ mod tests {
                 EdgeConfig::from_json(&v.to_string()).unwrap_err().field,
                 field
             );
+        }
+    }
+
+    /// The per-key policies of a request by `key` of `identity` on plan `plan`
+    /// of `c`, with where each comes from (no route, no address).
+    fn per_key(
+        c: &EdgeConfig,
+        key: (&str, Option<&str>),
+        plan: &str,
+    ) -> Option<Vec<(String, Source)>> {
+        let rows = c.applicable(key, plan, None, false)?;
+        Some(
+            rows.into_iter()
+                .map(|(p, s)| (p.name().to_string(), s))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn identity_overrides_come_after_key_overrides_and_before_plans() {
+        let mut v: serde_json::Value = serde_json::from_str(DEMO).unwrap();
+        for (name, dimension) in [
+            ("vip", "api_key"),
+            ("team", "identity"),
+            ("gold", "api_key"),
+        ] {
+            v["policies"].as_array_mut().unwrap().push(serde_json::json!(
+                {"name": name, "dimensions": [dimension], "quota": {"capacity": 5, "period": "1m"}, "failure_mode": "fail_closed"}));
+        }
+        v["plans"]["gold"] = serde_json::json!(["gold"]);
+        v["key_overrides"] = serde_json::json!({"Ab3dE5gH1j": ["vip"]});
+        v["identity_overrides"] = serde_json::json!({
+            "cus_42": {"policies": ["team"]},
+            "cus_43": {"plan": "gold"},
+            "cus_44": {"plan": "gold", "policies": ["team"]}});
+        let c = EdgeConfig::from_json(&v.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(EdgeConfig::from_json(&c.to_json()).unwrap(), c);
+        let plan = |p: &str| Source::Plan(p.into());
+        let who = |i: &str| Source::IdentityOverride(i.into());
+        let cases = [
+            // the key's own override beats its identity's
+            (
+                ("Ab3dE5gH1j", Some("cus_42")),
+                "free",
+                ("vip", Source::KeyOverride),
+            ),
+            (
+                ("Zz3dE5gH1j", Some("cus_42")),
+                "free",
+                ("team", who("cus_42")),
+            ),
+            // an identity's plan replaces the key's plan, even one not configured
+            (
+                ("Zz3dE5gH1j", Some("cus_43")),
+                "free",
+                ("gold", plan("gold")),
+            ),
+            (
+                ("Zz3dE5gH1j", Some("cus_43")),
+                "nope",
+                ("gold", plan("gold")),
+            ),
+            (
+                ("Zz3dE5gH1j", Some("cus_44")),
+                "nope",
+                ("team", who("cus_44")),
+            ),
+            // no override for this identity, or no identity: the key's plan
+            (
+                ("Zz3dE5gH1j", Some("cus_45")),
+                "free",
+                ("default", plan("free")),
+            ),
+            (("Zz3dE5gH1j", None), "free", ("default", plan("free"))),
+        ];
+        for (key, key_plan, (policy, source)) in cases {
+            assert_eq!(
+                per_key(&c, key, key_plan),
+                Some(vec![(policy.to_string(), source)]),
+                "{key:?} on {key_plan}"
+            );
+        }
+        // the identity's policies alone need the key's plan configured, as a key override does
+        assert_eq!(per_key(&c, ("Zz3dE5gH1j", Some("cus_42")), "nope"), None);
+        // two keys of cus_42 share the override's identity bucket
+        let bucket = |id: &str| {
+            c.checks((id, Some("cus_42")), "free", None, None)
+                .unwrap()
+                .unwrap()[0]
+                .0
+                .clone()
+        };
+        assert_eq!(bucket("Zz3dE5gH1j"), "fg:{i:cus_42}:team");
+        assert_eq!(bucket("Yy3dE5gH1j"), bucket("Zz3dE5gH1j"));
+        assert!(
+            c.any_caller(None, false).iter().any(|p| p.name() == "team"),
+            "an identity override's policy can decide an unverified caller"
+        );
+        for (bad, field) in [
+            (
+                serde_json::json!({"cus_42": {}}),
+                "identity_overrides.cus_42",
+            ),
+            (
+                serde_json::json!({"two words": {"plan": "free"}}),
+                "identity_overrides.two words",
+            ),
+            (
+                serde_json::json!({"cus_42": {"plan": "platinum"}}),
+                "identity_overrides.cus_42.plan",
+            ),
+            (
+                serde_json::json!({"cus_42": {"policies": []}}),
+                "identity_overrides.cus_42.policies",
+            ),
+            (
+                serde_json::json!({"cus_42": {"policies": ["nope"]}}),
+                "identity_overrides.cus_42.policies[0]",
+            ),
+            (
+                serde_json::json!({"cus_42": {"policies": ["default", "search"]}}),
+                "identity_overrides.cus_42.policies[1]",
+            ),
+            (
+                serde_json::json!({"cus_42": {"plan": "free", "limits": []}}),
+                "identity_overrides.cus_42.limits",
+            ),
+        ] {
+            v["identity_overrides"] = bad.clone();
+            let e = EdgeConfig::from_json(&v.to_string()).unwrap_err();
+            assert_eq!(e.field, field, "{bad}: {e}");
         }
     }
 

@@ -368,6 +368,8 @@ async fn every_documented_call_works_with_a_real_client_and_scoped_tokens() {
         .await;
     assert_eq!(nobody.status, 404);
 
+    identity_overrides_through_the_api(&read, &write, &s.store).await;
+
     let revoked = write.revoke(id).await;
     assert_eq!(
         (revoked.status, revoked.body["status"].as_str()),
@@ -426,6 +428,9 @@ async fn every_documented_call_works_with_a_real_client_and_scoped_tokens() {
     for action in ["key.create", "key.update", "key.rotate", "key.revoke"] {
         assert!(by_api.contains(&action), "{action} in {by_api:?}");
     }
+    for action in ["set identity override", "delete identity override"] {
+        assert!(by_api.contains(&action), "{action} in {by_api:?}");
+    }
     assert_eq!(by_api.iter().filter(|a| **a == "key.create").count(), 3);
     assert!(
         log.iter()
@@ -443,6 +448,98 @@ async fn every_documented_call_works_with_a_real_client_and_scoped_tokens() {
         documented_operations(),
         "every documented call, and only those"
     );
+}
+
+impl Api {
+    async fn identity_override(
+        &self,
+        method: Method,
+        identity: &str,
+        body: Option<Value>,
+    ) -> Reply {
+        let template = "/api/v1/identities/{identity}/overrides";
+        let path = format!("/api/v1/identities/{identity}/overrides");
+        self.send(method, template, &path, body, &[]).await
+    }
+}
+
+/// An identity's override (cus_1 holds keys, cus_9 none) set, read, refused
+/// naming the field with nothing stored, and removed; the stored configuration
+/// holds exactly what the API answered.
+async fn identity_overrides_through_the_api(read: &Api, write: &Api, store: &NativeStore) {
+    let stored = || async {
+        let text = admin::get_config(store).await.unwrap().unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["identity_overrides"].clone()
+    };
+    let none = read.identity_override(Method::GET, "cus_1", None).await;
+    assert_eq!(none.status, 404, "{}", none.body);
+    let set = write
+        .identity_override(
+            Method::PUT,
+            "cus_1",
+            Some(json!({"plan": "free", "policies": ["default"]})),
+        )
+        .await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    assert_eq!(
+        (
+            &set.body["identity"],
+            &set.body["plan"],
+            &set.body["policies"]
+        ),
+        (&json!("cus_1"), &json!("free"), &json!(["default"]))
+    );
+    let version = admin::load_config(store).await.unwrap().0;
+    assert_eq!(set.body["config_version"], version.as_str());
+    assert_eq!(
+        stored().await,
+        json!({"cus_1": {"plan": "free", "policies": ["default"]}})
+    );
+    let got = read.identity_override(Method::GET, "cus_1", None).await;
+    assert_eq!((got.status, &got.body), (StatusCode::OK, &set.body));
+    for (identity, body, status, field_named) in [
+        ("cus_9", json!({"plan": "free"}), 400, "identity"),
+        ("two words", json!({"plan": "free"}), 400, "identity"),
+        ("cus_1", json!({"plan": "gold"}), 400, "plan"),
+        ("cus_1", json!({"policies": ["search"]}), 400, "policies[0]"),
+        ("cus_1", json!({"policies": ["nope"]}), 400, "policies[0]"),
+        ("cus_1", json!({"policies": []}), 400, "policies"),
+        ("cus_1", json!({}), 400, "(document)"),
+        ("cus_1", json!({"plan": "free", "limits": 1}), 400, "limits"),
+        ("cus_1", json!({"plan": 7}), 400, "plan"),
+    ] {
+        let r = write
+            .identity_override(Method::PUT, identity, Some(body.clone()))
+            .await;
+        assert_eq!(
+            (r.status.as_u16(), field(&r)),
+            (status, field_named),
+            "{identity} {body}: {}",
+            r.body
+        );
+    }
+    assert!(
+        read.identity_override(Method::PUT, "cus_1", Some(json!({"plan": "free"})))
+            .await
+            .body["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs write")
+    );
+    assert_eq!(
+        admin::load_config(store).await.unwrap().0,
+        version,
+        "nothing stored"
+    );
+    let gone = write.identity_override(Method::DELETE, "cus_1", None).await;
+    assert_eq!(
+        (gone.status, &gone.body["plan"]),
+        (StatusCode::OK, &json!("free"))
+    );
+    assert_eq!(stored().await, Value::Null, "no identity_overrides left");
+    let again = write.identity_override(Method::DELETE, "cus_1", None).await;
+    assert_eq!(again.status, 404, "{}", again.body);
 }
 
 /// Credits are enforced by the edge now (issue 23): the API creates a key with

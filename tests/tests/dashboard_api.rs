@@ -15,7 +15,14 @@ async fn every_page_and_every_server_function_refuses_without_a_session() {
     let redis = RedisServer::start();
     let d = start_dashboard(&redis).await;
     let http = client();
-    for page in ["/", "/policies", "/keys", "/audit", "/no/such/page"] {
+    for page in [
+        "/",
+        "/policies",
+        "/keys",
+        "/identities",
+        "/audit",
+        "/no/such/page",
+    ] {
         let res = http.get(format!("{}{page}", d.url)).send().await.unwrap();
         assert_eq!(res.status(), 303, "{page}");
         assert_eq!(res.headers()["location"], "/login", "{page}");

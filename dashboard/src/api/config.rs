@@ -173,7 +173,12 @@ pub async fn effective_limits(key_id: String, path: String) -> Result<Vec<Effect
         .resolve(if path.is_empty() { "/" } else { path })
         .cloned();
     let rows = config
-        .applicable(&record.id, &record.plan, route.as_ref(), true)
+        .applicable(
+            (&record.id, record.identity.as_deref()),
+            &record.plan,
+            route.as_ref(),
+            true,
+        )
         .ok_or_else(|| {
             AppError::invalid(
                 "key_id",

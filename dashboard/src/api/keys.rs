@@ -13,6 +13,19 @@ pub async fn list_keys() -> Result<Vec<KeyRow>, AppError> {
     ctx::session().await?;
     let core = ctx::core()?;
     let keys = floodgate_edge::admin::list_keys(&core.store).await?;
+    Ok(key_rows(&core, keys)
+        .await?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect())
+}
+
+/// Each key's record and its row: usage over the last hour, last use.
+#[cfg(feature = "ssr")]
+pub(super) async fn key_rows(
+    core: &crate::state::Core,
+    keys: Vec<floodgate_shared::apikeys::KeyRecord>,
+) -> Result<Vec<(floodgate_shared::apikeys::KeyRecord, KeyRow)>, AppError> {
     let now = ctx::now_secs();
     let usage = crate::traffic::usage(&core.store, now, 60).await?;
     let last_used = crate::traffic::last_used(&core.store).await?;
@@ -20,17 +33,18 @@ pub async fn list_keys() -> Result<Vec<KeyRow>, AppError> {
         .into_iter()
         .map(|k| {
             let u = usage.get(&k.id).copied().unwrap_or_default();
-            KeyRow {
+            let row = KeyRow {
                 revoked: k.status == floodgate_shared::apikeys::KeyStatus::Revoked,
                 last_used: last_used.get(&k.id).copied(),
-                id: k.id,
-                label: k.owner,
-                plan: k.plan,
+                id: k.id.clone(),
+                label: k.owner.clone(),
+                plan: k.plan.clone(),
                 created: k.created,
                 allowed: u.allowed,
                 throttled: u.throttled,
                 degraded: u.degraded,
-            }
+            };
+            (k, row)
         })
         .collect())
 }

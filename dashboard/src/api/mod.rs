@@ -11,12 +11,16 @@ mod audit;
 #[cfg(feature = "ssr")]
 mod backtest;
 mod config;
+mod identities;
+mod keydetail;
 mod keys;
 mod session;
 mod stats;
 
 pub use audit::*;
 pub use config::*;
+pub use identities::*;
+pub use keydetail::*;
 pub use keys::*;
 pub use session::*;
 pub use stats::*;
@@ -180,6 +184,14 @@ mod ctx {
             Ok(c) => c,
             Err(e) => return Err(on_form(e, done.at.as_deref(), &spec)),
         };
+        let stored = text.as_deref().and_then(|t| EdgeConfig::from_json(t).ok());
+        let stored = stored.as_ref().map(EdgeConfig::spec);
+        floodgate_edge::identities::check_new_identities(&core.store, stored, config.spec())
+            .await
+            .map_err(|e| match e {
+                AdminError::Invalid(e) => on_form(e, done.at.as_deref(), config.spec()),
+                e => e.into(),
+            })?;
         if text.as_deref() == Some(config.to_json().as_str()) {
             return Ok(Saved::Ok("No change".into()));
         }

@@ -245,7 +245,7 @@ fn key_row(k: KeyRow, rows: &Rows) -> impl IntoView + use<> {
     let actions = (!k.revoked).then(|| key_actions(&k, rows));
     view! {
         <tr data-key=k.id.clone() data-revoked=k.revoked.to_string()>
-            <td><code>{k.id.clone()}</code></td>
+            <td><a href=format!("/keys/{}", k.id)><code>{k.id.clone()}</code></a></td>
             <td class="label">{k.label}</td>
             <td>{k.plan}</td>
             <td class="status">{status}</td>

@@ -12,6 +12,8 @@
 
 mod audit;
 mod charts;
+mod identities;
+mod keydetail;
 mod keys;
 mod limits;
 mod login;
@@ -19,6 +21,8 @@ mod policies;
 mod traffic;
 
 pub use audit::AuditPage;
+pub use identities::IdentitiesPage;
+pub use keydetail::KeyDetailPage;
 pub use keys::KeysPage;
 pub use login::LoginPage;
 pub use policies::PoliciesPage;

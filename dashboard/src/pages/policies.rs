@@ -345,6 +345,7 @@ fn EffectiveLimitsTool() -> impl IntoView {
                             <td>{match r.source {
                                 Source::Plan(p) => format!("plan {p}"),
                                 Source::KeyOverride => "key override".to_string(),
+                                Source::IdentityOverride(i) => format!("identity {i}'s override"),
                                 Source::Route(r) => format!("route {r}"),
                                 Source::ClientIp => "client IP".to_string(),
                             }}</td>

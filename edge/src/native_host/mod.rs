@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use floodgate_shared::contract::{KEY_IDENTITY_HEADER, KEY_META_HEADER};
 use floodgate_shared::time::SystemClock;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -174,7 +173,13 @@ impl Host {
         let header = |name: &str| {
             HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("bad header name {name:?}"))
         };
-        for name in [&config.rules.identity_header, &config.rules.key_header] {
+        let rules = &config.rules;
+        for name in [
+            &rules.identity_header,
+            &rules.key_header,
+            &rules.key_identity_header,
+            &rules.key_meta_header,
+        ] {
             header(name)?;
         }
         let build = || {
@@ -450,9 +455,11 @@ fn admitted_auth(host: &Host, admit: &Admit, held: Held) -> Response<ProxyBody> 
     r.headers_mut().set(&host.config.rules.identity_header, id);
     // the key's identity and metadata likewise: empty when the key has none
     let identity = admit.identity.as_deref().unwrap_or_default();
-    r.headers_mut().set(KEY_IDENTITY_HEADER, identity);
+    r.headers_mut()
+        .set(&host.config.rules.key_identity_header, identity);
     let meta = admit.key_meta.as_deref().unwrap_or_default();
-    r.headers_mut().set(KEY_META_HEADER, meta);
+    r.headers_mut()
+        .set(&host.config.rules.key_meta_header, meta);
     r
 }
 

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::{ConfigSpec, HeaderSpec, RouteSpec};
+use super::{ConfigSpec, HeaderSpec, IdentityOverride, RouteSpec};
 use crate::deny::DenySpec;
 use crate::policy::{PolicyError, PolicySpec};
 
@@ -49,6 +49,14 @@ pub enum ConfigEdit {
     },
     DeleteKeyOverride {
         key_id: String,
+    },
+    /// What replaces the plans of one identity's keys (set, or replaced).
+    PutIdentityOverride {
+        identity: String,
+        over: IdentityOverride,
+    },
+    DeleteIdentityOverride {
+        identity: String,
     },
     /// The per-address policies, as a whole.
     SetIpPolicies(Vec<String>),
@@ -128,6 +136,8 @@ impl ConfigEdit {
             DeleteRoute { .. } => "delete route",
             PutKeyOverride { .. } => "set key override",
             DeleteKeyOverride { .. } => "delete key override",
+            PutIdentityOverride { .. } => "set identity override",
+            DeleteIdentityOverride { .. } => "delete identity override",
             SetIpPolicies(_) => "set IP policies",
             SetHeaders(_) => "set response headers",
             SetDeny(_) => "set deny lists",
@@ -145,6 +155,9 @@ impl ConfigEdit {
             PutPlan { name, .. } | DeletePolicy { name } | DeletePlan { name } => name.clone(),
             DeleteRoute { name } => name.clone(),
             PutKeyOverride { key_id, .. } | DeleteKeyOverride { key_id } => key_id.clone(),
+            PutIdentityOverride { identity, .. } | DeleteIdentityOverride { identity } => {
+                format!("identity {identity}")
+            }
             SetIpPolicies(_) => "ip_policies".into(),
             SetHeaders(_) => "headers".into(),
             SetDeny(_) => "deny".into(),
@@ -185,6 +198,18 @@ impl ConfigEdit {
             DeleteKeyOverride { key_id } => deleted(
                 c.key_overrides.remove(&key_id),
                 format!("no override for key {key_id:?}"),
+            ),
+            PutIdentityOverride { identity, over } => {
+                let before = c.identity_overrides.insert(identity.clone(), over.clone());
+                Ok(put(
+                    before.map(|b| json(&b)),
+                    &over,
+                    format!("identity_overrides.{identity}"),
+                ))
+            }
+            DeleteIdentityOverride { identity } => deleted(
+                c.identity_overrides.remove(&identity),
+                format!("no override for identity {identity:?}"),
             ),
             SetIpPolicies(list) => Ok(replaced(&mut c.ip_policies, list, Some("ip_policies"))),
             SetHeaders(headers) => Ok(replaced(&mut c.headers, headers, None)),
@@ -258,6 +283,10 @@ fn rename_policy(c: &mut ConfigSpec, from: &str, to: &str) {
     };
     c.plans.values_mut().for_each(fix);
     c.key_overrides.values_mut().for_each(fix);
+    c.identity_overrides
+        .values_mut()
+        .filter_map(|o| o.policies.as_mut())
+        .for_each(fix);
     c.routes.iter_mut().for_each(|r| fix(&mut r.policies));
     fix(&mut c.ip_policies);
 }
@@ -294,6 +323,10 @@ fn policy_user(c: &ConfigSpec, name: &str) -> Option<String> {
                 .iter()
                 .map(|(k, l)| (format!("key_overrides.{k}"), l)),
         )
+        .chain(c.identity_overrides.iter().filter_map(|(i, o)| {
+            let list = o.policies.as_ref()?;
+            Some((format!("identity_overrides.{i}.policies"), list))
+        }))
         .chain(std::iter::once(("ip_policies".to_string(), &c.ip_policies)));
     for (field, list) in lists {
         if let Some(j) = list.iter().position(|n| n == name) {
@@ -317,7 +350,16 @@ fn put_plan(
             ));
         }
         None => None,
-        Some(original) => c.plans.remove(original).map(|p| json(&p)),
+        Some(original) => {
+            let before = c.plans.remove(original).map(|p| json(&p));
+            // identities on the plan follow it to its new name
+            for o in c.identity_overrides.values_mut() {
+                if o.plan.as_deref() == Some(original) {
+                    o.plan = Some(name.clone());
+                }
+            }
+            before
+        }
     };
     let edited = put(before, &policies, format!("plans.{name}"));
     c.plans.insert(name, policies);
@@ -600,5 +642,89 @@ mod tests {
         // the per-address list takes policies keyed by client_ip: none here
         c.ip_policies.clear();
         assert!(EdgeConfig::new(c).is_ok());
+    }
+
+    #[test]
+    fn identity_overrides_are_set_replaced_deleted_and_follow_renames() {
+        let mut c = spec();
+        let over = |plan: Option<&str>, policies: Option<&[&str]>| IdentityOverride {
+            plan: plan.map(str::to_string),
+            policies: policies.map(|l| l.iter().map(|p| p.to_string()).collect()),
+        };
+        let set = ConfigEdit::PutIdentityOverride {
+            identity: "cus_42".into(),
+            over: over(Some("pro"), Some(&["heavy"])),
+        };
+        assert_eq!(
+            (set.action(), set.target().as_str()),
+            ("set identity override", "identity cus_42")
+        );
+        let done = set.apply(&mut c).unwrap();
+        assert_eq!(
+            (done.before, done.at.as_deref(), done.after.as_deref()),
+            (
+                None,
+                Some("identity_overrides.cus_42"),
+                Some(r#"{"plan":"pro","policies":["heavy"]}"#)
+            )
+        );
+        assert!(EdgeConfig::new(c.clone()).is_ok());
+        // a policy it uses is not deleted, and is renamed in it
+        let e = ConfigEdit::DeletePolicy {
+            name: "heavy".into(),
+        }
+        .apply(&mut c.clone())
+        .unwrap_err();
+        assert!(e.field.ends_with("[0]"), "{e}");
+        c.key_overrides.clear();
+        c.plans.insert("pro".into(), vec!["default".into()]);
+        let e = ConfigEdit::DeletePolicy {
+            name: "heavy".into(),
+        }
+        .apply(&mut c.clone())
+        .unwrap_err();
+        assert_eq!(e.field, "identity_overrides.cus_42.policies[0]");
+        ConfigEdit::PutPolicy {
+            original: Some("heavy".into()),
+            policy: policy("big", 7),
+        }
+        .apply(&mut c)
+        .unwrap();
+        assert_eq!(
+            c.identity_overrides["cus_42"],
+            over(Some("pro"), Some(&["big"]))
+        );
+        // a renamed plan is renamed in it
+        ConfigEdit::PutPlan {
+            original: Some("pro".into()),
+            name: "team".into(),
+            policies: vec!["default".into()],
+        }
+        .apply(&mut c)
+        .unwrap();
+        assert_eq!(c.identity_overrides["cus_42"].plan.as_deref(), Some("team"));
+        assert!(EdgeConfig::new(c.clone()).is_ok(), "still valid");
+        // replaced, then deleted
+        let done = ConfigEdit::PutIdentityOverride {
+            identity: "cus_42".into(),
+            over: over(None, Some(&["default"])),
+        }
+        .apply(&mut c)
+        .unwrap();
+        assert_eq!(
+            done.before.as_deref(),
+            Some(r#"{"plan":"team","policies":["big"]}"#)
+        );
+        let del = ConfigEdit::DeleteIdentityOverride {
+            identity: "cus_42".into(),
+        };
+        assert_eq!(del.action(), "delete identity override");
+        assert_eq!(
+            del.clone().apply(&mut c).unwrap().before.as_deref(),
+            Some(r#"{"policies":["default"]}"#)
+        );
+        assert!(c.identity_overrides.is_empty());
+        let e = del.apply(&mut c).unwrap_err();
+        assert!(e.message.contains("no override for identity"), "{e}");
     }
 }

@@ -1,0 +1,129 @@
+//! One key in detail: its record's fields, the rotation's overlap, and a change
+//! of its expiry and credits (version-checked against the record the page showed,
+//! through the admin API's `change_key`; audited as `edit key`).
+
+use leptos::prelude::*;
+
+#[cfg(feature = "ssr")]
+use super::ctx;
+use crate::model::{AppError, KeyDetailView, Saved};
+
+/// The key `id` as its page shows it.
+#[server(endpoint = "key_detail")]
+pub async fn key_detail(id: String) -> Result<KeyDetailView, AppError> {
+    ctx::session().await?;
+    let core = ctx::core()?;
+    let stored = floodgate_edge::admin::stored_key(&core.store, id.trim()).await?;
+    let r = stored.record.clone();
+    let (_, row) = super::keys::key_rows(&core, vec![stored.record])
+        .await?
+        .pop()
+        .ok_or_else(|| AppError::invalid("id", "no such key"))?;
+    let compact = |v: serde_json::Value| v.to_string();
+    let now = ctx::now_secs();
+    Ok(KeyDetailView {
+        row,
+        identity: r.identity,
+        name: r.name,
+        metadata: r.metadata.map(|m| compact(serde_json::Value::Object(m))),
+        expires_at: r.expires_at,
+        credits: r
+            .credits
+            .map(|c| serde_json::to_string(&c).unwrap_or_default()),
+        previous_secret_until: r.rotation.map(|o| o.overlap_ends).filter(|&end| end > now),
+        version: stored.version,
+    })
+}
+
+/// Changes the key's expiry (`expires_at`: RFC 3339 or Unix seconds; empty: none)
+/// and credits (JSON; empty: none). Only a field that differs from what the page
+/// showed is changed; new credits start the key's live count again, so the form
+/// asks for `confirm_credits=yes` then.
+#[server(endpoint = "save_key_detail")]
+pub async fn save_key_detail(
+    #[server(default)] csrf: String,
+    id: String,
+    version: String,
+    #[server(default)] expires_at: String,
+    #[server(default)] credits: String,
+    #[server(default)] confirm_credits: String,
+) -> Result<Saved, AppError> {
+    let (core, session) = ctx::mutation(&csrf).await?;
+    let current = floodgate_edge::admin::stored_key(&core.store, id.trim()).await?;
+    let doc = changed_fields(&current.record, &expires_at, &credits)?;
+    if doc.is_empty() {
+        return Ok(Saved::Ok("No change".into()));
+    }
+    if doc.contains_key("credits") && confirm_credits != "yes" {
+        return Err(AppError::invalid(
+            "confirm_credits",
+            "new credits restart the key's live count: confirm it first",
+        ));
+    }
+    let text = serde_json::Value::Object(doc).to_string();
+    let changes = floodgate_shared::keychanges::KeyChanges::from_json(&text)
+        .map_err(|e| AppError::from_policy(e, None))?;
+    let (before, after, _) = floodgate_edge::admin::change_key(
+        &core.store,
+        id.trim(),
+        &changes,
+        Some(version.trim()),
+        ctx::now_secs(),
+    )
+    .await?;
+    ctx::audit_key(&core, &session, "edit key", Some(&before), &after).await?;
+    Ok(Saved::Ok(format!("Saved key {}", after.id)))
+}
+
+/// The fields of the form that differ from `r`, as a key change's JSON.
+#[cfg(feature = "ssr")]
+fn changed_fields(
+    r: &floodgate_shared::apikeys::KeyRecord,
+    expires_at: &str,
+    credits: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, AppError> {
+    use serde_json::Value;
+    let mut doc = serde_json::Map::new();
+    let (expires_at, credits) = (expires_at.trim(), credits.trim());
+    let shown = r.expires_at.map(crate::time::rfc3339).unwrap_or_default();
+    if expires_at != shown {
+        let value = match expires_at {
+            "" => Value::Null,
+            t => Value::from(instant(t)?),
+        };
+        doc.insert("expires_at".into(), value);
+    }
+    let stored = r
+        .credits
+        .as_ref()
+        .map(|c| serde_json::to_value(c).unwrap_or_default());
+    let given = match credits {
+        "" => None,
+        t => Some(
+            serde_json::from_str::<Value>(t)
+                .map_err(|e| AppError::invalid("credits", format!("is not JSON ({e})")))?,
+        ),
+    };
+    if given != stored {
+        doc.insert("credits".into(), given.unwrap_or(Value::Null));
+    }
+    Ok(doc)
+}
+
+/// RFC 3339 or Unix seconds.
+#[cfg(feature = "ssr")]
+fn instant(text: &str) -> Result<i64, AppError> {
+    text.parse::<i64>()
+        .ok()
+        .or_else(|| {
+            chrono::DateTime::parse_from_rfc3339(text)
+                .ok()
+                .map(|t| t.timestamp())
+        })
+        .ok_or_else(|| {
+            AppError::invalid(
+                "expires_at",
+                "must be RFC 3339 (2027-01-01T00:00:00Z) or Unix seconds",
+            )
+        })
+}

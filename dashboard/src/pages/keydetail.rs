@@ -1,0 +1,100 @@
+//! A key's page (`/keys/<id>`): its fields (identity, name, metadata, plan,
+//! status, times), its expiry and credits with a form to change them (new
+//! credits behind a confirmation: they restart the live count), and a running
+//! rotation's overlap: until when the replaced secret still works.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_params_map;
+
+use super::{SessionResource, error_view, field_error, outcome, saved_message, val};
+use crate::api::{SaveKeyDetail, key_detail};
+use crate::model::KeyDetailView;
+use crate::time;
+
+#[component]
+pub fn KeyDetailPage() -> impl IntoView {
+    let session = expect_context::<SessionResource>();
+    let params = use_params_map();
+    let id = move || params.read().get("id").unwrap_or_default();
+    let key = Resource::new(id, key_detail);
+    let save = ServerAction::<SaveKeyDetail>::new();
+    view! {
+        <Title text="Floodgate — API key"/>
+        <p><a href="/keys">"← API keys"</a></p>
+        {outcome(val(save), saved_message, &["expires_at", "credits", "confirm_credits"])}
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match (session.await, key.await) {
+                    (Ok(s), Ok(k)) => detail(k, &s.csrf, save).into_any(),
+                    (Err(e), _) | (_, Err(e)) => error_view(e),
+                }
+            })}
+        </Suspense>
+    }
+}
+
+fn or_none(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "(none)".into())
+}
+
+fn detail(
+    k: KeyDetailView,
+    csrf: &str,
+    save: ServerAction<SaveKeyDetail>,
+) -> impl IntoView + use<> {
+    let row = k.row;
+    let status = if row.revoked { "revoked" } else { "active" };
+    let expiry = k.expires_at.map_or("never".to_string(), time::utc);
+    let rotation = match k.previous_secret_until {
+        Some(until) => format!(
+            "rotated: the replaced secret works until {} ({} s from now), then only the new one",
+            time::utc(until),
+            until - time::now_secs()
+        ),
+        None => "no replaced secret works".to_string(),
+    };
+    let identity = k
+        .identity
+        .clone()
+        .map(|i| view! { <a href="/identities">{i}</a> });
+    let expires_value = k.expires_at.map(time::rfc3339).unwrap_or_default();
+    let credits_value = k.credits.clone().unwrap_or_default();
+    let form = (!row.revoked).then(|| {
+        let (csrf, id, version) = (csrf.to_string(), row.id.clone(), k.version.clone());
+        view! {
+            <ActionForm action=save attr:class="card" attr:id="key-detail-form">
+                <input type="hidden" name="csrf" value=csrf/>
+                <input type="hidden" name="id" value=id/>
+                <input type="hidden" name="version" value=version/>
+                <label>"Expires at (RFC 3339 UTC or Unix seconds; empty: never)" <input name="expires_at" value=expires_value/>{field_error(val(save), "expires_at")}</label>
+                <label>"Credits (JSON, e.g. {\"remaining\": 1000, \"refill\": {\"amount\": 1000, \"interval\": \"monthly\"}}; empty: none)" <input name="credits" value=credits_value/>{field_error(val(save), "credits")}</label>
+                <details class="confirm-credits">
+                    <summary>"Changing credits…"</summary>
+                    <p>"New credits start the key's live count again from their remaining (in Redis' clock): what the key spent so far is forgotten."</p>
+                    <label><input type="checkbox" name="confirm_credits" value="yes"/>" I changed the credits and want the count restarted"</label>
+                    {field_error(val(save), "confirm_credits")}
+                </details>
+                <button type="submit">"Save"</button>
+            </ActionForm>
+        }
+    });
+    view! {
+        <h1>"API key " <code>{row.id.clone()}</code></h1>
+        <dl class="key-detail">
+            <dt>"Status"</dt><dd class="status">{status}</dd>
+            <dt>"Label"</dt><dd>{row.label}</dd>
+            <dt>"Name"</dt><dd>{or_none(k.name)}</dd>
+            <dt>"Plan"</dt><dd>{row.plan}</dd>
+            <dt>"Identity"</dt><dd>{identity.map(IntoAny::into_any).unwrap_or_else(|| "(none)".into_any())}</dd>
+            <dt>"Metadata"</dt><dd><code>{or_none(k.metadata)}</code></dd>
+            <dt>"Created"</dt><dd>{time::utc(row.created)}</dd>
+            <dt>"Expires"</dt><dd class="expires">{expiry}</dd>
+            <dt>"Credits"</dt><dd class="credits"><code>{or_none(k.credits)}</code></dd>
+            <dt>"Rotation"</dt><dd class="rotation">{rotation}</dd>
+            <dt>"Usage (1 h)"</dt><dd>{format!("{} allowed · {} throttled · {} degraded", row.allowed, row.throttled, row.degraded)}</dd>
+        </dl>
+        {form}
+        <p class="muted">"Rotate or revoke with floodgate-cli key rotate|revoke or the admin API (a new secret is shown once). Changes reach the edges within two cache TTLs."</p>
+    }
+}

@@ -1,0 +1,273 @@
+//! The dashboard's identities page over HTTP against a real Redis: every
+//! identity a key holds with its keys and their usage together, its override set
+//! and removed by the operator (the admin API's code: saved in the configuration,
+//! audited as the operator), bad input refused naming the form's field with
+//! nothing saved, and an identity no key holds refused.
+
+use floodgate_edge::admin;
+use floodgate_edge::store::resp::RespStore;
+use floodgate_shared::keychanges::KeyChanges;
+use floodgate_tests::RedisServer;
+use floodgate_tests::dash::{ADMIN, Operator, start_dashboard};
+use serde_json::Value;
+
+async fn key_of(store: &RespStore, identity: &str, name: &str) -> String {
+    let changes = KeyChanges {
+        plan: Some("free".into()),
+        identity: Some(Some(identity.into())),
+        owner: Some(name.into()),
+        ..KeyChanges::default()
+    };
+    admin::create_key_with(store, &changes, 1_764_000_000)
+        .await
+        .unwrap()
+        .0
+        .id
+}
+
+async fn stored_overrides(store: &RespStore) -> Value {
+    let text = admin::get_config(store).await.unwrap().unwrap();
+    serde_json::from_str::<Value>(&text).unwrap()["identity_overrides"].clone()
+}
+
+#[tokio::test]
+async fn identities_are_listed_with_their_keys_and_their_overrides_edited_and_audited() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let op = Operator::sign_in(&d.url).await;
+    let (status, html) = op.page("/identities").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("id=\"no-identities\""), "no key has one yet");
+    let prod = key_of(&store, "cus_42", "production").await;
+    let ci = key_of(&store, "cus_42", "CI").await;
+    let other = key_of(&store, "cus_43", "staging").await;
+    admin::create_key(&store, "no identity", "free", 1_764_000_000)
+        .await
+        .unwrap();
+
+    let v = op.json("identities", &[]).await;
+    let rows = v["identities"].as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["cus_42", "cus_43"],
+        "keys without an identity are not one"
+    );
+    let mut ids: Vec<&str> = rows[0]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    let mut want = vec![prod.as_str(), ci.as_str()];
+    want.sort();
+    assert_eq!(ids, want);
+    assert_eq!(rows[1]["keys"][0]["id"], other.as_str());
+    assert_eq!(
+        (&rows[0]["plan"], &rows[0]["policies"]),
+        (&Value::Null, &Value::Null)
+    );
+
+    let version = op.version().await;
+    let set = |plan: &'static str, policies: &'static str, identity: &'static str| {
+        vec![
+            ("identity", identity),
+            ("plan", plan),
+            ("policies", policies),
+        ]
+    };
+    for (fields, field) in [
+        (set("gold", "", "cus_42"), "plan"),
+        (set("", "search", "cus_42"), "policies"),
+        (set("", "nope", "cus_42"), "policies"),
+        (set("", "", "cus_42"), "(document)"),
+        (set("free", "", "cus_99"), "identity"),
+        (set("free", "", "two words"), "identity"),
+    ] {
+        let v = op.refused("save_identity_override", &fields).await;
+        assert_eq!(v["Invalid"]["field"], field, "{fields:?}: {v}");
+    }
+    assert_eq!(op.version().await, version, "nothing saved");
+
+    let saved = op
+        .json("save_identity_override", &set("free", "default", "cus_42"))
+        .await;
+    assert!(saved["Ok"].as_str().unwrap().contains("cus_42"), "{saved}");
+    assert_eq!(
+        stored_overrides(&store).await,
+        serde_json::json!({"cus_42": {"plan": "free", "policies": ["default"]}})
+    );
+    let (_, html) = op.page("/identities").await;
+    assert!(html.contains("data-identity=\"cus_42\""), "{html}");
+    assert!(
+        html.contains("plan free, limits default"),
+        "the override shown"
+    );
+    assert!(
+        html.contains(&prod) && html.contains("production"),
+        "its keys shown"
+    );
+    assert!(html.contains("Remove override"));
+
+    op.json("delete_identity_override", &[("identity", "cus_42")])
+        .await;
+    assert_eq!(stored_overrides(&store).await, Value::Null);
+    let v = op
+        .refused("delete_identity_override", &[("identity", "cus_42")])
+        .await;
+    assert!(v.to_string().contains("no override for identity"), "{v}");
+
+    // without JavaScript: a plain form post, its error back next to the field
+    let plain_post = |plan: &'static str| {
+        let op = &op;
+        async move {
+            op.http
+                .post(format!("{}/api/save_identity_override", op.url))
+                .header("origin", &op.url)
+                .header("cookie", &op.cookie)
+                .header("accept", "text/html")
+                .header("referer", format!("{}/identities", op.url))
+                .form(&[
+                    ("csrf", op.csrf.as_str()),
+                    ("identity", "cus_43"),
+                    ("plan", plan),
+                    ("policies", ""),
+                ])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let res = plain_post("gold").await;
+    assert!(res.status().is_redirection(), "{}", res.status());
+    let back = res.headers()["location"].to_str().unwrap().to_string();
+    assert!(
+        back.contains("/identities?") && back.contains("__err="),
+        "{back}"
+    );
+    let (_, html) = op.page(back.trim_start_matches(&d.url)).await;
+    assert!(
+        html.contains("data-field=\"plan\""),
+        "next to its field: {html}"
+    );
+    assert_eq!(stored_overrides(&store).await, Value::Null, "nothing saved");
+    assert!(plain_post("free").await.status().is_redirection());
+    assert_eq!(
+        stored_overrides(&store).await,
+        serde_json::json!({"cus_43": {"plan": "free"}})
+    );
+
+    let log = admin::audit_log(&store, 10).await.unwrap();
+    let mine: Vec<(&str, &str)> = log
+        .iter()
+        .filter(|e| e.user == ADMIN)
+        .map(|e| (e.action.as_str(), e.target.as_str()))
+        .collect();
+    assert_eq!(
+        mine[..3],
+        [
+            ("set identity override", "identity cus_43"),
+            ("delete identity override", "identity cus_42"),
+            ("set identity override", "identity cus_42")
+        ],
+        "{mine:?}"
+    );
+}
+
+/// A key's page shows its fields, its expiry, credits and a rotation's overlap;
+/// its form changes the expiry and (confirmed) the credits of exactly the version
+/// shown, each bad value refused naming its field, every change audited.
+#[tokio::test]
+async fn a_keys_page_shows_expiry_credits_and_rotation_and_changes_them() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let op = Operator::sign_in(&d.url).await;
+    let id = key_of(&store, "cus_42", "production").await;
+    let now = floodgate_dashboard::time::now_secs();
+    admin::rotate_key(&store, &id, 3600, now).await.unwrap();
+    let (status, html) = op.page(&format!("/keys/{id}")).await;
+    assert_eq!(status, 200);
+    let until = floodgate_dashboard::time::utc(now + 3600);
+    assert!(
+        html.contains(&format!("the replaced secret works until {until}")),
+        "{html}"
+    );
+    assert!(html.contains("never"), "no expiry yet");
+    assert!(html.contains("cus_42"));
+
+    let detail = op.json("key_detail", &[("id", &id)]).await;
+    let version = detail["version"].as_str().unwrap().to_string();
+    let save = |fields: Vec<(&'static str, String)>| {
+        let op = &op;
+        async move {
+            let f: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            op.answer("save_key_detail", &f).await
+        }
+    };
+    let fields = |expires: &str, credits: &str, confirm: &str, version: &str| {
+        vec![
+            ("id", id.clone()),
+            ("version", version.to_string()),
+            ("expires_at", expires.to_string()),
+            ("credits", credits.to_string()),
+            ("confirm_credits", confirm.to_string()),
+        ]
+    };
+    for (expires, credits, confirm, field) in [
+        ("2020-01-01T00:00:00Z", "", "", "expires_at"),
+        ("tomorrow", "", "", "expires_at"),
+        ("", r#"{"remaining": 5}"#, "", "confirm_credits"),
+        ("", r#"{"remaining": -1}"#, "yes", "credits"),
+        ("", r#"{"remaining": 5"#, "yes", "credits"),
+    ] {
+        let (status, v) = save(fields(expires, credits, confirm, &version)).await;
+        assert_eq!(status, 422, "{expires} {credits}: {v}");
+        let got = v["Invalid"]["field"].as_str().unwrap_or("(none)");
+        assert!(got.starts_with(field), "{expires} {credits}: {v}");
+    }
+    assert_eq!(
+        admin::stored_key(&store, &id).await.unwrap().version,
+        version,
+        "nothing written"
+    );
+    let (status, v) = save(fields(
+        "2099-01-01T00:00:00Z",
+        r#"{"remaining": 5, "refill": {"amount": 5, "interval": "daily"}}"#,
+        "yes",
+        &version,
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let r = admin::key_by_id(&store, &id).await.unwrap();
+    assert_eq!(r.expires_at, Some(4_070_908_800));
+    assert_eq!(r.credits.as_ref().map(|c| c.remaining), Some(5));
+    // the page's version is stale now: refused, nothing lost
+    let (status, v) = save(fields("", "", "yes", &version)).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(
+        admin::key_by_id(&store, &id).await.unwrap().expires_at,
+        Some(4_070_908_800)
+    );
+    let (_, html) = op.page(&format!("/keys/{id}")).await;
+    assert!(html.contains("2099-01-01"), "the expiry shown");
+    assert!(
+        html.contains("&quot;remaining&quot;:5") || html.contains("\"remaining\":5"),
+        "the credits shown: {html}"
+    );
+    let log = admin::audit_log(&store, 5).await.unwrap();
+    assert!(
+        log.iter()
+            .any(|e| e.user == ADMIN && e.action == "edit key" && e.target == id),
+        "audited"
+    );
+}
