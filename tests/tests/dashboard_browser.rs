@@ -991,3 +991,74 @@ async fn a_first_run_is_told_what_to_do_next_page_by_page() {
     }
     b.quit().await;
 }
+
+/// A key is rotated on its page: the overlap confirmed in the form, the new
+/// secret shown once (the same key id), and at the edge both the new and the
+/// replaced secret work through the overlap; the page passes axe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_rotates_a_key_on_its_page() {
+    bundle_is_built();
+    let _one = ONE_BROWSER.lock().await;
+    let redis = RedisServer::start();
+    let dash = start_dashboard(&redis).await;
+    let (upstream, _stop_upstream) = serve(demo_upstream::router(Seen::default())).await;
+    let edge = start_edge(EdgeKind::Native, &redis, &upstream, 200).await;
+    let b = Browser::start("dashboard-rotate").await;
+    sign_in(&b, &dash.url, ADMIN_PASSWORD).await;
+    b.wait_for("#user", WAIT).await;
+    let store = floodgate_edge::store::resp::RespStore::connect(&redis.url(), WAIT)
+        .await
+        .unwrap();
+    let (key, old) = floodgate_edge::admin::create_key(&store, "rotated", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    assert_eq!(search_statuses(&edge.url, &old, 1).await, [200]);
+    b.goto(&format!("{}/keys/{}", dash.url, key.id)).await;
+    hydrated(&b).await;
+    accessible(&b, "/keys/<id>").await;
+    // submitted without the confirmation: refused next to it, nothing rotated
+    b.click(&b.find("#rotate-key button[type=submit]").await.unwrap())
+        .await;
+    b.wait_for(
+        "#rotate-key .field-error[data-field='confirm_rotate']",
+        WAIT,
+    )
+    .await;
+    js(
+        &b,
+        "document.querySelector('#rotate-key details').open = true; return 1;",
+    )
+    .await;
+    b.click(
+        &b.find("#rotate-key input[name=confirm_rotate]")
+            .await
+            .unwrap(),
+    )
+    .await;
+    b.click(&b.find("#rotate-key button[type=submit]").await.unwrap())
+        .await;
+    b.wait_for("#new-secret .secret", WAIT).await;
+    let new = js(
+        &b,
+        "return document.querySelector('#new-secret .secret').dataset.secret;",
+    )
+    .await
+    .as_str()
+    .expect("the new secret")
+    .to_string();
+    assert_ne!(new, old);
+    assert_eq!(&new[3..13], key.id, "the same key id");
+    b.screenshot("key-rotated").await;
+    // the edge reads the rotated record once its cache (200 ms here) expires
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        search_statuses(&edge.url, &new, 1).await,
+        [200],
+        "the new secret"
+    );
+    assert_eq!(
+        search_statuses(&edge.url, &old, 1).await,
+        [200],
+        "the replaced secret, through the overlap"
+    );
+}

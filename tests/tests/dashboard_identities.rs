@@ -271,3 +271,102 @@ async fn a_keys_page_shows_expiry_credits_and_rotation_and_changes_them() {
         "audited"
     );
 }
+
+/// A key's page rotates its secret: refused until confirmed and for a bad
+/// overlap (naming the field, nothing changed), refused as a plain form post
+/// (the secret would be lost in the redirect), then a new secret in the answer
+/// with the old one still verifying through the overlap, the same key id, the
+/// page showing the overlap, and the rotation audited as the operator.
+#[tokio::test]
+async fn a_keys_page_rotates_its_secret_with_the_overlap_confirmed() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let op = Operator::sign_in(&d.url).await;
+    let (created, old_secret) = admin::create_key(&store, "production", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let id = created.id.clone();
+    let (_, html) = op.page(&format!("/keys/{id}")).await;
+    assert!(
+        html.contains("id=\"rotate-key\"") && html.contains("name=\"confirm_rotate\""),
+        "the rotation form, with its confirmation: {html}"
+    );
+    let fields = |overlap: &'static str, confirm: &'static str| {
+        vec![
+            ("id", id.clone()),
+            ("overlap_seconds", overlap.to_string()),
+            ("confirm_rotate", confirm.to_string()),
+        ]
+    };
+    let call = |f: Vec<(&'static str, String)>| {
+        let op = &op;
+        async move {
+            let f: Vec<(&str, &str)> = f.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            op.answer("rotate_key_secret", &f).await
+        }
+    };
+    let before = admin::key_by_id(&store, &id).await.unwrap();
+    for (f, field) in [
+        (fields("3600", ""), "confirm_rotate"),
+        (fields("an hour", "yes"), "overlap_seconds"),
+        (fields("2592001", "yes"), "overlap_seconds"),
+        (fields("-1", "yes"), "overlap_seconds"),
+    ] {
+        let (status, v) = call(f.clone()).await;
+        assert_eq!(status, 422, "{f:?}: {v}");
+        assert_eq!(v["Invalid"]["field"], field, "{f:?}: {v}");
+    }
+    // a plain form post (no JavaScript) is refused before anything changes
+    let res = op
+        .http
+        .post(format!("{}/api/rotate_key_secret", op.url))
+        .header("origin", &op.url)
+        .header("cookie", &op.cookie)
+        .header("accept", "text/html")
+        .header("referer", format!("{}/keys/{id}", op.url))
+        .form(&[
+            ("csrf", op.csrf.as_str()),
+            ("id", id.as_str()),
+            ("overlap_seconds", "3600"),
+            ("confirm_rotate", "yes"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_redirection(), "{}", res.status());
+    assert_eq!(
+        admin::key_by_id(&store, &id).await.unwrap(),
+        before,
+        "nothing changed by a refused rotation"
+    );
+
+    let (status, v) = call(fields("3600", "yes")).await;
+    assert_eq!(status, 200, "{v}");
+    let new_secret = v["secret"].as_str().unwrap().to_string();
+    assert_eq!(v["id"], id.as_str(), "the same key");
+    assert_ne!(new_secret, old_secret);
+    let now = floodgate_dashboard::time::now_secs();
+    for secret in [&old_secret, &new_secret] {
+        let answer = admin::verify_key(&store, secret, now).await.unwrap();
+        assert!(answer.valid, "{answer:?}");
+        assert_eq!(answer.key.unwrap().id, id, "both secrets are the same key");
+    }
+    let later = admin::verify_key(&store, &old_secret, now + 3_601)
+        .await
+        .unwrap();
+    assert!(!later.valid, "the replaced secret ends with the overlap");
+    let (_, html) = op.page(&format!("/keys/{id}")).await;
+    assert!(
+        html.contains("the replaced secret works until"),
+        "the overlap shown: {html}"
+    );
+    let log = admin::audit_log(&store, 5).await.unwrap();
+    assert!(
+        log.iter()
+            .any(|e| e.user == ADMIN && e.action == "rotate key" && e.target == id),
+        "audited: {log:?}"
+    );
+}

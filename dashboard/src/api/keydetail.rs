@@ -1,12 +1,14 @@
-//! One key in detail: its record's fields, the rotation's overlap, and a change
-//! of its expiry and credits (version-checked against the record the page showed,
-//! through the admin API's `change_key`; audited as `edit key`).
+//! One key in detail: its record's fields, the rotation's overlap, a change of
+//! its expiry and credits (version-checked against the record the page showed,
+//! through the admin API's `change_key`; audited as `edit key`), and a rotation
+//! (the admin API's `rotate_key`: a new secret, shown once; audited as `rotate
+//! key`).
 
 use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, KeyDetailView, Saved};
+use crate::model::{AppError, CreatedKey, KeyDetailView, Saved};
 
 /// The key `id` as its page shows it.
 #[server(endpoint = "key_detail")]
@@ -73,6 +75,47 @@ pub async fn save_key_detail(
     .await?;
     ctx::audit_key(&core, &session, "edit key", Some(&before), &after).await?;
     Ok(Saved::Ok(format!("Saved key {}", after.id)))
+}
+
+/// Rotates the key: a new secret (in the answer and nowhere else), the replaced
+/// one working `overlap_seconds` more (0 to 30 days), once the operator confirmed it
+/// (`confirm_rotate=yes`). Like a key's creation it needs JavaScript: a plain form
+/// post would lose the secret in the redirect, so it is refused before anything
+/// changes.
+#[server(endpoint = "rotate_key_secret")]
+pub async fn rotate_key_secret(
+    #[server(default)] csrf: String,
+    id: String,
+    #[server(default)] overlap_seconds: String,
+    #[server(default)] confirm_rotate: String,
+) -> Result<CreatedKey, AppError> {
+    let (core, session) = ctx::mutation(&csrf).await?;
+    if ctx::plain_form_post() {
+        return Err(AppError::BadRequest(
+            "rotating a key shows its new secret once, on this page, which needs JavaScript: \
+             turn it on, or use floodgate-cli key rotate"
+                .into(),
+        ));
+    }
+    let overlap = overlap_seconds.trim().parse::<i64>().map_err(|_| {
+        AppError::invalid(
+            "overlap_seconds",
+            "must be a whole number of seconds (0 to 2592000)",
+        )
+    })?;
+    if confirm_rotate != "yes" {
+        return Err(AppError::invalid(
+            "confirm_rotate",
+            "the key's clients need the new secret before the overlap ends: confirm it first",
+        ));
+    }
+    let (before, after, secret) =
+        floodgate_edge::admin::rotate_key(&core.store, id.trim(), overlap, ctx::now_secs()).await?;
+    ctx::audit_key(&core, &session, "rotate key", Some(&before), &after).await?;
+    Ok(CreatedKey {
+        id: after.id,
+        secret,
+    })
 }
 
 /// The fields of the form that differ from `r`, as a key change's JSON.

@@ -1,14 +1,17 @@
 //! A key's page (`/keys/<id>`): its fields (identity, name, metadata, plan,
 //! status, times), its expiry and credits with a form to change them (new
 //! credits behind a confirmation: they restart the live count), and a running
-//! rotation's overlap: until when the replaced secret still works.
+//! rotation's overlap: until when the replaced secret still works; a rotation
+//! (an island: the new secret is shown once, with a copy button, and the
+//! overlap is confirmed first).
 
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_params_map;
 
-use super::{SessionResource, error_view, field_error, outcome, saved_message, val};
-use crate::api::{SaveKeyDetail, key_detail};
+use super::keys::new_secret;
+use super::{SessionResource, error_view, field_error, island_ready, outcome, saved_message, val};
+use crate::api::{RotateKeySecret, SaveKeyDetail, key_detail};
 use crate::model::KeyDetailView;
 use crate::time;
 
@@ -95,6 +98,33 @@ fn detail(
             <dt>"Usage (1 h)"</dt><dd>{format!("{} allowed · {} throttled · {} degraded", row.allowed, row.throttled, row.degraded)}</dd>
         </dl>
         {form}
-        <p class="muted">"Rotate or revoke with floodgate-cli key rotate|revoke or the admin API (a new secret is shown once). Changes reach the edges within two cache TTLs."</p>
+        {(!row.revoked).then(|| view! { <RotateKey id=row.id.clone() csrf=csrf.to_string()/> })}
+        <p class="muted">"Revoke on the keys page, with floodgate-cli key revoke or the admin API. Changes reach the edges within two cache TTLs."</p>
+    }
+}
+
+/// A rotation: the overlap asked (a day by default), confirmed, and the new
+/// secret shown once.
+#[island]
+fn RotateKey(id: String, csrf: String) -> impl IntoView {
+    island_ready();
+    let rotate = ServerAction::<RotateKeySecret>::new();
+    let fields = &["overlap_seconds", "confirm_rotate"];
+    view! {
+        <ActionForm action=rotate attr:class="card" attr:id="rotate-key">
+            <h2>"Rotate the secret"</h2>
+            <input type="hidden" name="csrf" value=csrf/>
+            <input type="hidden" name="id" value=id/>
+            <label>"The replaced secret keeps working for (seconds, 0 to 2592000 = 30 days)" <input name="overlap_seconds" value="86400" inputmode="numeric"/>{field_error(val(rotate), "overlap_seconds")}</label>
+            <details class="confirm-rotate">
+                <summary>"Rotating…"</summary>
+                <p>"A new secret is made and shown once. The current one keeps working until the overlap ends, then only the new one does: the key's clients must switch before then. Its limits and usage carry on (the same key id and buckets)."</p>
+                <label><input type="checkbox" name="confirm_rotate" value="yes"/>" The clients will switch to the new secret within the overlap"</label>
+                {field_error(val(rotate), "confirm_rotate")}
+            </details>
+            <button type="submit">"Rotate"</button>
+        </ActionForm>
+        {outcome(val(rotate), |_| None, fields)}
+        {move || rotate.value().get().and_then(Result::ok).map(|k| new_secret(k, None, "/"))}
     }
 }

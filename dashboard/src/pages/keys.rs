@@ -167,7 +167,11 @@ fn create_form(
 }
 
 /// The one-time secret of a key just created, with a copy button.
-fn new_secret(k: CreatedKey, edge_url: Option<&str>, path: &str) -> impl IntoView + use<> {
+pub(crate) fn new_secret(
+    k: CreatedKey,
+    edge_url: Option<&str>,
+    path: &str,
+) -> impl IntoView + use<> {
     let try_it = try_request(edge_url, &k.secret, path);
     let placeholder = edge_url.is_none().then(|| view! {
         <p class="muted">"Replace EDGE_URL with the edge's address (start the dashboard with --edge-url to have it here)."</p>
