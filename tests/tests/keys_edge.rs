@@ -13,12 +13,14 @@ use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::apikeys::{CHECK_LEN, SECRET_LEN, check_secret, new_secret};
 use floodgate_shared::keychanges::KeyChanges;
 use floodgate_shared::keyrecord::{Metadata, metadata_header};
+use floodgate_shared::stats::SAMPLE_KEY;
 use floodgate_tests::scale::billed_by_name;
 use floodgate_tests::upstream::{Echo, RawUpstream};
 use floodgate_tests::{
     EdgeInstance, EdgeKind, EdgeOptions, RedisServer, Seeded, cli, on_both_hosts, seed,
     start_edge_with,
 };
+use redis::Commands;
 use reqwest::StatusCode;
 
 on_both_hosts!(
@@ -209,6 +211,15 @@ async fn an_expired_key_is_refused_from_its_cached_record_without_a_store_call(k
     };
     let r = get("/before").await.unwrap();
     assert_eq!(r.status(), StatusCode::OK, "admitted until it expires");
+    // a Worker's first statistics flush follows its first request (the native
+    // host's comes from its timer, a minute here, like the Worker's next): it is
+    // not a decision's call, so it lands before the count starts
+    let flushed = std::time::Instant::now();
+    while kind == EdgeKind::Worker && s.redis.connection().llen::<_, u64>(SAMPLE_KEY).unwrap() == 0
+    {
+        assert!(flushed.elapsed() < Duration::from_secs(10), "no flush");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let commands = store_commands(&s.redis);
     let wait = (expires_at * 1000) as u128 + 100
         - SystemTime::now()
