@@ -370,3 +370,76 @@ async fn a_keys_page_rotates_its_secret_with_the_overlap_confirmed() {
         "audited: {log:?}"
     );
 }
+
+/// The key page's form changes the key's identity, name and metadata too (the
+/// admin API's checks, each refusal naming its field with nothing written; a
+/// field left out is unchanged, an empty one cleared), audited.
+#[tokio::test]
+async fn a_keys_page_changes_identity_name_and_metadata() {
+    let redis = RedisServer::start();
+    let d = start_dashboard(&redis).await;
+    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let op = Operator::sign_in(&d.url).await;
+    let id = key_of(&store, "cus_42", "production").await;
+    let (_, html) = op.page(&format!("/keys/{id}")).await;
+    for name in ["identity", "name", "metadata"] {
+        assert!(html.contains(&format!("name=\"{name}\"")), "{name}: {html}");
+    }
+    let version = || async { admin::stored_key(&store, &id).await.unwrap().version };
+    let save = |extra: Vec<(&'static str, String)>, version: String| {
+        let op = &op;
+        let id = id.clone();
+        async move {
+            let mut f = vec![("id", id), ("version", version)];
+            f.extend(extra);
+            let f: Vec<(&str, &str)> = f.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            op.answer("save_key_detail", &f).await
+        }
+    };
+    let big = format!(r#"{{"note": "{}"}}"#, "x".repeat(1100));
+    for (field, value) in [
+        ("metadata", "[1, 2]".to_string()),
+        ("metadata", "{\"a\": ".to_string()),
+        ("metadata", big),
+        ("identity", "two words".to_string()),
+    ] {
+        let before = version().await;
+        let (status, v) = save(vec![(field, value.clone())], before.clone()).await;
+        assert_eq!(status, 422, "{field} {value}: {v}");
+        let got = v["Invalid"]["field"].as_str().unwrap_or("(none)");
+        assert!(got.starts_with(field), "{field} {value}: {v}");
+        assert_eq!(version().await, before, "nothing written");
+    }
+    let (status, v) = save(
+        vec![
+            ("identity", "cus_43".into()),
+            ("name", "staging".into()),
+            ("metadata", r#"{"tier": "gold"}"#.into()),
+        ],
+        version().await,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let r = admin::key_by_id(&store, &id).await.unwrap();
+    assert_eq!(r.identity.as_deref(), Some("cus_43"));
+    assert_eq!(r.name.as_deref(), Some("staging"));
+    assert_eq!(
+        r.metadata.map(serde_json::Value::Object),
+        Some(serde_json::json!({"tier": "gold"}))
+    );
+    // identity left out: unchanged; name empty: cleared
+    let (status, v) = save(vec![("name", String::new())], version().await).await;
+    assert_eq!(status, 200, "{v}");
+    let r = admin::key_by_id(&store, &id).await.unwrap();
+    assert_eq!((r.identity.as_deref(), r.name), (Some("cus_43"), None));
+    let log = admin::audit_log(&store, 5).await.unwrap();
+    assert_eq!(
+        log.iter()
+            .filter(|e| e.user == ADMIN && e.action == "edit key" && e.target == id)
+            .count(),
+        2,
+        "each change audited"
+    );
+}

@@ -37,22 +37,42 @@ pub async fn key_detail(id: String) -> Result<KeyDetailView, AppError> {
     })
 }
 
-/// Changes the key's expiry (`expires_at`: RFC 3339 or Unix seconds; empty: none)
-/// and credits (JSON; empty: none). Only a field that differs from what the page
-/// showed is changed; new credits start the key's live count again, so the form
-/// asks for `confirm_credits=yes` then.
+/// The key page form's fields, as text (empty: none; identity, name and
+/// metadata left out: unchanged).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyDetailForm {
+    #[serde(default)]
+    pub identity: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A JSON object.
+    #[serde(default)]
+    pub metadata: Option<String>,
+    /// RFC 3339 or Unix seconds.
+    #[serde(default)]
+    pub expires_at: String,
+    /// JSON credits.
+    #[serde(default)]
+    pub credits: String,
+}
+
+/// Changes the key's identity, name, metadata (a JSON object), expiry
+/// (`expires_at`: RFC 3339 or Unix seconds) and credits (JSON); an empty field
+/// clears it. Only a field that differs from what the page showed is changed
+/// (the admin API's checks: metadata an object of at most 1 KB, an identity's
+/// form, an expiry in the future); new credits start the key's live count again,
+/// so the form asks for `confirm_credits=yes` then.
 #[server(endpoint = "save_key_detail")]
 pub async fn save_key_detail(
     #[server(default)] csrf: String,
     id: String,
     version: String,
-    #[server(default)] expires_at: String,
-    #[server(default)] credits: String,
+    #[server(flatten)] form: KeyDetailForm,
     #[server(default)] confirm_credits: String,
 ) -> Result<Saved, AppError> {
     let (core, session) = ctx::mutation(&csrf).await?;
     let current = floodgate_edge::admin::stored_key(&core.store, id.trim()).await?;
-    let doc = changed_fields(&current.record, &expires_at, &credits)?;
+    let doc = changed_fields(&current.record, &form)?;
     if doc.is_empty() {
         return Ok(Saved::Ok("No change".into()));
     }
@@ -122,12 +142,41 @@ pub async fn rotate_key_secret(
 #[cfg(feature = "ssr")]
 fn changed_fields(
     r: &floodgate_shared::apikeys::KeyRecord,
-    expires_at: &str,
-    credits: &str,
+    form: &KeyDetailForm,
 ) -> Result<serde_json::Map<String, serde_json::Value>, AppError> {
     use serde_json::Value;
     let mut doc = serde_json::Map::new();
-    let (expires_at, credits) = (expires_at.trim(), credits.trim());
+    let text = |field: &str,
+                shown: &Option<String>,
+                given: &Option<String>,
+                doc: &mut serde_json::Map<_, _>| {
+        let Some(given) = given.as_deref().map(str::trim) else {
+            return;
+        };
+        if given != shown.as_deref().unwrap_or("") {
+            let value = if given.is_empty() {
+                Value::Null
+            } else {
+                Value::from(given)
+            };
+            doc.insert(field.to_string(), value);
+        }
+    };
+    text("identity", &r.identity, &form.identity, &mut doc);
+    text("name", &r.name, &form.name, &mut doc);
+    if let Some(given) = form.metadata.as_deref().map(str::trim) {
+        let metadata = match given {
+            "" => None,
+            t => Some(
+                serde_json::from_str::<Value>(t)
+                    .map_err(|e| AppError::invalid("metadata", format!("is not JSON ({e})")))?,
+            ),
+        };
+        if metadata != r.metadata.clone().map(Value::Object) {
+            doc.insert("metadata".into(), metadata.unwrap_or(Value::Null));
+        }
+    }
+    let (expires_at, credits) = (form.expires_at.trim(), form.credits.trim());
     let shown = r.expires_at.map(crate::time::rfc3339).unwrap_or_default();
     if expires_at != shown {
         let value = match expires_at {

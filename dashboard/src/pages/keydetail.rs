@@ -1,6 +1,6 @@
 //! A key's page (`/keys/<id>`): its fields (identity, name, metadata, plan,
-//! status, times), its expiry and credits with a form to change them (new
-//! credits behind a confirmation: they restart the live count), and a running
+//! status, times), a form to change its identity, name, metadata, expiry and
+//! credits (new credits behind a confirmation: they restart the live count), a running
 //! rotation's overlap: until when the replaced secret still works; a rotation
 //! (an island: the new secret is shown once, with a copy button, and the
 //! overlap is confirmed first).
@@ -25,7 +25,7 @@ pub fn KeyDetailPage() -> impl IntoView {
     view! {
         <Title text="Floodgate — API key"/>
         <p><a href="/keys">"← API keys"</a></p>
-        {outcome(val(save), saved_message, &["expires_at", "credits", "confirm_credits"])}
+        {outcome(val(save), saved_message, &["identity", "name", "metadata", "expires_at", "credits", "confirm_credits"])}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match (session.await, key.await) {
@@ -61,6 +61,9 @@ fn detail(
         .identity
         .clone()
         .map(|i| view! { <a href="/identities">{i}</a> });
+    let identity_value = k.identity.clone().unwrap_or_default();
+    let name_value = k.name.clone().unwrap_or_default();
+    let metadata_value = k.metadata.clone().unwrap_or_default();
     let expires_value = k.expires_at.map(time::rfc3339).unwrap_or_default();
     let credits_value = k.credits.clone().unwrap_or_default();
     let form = (!row.revoked).then(|| {
@@ -70,6 +73,9 @@ fn detail(
                 <input type="hidden" name="csrf" value=csrf/>
                 <input type="hidden" name="id" value=id/>
                 <input type="hidden" name="version" value=version/>
+                <label>"Identity (the customer's id: its keys share the limits of policies by identity; empty: none)" <input name="identity" value=identity_value/>{field_error(val(save), "identity")}</label>
+                <label>"Name (empty: none)" <input name="name" value=name_value/>{field_error(val(save), "name")}</label>
+                <label>"Metadata (a JSON object of at most 1 KB, sent to the upstream; empty: none)" <input name="metadata" value=metadata_value/>{field_error(val(save), "metadata")}</label>
                 <label>"Expires at (RFC 3339 UTC or Unix seconds; empty: never)" <input name="expires_at" value=expires_value/>{field_error(val(save), "expires_at")}</label>
                 <label>"Credits (JSON, e.g. {\"remaining\": 1000, \"refill\": {\"amount\": 1000, \"interval\": \"monthly\"}}; empty: none)" <input name="credits" value=credits_value/>{field_error(val(save), "credits")}</label>
                 <details class="confirm-credits">
