@@ -247,18 +247,13 @@ pub async fn edit_deny<S: Store>(
     who: &str,
     now_secs: i64,
 ) -> Result<(EdgeConfig, String), AdminError> {
-    let mut last = String::new();
-    for _ in 0..5 {
-        let (version, text) = load_config(store).await?;
-        let text = text.ok_or_else(|| {
-            AdminError::NotFound("no configuration is stored (floodgate-cli config set)".into())
-        })?;
+    edit_stored(store, "(deny edit)", move |text: String| async move {
         let mut spec = EdgeConfig::from_json(&text)?.spec().clone();
         apply_deny_edit(&mut spec, list, edit, value)?;
         let config = EdgeConfig::new(spec)?;
         if config.to_json() == text {
             // nothing to change (the entry is there already): nothing to audit
-            return Ok((config, version));
+            return Ok(Edited::Unchanged(config));
         }
         let entry = AuditEntry {
             at: now_secs,
@@ -268,13 +263,50 @@ pub async fn edit_deny<S: Store>(
             before: Some(audit_item(&text)),
             after: Some(audit_item(&config.to_json())),
         };
-        match save_config(store, &version, &config, &entry).await? {
-            SaveOutcome::Saved { version } => return Ok((config, version)),
-            SaveOutcome::Conflict { current } => last = current,
+        Ok(Edited::Save(Box::new(config.clone()), entry, config))
+    })
+    .await
+}
+
+/// What an edit of the stored configuration ([`edit_stored`]) made of it, with
+/// what the caller returns.
+pub(crate) enum Edited<T> {
+    /// Nothing to change: nothing saved, nothing audited.
+    Unchanged(T),
+    /// Save this configuration with this audit record.
+    Save(Box<EdgeConfig>, AuditEntry, T),
+}
+
+/// Reads the stored configuration, applies `edit` to its text and saves what it
+/// made of it version-checked; when another save slipped in between, reads it
+/// again and applies the edit again (5 tries, then [`AdminError::Conflict`]
+/// `based_on` `what`). Returns the edit's value and the stored version.
+pub(crate) async fn edit_stored<S: Store, T, F>(
+    store: &S,
+    what: &str,
+    mut edit: impl FnMut(String) -> F,
+) -> Result<(T, String), AdminError>
+where
+    F: Future<Output = Result<Edited<T>, AdminError>>,
+{
+    let mut last = String::new();
+    for _ in 0..5 {
+        let (version, text) = load_config(store).await?;
+        let text = text.ok_or_else(|| {
+            AdminError::NotFound("no configuration is stored (floodgate-cli config set)".into())
+        })?;
+        match edit(text).await? {
+            Edited::Unchanged(value) => return Ok((value, version)),
+            Edited::Save(config, entry, value) => {
+                match save_config(store, &version, &config, &entry).await? {
+                    SaveOutcome::Saved { version } => return Ok((value, version)),
+                    SaveOutcome::Conflict { current } => last = current,
+                }
+            }
         }
     }
     Err(AdminError::Conflict {
-        based_on: "(deny edit)".into(),
+        based_on: what.into(),
         current: last,
     })
 }

@@ -11,12 +11,12 @@
 //! saves), naming its field. An override saved before its identity's last key
 //! changed identity stays valid for the edge: it matches no key.
 
-use floodgate_shared::audit::{AuditEntry, SaveOutcome};
+use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::config::{ConfigEdit, ConfigSpec, EdgeConfig, IdentityOverride};
 use floodgate_shared::keyrecord::check_identity;
 use floodgate_shared::policy::PolicyError;
 
-use crate::admin::{AdminError, audit_item, list_keys, load_config, save_config};
+use crate::admin::{AdminError, Edited, audit_item, edit_stored, list_keys, load_config};
 use crate::store::Store;
 
 /// The override of `identity` in the stored configuration, if any.
@@ -98,46 +98,43 @@ pub async fn edit_identity_override<S: Store>(
             identity: identity.to_string(),
         },
     };
-    let mut last = String::new();
-    for _ in 0..5 {
-        let (version, text) = load_config(store).await?;
-        let text = text.ok_or_else(|| {
-            AdminError::NotFound("no configuration is stored (floodgate-cli config set)".into())
-        })?;
-        let stored = EdgeConfig::from_json(&text)?.spec().clone();
-        let mut spec = stored.clone();
-        let done = edit
-            .clone()
-            .apply(&mut spec)
-            .map_err(|e| match e.field.as_str() {
-                "(form)" => AdminError::NotFound(e.message),
-                _ => AdminError::Invalid(e),
-            })?;
-        let config = EdgeConfig::new(spec)?;
-        check_new_identities(store, Some(&stored), config.spec()).await?;
-        let saved = |version| OverrideSaved {
-            before: stored.identity_overrides.get(identity).cloned(),
-            after: config.spec().identity_overrides.get(identity).cloned(),
-            version,
-        };
-        if config.to_json() == text {
-            return Ok(saved(version));
+    let (saved, version) = edit_stored(store, "(identity override)", |text: String| {
+        let edit = edit.clone();
+        async move {
+            let stored = EdgeConfig::from_json(&text)?.spec().clone();
+            let mut spec = stored.clone();
+            let done = edit
+                .clone()
+                .apply(&mut spec)
+                .map_err(|e| match e.field.as_str() {
+                    "(form)" => AdminError::NotFound(e.message),
+                    _ => AdminError::Invalid(e),
+                })?;
+            let config = EdgeConfig::new(spec)?;
+            check_new_identities(store, Some(&stored), config.spec()).await?;
+            let saved = (
+                stored.identity_overrides.get(identity).cloned(),
+                config.spec().identity_overrides.get(identity).cloned(),
+            );
+            if config.to_json() == text {
+                return Ok(Edited::Unchanged(saved));
+            }
+            let entry = AuditEntry {
+                at: now_secs,
+                user: who.to_string(),
+                action: edit.action().into(),
+                target: edit.target(),
+                before: done.before.as_deref().map(audit_item),
+                after: done.after.as_deref().map(audit_item),
+            };
+            Ok(Edited::Save(Box::new(config), entry, saved))
         }
-        let entry = AuditEntry {
-            at: now_secs,
-            user: who.to_string(),
-            action: edit.action().into(),
-            target: edit.target(),
-            before: done.before.as_deref().map(audit_item),
-            after: done.after.as_deref().map(audit_item),
-        };
-        match save_config(store, &version, &config, &entry).await? {
-            SaveOutcome::Saved { version } => return Ok(saved(version)),
-            SaveOutcome::Conflict { current } => last = current,
-        }
-    }
-    Err(AdminError::Conflict {
-        based_on: "(identity override)".into(),
-        current: last,
+    })
+    .await?;
+    let (before, after) = saved;
+    Ok(OverrideSaved {
+        before,
+        after,
+        version,
     })
 }
