@@ -137,6 +137,11 @@ local function settle(pool, done)
   pool.chunks = live
 end
 
+-- Whether a string of digits is an integer a double holds exactly (below 2^53).
+local function exact(digits)
+  return #digits <= 16 and tonumber(digits) < 9007199254740992
+end
+
 local function free(pool)
   local total = 0
   for _, c in ipairs(pool.chunks) do total = total + c[2] end
@@ -232,8 +237,12 @@ for i = 1, n do
   reply[#reply + 1] = unconfirmed
   local ints = {}
   for _, m in ipairs(spent) do
+    -- handed back as integers: each exact in a double (below 2^53). An instance's
+    -- lease ids have up to 16 digits (20 random bits above a 32-bit counter); when
+    -- this took 15 at most, most spent chunks were dropped here instead of retired,
+    -- and held the bound until they died
     local id, tokens, base = string.match(m, '^(%d+):(%d+):(%d+)$')
-    if id and #id <= 15 and #tokens <= 15 and #base <= 16 then
+    if id and exact(id) and exact(tokens) and exact(base) then
       ints[#ints + 1] = tonumber(id)
       ints[#ints + 1] = tonumber(tokens)
       ints[#ints + 1] = tonumber(base)

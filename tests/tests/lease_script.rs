@@ -151,7 +151,11 @@ fn pool_scripts_match_their_pure_twin() {
                 id += 1;
                 let tokens = rng.random_range(0..8u64);
                 let life = rng.random_range(0..2_000_000i64);
-                let member = format!("{id}:{tokens}:{}", now / 1000);
+                // ids as instances make them (`Leases::id`: 20 random bits above a
+                // 32-bit counter, up to 16 digits), the base a µs instant: spent
+                // chunks of 16-digit ids were dropped instead of retired
+                let instance: u64 = rng.random_range(0..1 << 20);
+                let member = format!("{}:{tokens}:{now}", (instance << 32) | id);
                 let charged = rng.random_range(0..3u64);
                 let clear = rng.random_bool(0.5);
                 let args = [
@@ -250,6 +254,49 @@ fn pool_scripts_match_their_pure_twin() {
             .query::<Vec<i64>>(&mut c)
             .expect_err("a bad cost is refused");
         assert!(e.to_string().contains("floodgate:"), "{bad_cost}: {e}");
+    }
+}
+
+/// A chunk spent out is handed to the refiller to retire at the global store
+/// whatever its instance's id: up to 2^52 - 1 (`Leases::id`, 16 digits). Ids of
+/// 16 digits were dropped from the reply, so the chunk held its share of the
+/// bound until it died: in `scripts/bench cost` a region's busiest key then asked
+/// the global store again and again for chunks it could not grant (41 of its 50
+/// refills in one run granted nothing).
+#[test]
+fn a_spent_chunk_of_any_instance_id_is_retired() {
+    use floodgate_shared::lease::{
+        POOL_ADD, POOL_TAKE, PoolAsk, PoolTaken, pool_key, pool_take_args,
+    };
+    let server = RedisServer::start();
+    let mut c = server.connection();
+    let now = 1_796_174_575_274_957i64;
+    for id in [213_395_450_101_761u64, 1_944_808_436_269_057, (1 << 52) - 1] {
+        let key = pool_key(&format!("fg:{{k:retire-{id}}}:p"));
+        let member = format!("{id}:5:{now}");
+        let add = [member.as_str(), "5", "60000000", "0", "1", &now.to_string()].map(String::from);
+        assert_eq!(eval(&mut c, POOL_ADD.source, &[key.as_str()], &add), [5]);
+        let take = |c: &mut redis::Connection, at: i64, cost: u64, low: u64| {
+            let ask = [PoolAsk {
+                cost,
+                low,
+                ..PoolAsk::default()
+            }];
+            let reply = eval(
+                c,
+                POOL_TAKE.source,
+                &[key.as_str()],
+                &pool_take_args(at.to_string(), &ask, 1000, 0),
+            );
+            PoolTaken::from_reply(&reply, 1).unwrap().unwrap()
+        };
+        // the request spends the chunk out; no refill asked for (low 0)
+        let spent = take(&mut c, now + 1, 5, 0);
+        assert!(spent.admitted && !spent.refill[0], "{id}: {spent:?}");
+        // the next call below the low-water mark refills, and retires it
+        let refill = take(&mut c, now + 2, 0, 1);
+        assert!(refill.refill[0], "{id}: {refill:?}");
+        assert_eq!(refill.retire[0], [member], "{id}: handed to the refiller");
     }
 }
 
