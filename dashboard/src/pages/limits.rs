@@ -4,7 +4,7 @@
 use floodgate_shared::config::ConfigSpec;
 use leptos::prelude::*;
 
-use super::{field_error, hidden, island_ready, outcome, reload, saved_message, val};
+use super::{field_error, hidden, island_ready, outcome, reload, row_actions, saved_message, val};
 use crate::api::{DeletePolicy, SavePolicy};
 use crate::forms::{POLICY_FIELDS, PolicyForm};
 use crate::model::{Backtest, Saved, describe_consistency, describe_quota, endpoint_label};
@@ -32,25 +32,17 @@ pub(super) fn policy_section(
         .map(|p| {
             let form = PolicyForm::from_spec(p);
             let name = p.name.clone();
-            let (field_name, row) = (name.clone(), name.clone());
-            let (csrf, version) = (csrf.to_string(), version.to_string());
+            let edit = format!("/policies?edit={name}#policy-form");
+            let actions = row_actions(Some(edit), delete, (csrf, version), "name", name.clone());
             view! {
-                <tr data-policy=row>
+                <tr data-policy=name.clone()>
                     <td>{name.clone()}</td>
                     <td>{form.dimensions.clone()}</td>
                     <td class="limit">{describe_quota(p)}</td>
                     <td>{p.cost}</td>
                     <td>{form.failure_mode.clone()}{form.shadow.then_some(" · shadow (not enforced)")}</td>
                     <td class="consistency">{describe_consistency(p)}</td>
-                    <td>
-                        <a class="edit" href=format!("/policies?edit={name}#policy-form")>"Edit"</a>
-                        " "
-                        <ActionForm action=delete attr:style="display:inline">
-                            {hidden(&csrf, &version)}
-                            <input type="hidden" name="name" value=field_name/>
-                            <button type="submit" class="danger">"Delete"</button>
-                        </ActionForm>
-                    </td>
+                    {actions}
                 </tr>
             }
         })

@@ -31,6 +31,10 @@ pub use traffic::TrafficPage;
 use std::time::Duration;
 
 use leptos::prelude::*;
+use leptos::server_fn::client::Client;
+use leptos::server_fn::codec::PostUrl;
+use leptos::server_fn::request::ClientReq;
+use leptos::server_fn::{Http, ServerFn};
 
 use crate::model::{AppError, Saved, SessionInfo};
 use crate::time;
@@ -178,5 +182,42 @@ pub(crate) fn hidden(csrf: &str, version: &str) -> impl IntoView + use<> {
     view! {
         <input type="hidden" name="csrf" value=csrf.to_string()/>
         <input type="hidden" name="version" value=version.to_string()/>
+    }
+}
+
+/// A table row's actions on the policies page: `Edit`, a link to the row's form
+/// filled in (`None`: a row that is only deleted), then `Delete`, a plain post of
+/// `delete` with the row's `field` = `value` over the configuration `version`.
+pub(crate) fn row_actions<S, P>(
+    edit: Option<String>,
+    delete: ServerAction<S>,
+    (csrf, version): (&str, &str),
+    field: &'static str,
+    value: String,
+) -> AnyView
+where
+    S: serde::de::DeserializeOwned
+        + ServerFn<Protocol = Http<PostUrl, P>, Error = AppError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Output: Send + Sync + 'static,
+    S::Client: Client<AppError>,
+    <<S::Client as Client<AppError>>::Request as ClientReq<AppError>>::FormData:
+        From<leptos::web_sys::FormData>,
+    P: 'static,
+{
+    let (csrf, version) = (csrf.to_string(), version.to_string());
+    let form = view! {
+        <ActionForm action=delete attr:style="display:inline">
+            {hidden(&csrf, &version)}
+            <input type="hidden" name=field value=value/>
+            <button type="submit" class="danger">"Delete"</button>
+        </ActionForm>
+    };
+    match edit {
+        Some(href) => view! { <td><a class="edit" href=href>"Edit"</a> " " {form}</td> }.into_any(),
+        None => view! { <td>{form}</td> }.into_any(),
     }
 }

@@ -9,7 +9,8 @@ use leptos_router::hooks::use_query_map;
 
 use super::limits::policy_section;
 use super::{
-    SessionResource, error_view, field_error, hidden, island_ready, outcome, saved_message, val,
+    SessionResource, error_view, field_error, hidden, island_ready, outcome, row_actions,
+    saved_message, val,
 };
 use crate::api::{
     DeleteOverride, DeletePlan, DeletePolicy, DeleteRoute, EffectiveLimits, SaveDeny, SaveHeaders,
@@ -110,20 +111,12 @@ fn plan_section(
         .iter()
         .map(|(name, policies)| {
             let list = policies.join(", ");
-            let (name, field_name, row) = (name.clone(), name.clone(), name.clone());
-            let (csrf, version) = (csrf.to_string(), version.to_string());
+            let edit = format!("/policies?edit_plan={name}#plan-form");
+            let actions = row_actions(Some(edit), delete, (csrf, version), "name", name.clone());
             view! {
-                <tr data-plan=row>
+                <tr data-plan=name.clone()>
                     <td>{name.clone()}</td><td>{list}</td>
-                    <td>
-                        <a class="edit" href=format!("/policies?edit_plan={name}#plan-form")>"Edit"</a>
-                        " "
-                        <ActionForm action=delete attr:style="display:inline">
-                            {hidden(&csrf, &version)}
-                            <input type="hidden" name="name" value=field_name/>
-                            <button type="submit" class="danger">"Delete"</button>
-                        </ActionForm>
-                    </td>
+                    {actions}
                 </tr>
             }
         })
@@ -161,21 +154,13 @@ fn route_section(
         .iter()
         .map(|r| {
             let list = r.policies.join(", ");
-            let (name, field_name, pattern) = (r.name.clone(), r.name.clone(), r.pattern.clone());
-            let row = name.clone();
-            let (csrf, version) = (csrf.to_string(), version.to_string());
+            let (name, pattern) = (r.name.clone(), r.pattern.clone());
+            let edit = format!("/policies?edit_route={name}#route-form");
+            let actions = row_actions(Some(edit), delete, (csrf, version), "name", name.clone());
             view! {
-                <tr data-route=row>
+                <tr data-route=name.clone()>
                     <td><code>{pattern}</code></td><td>{name.clone()}</td><td>{list}</td>
-                    <td>
-                        <a class="edit" href=format!("/policies?edit_route={name}#route-form")>"Edit"</a>
-                        " "
-                        <ActionForm action=delete attr:style="display:inline">
-                            {hidden(&csrf, &version)}
-                            <input type="hidden" name="name" value=field_name/>
-                            <button type="submit" class="danger">"Delete"</button>
-                        </ActionForm>
-                    </td>
+                    {actions}
                 </tr>
             }
         })
@@ -215,19 +200,12 @@ fn override_section(
         .key_overrides
         .iter()
         .map(|(id, policies)| {
-            let (csrf, version) = (csrf.to_string(), version.to_string());
-            let (id, field_id, list) = (id.clone(), id.clone(), policies.join(", "));
-            let row = id.clone();
+            let list = policies.join(", ");
+            let actions = row_actions(None, delete, (csrf, version), "key_id", id.clone());
             view! {
-                <tr data-override=row>
-                    <td><code>{id}</code></td><td>{list}</td>
-                    <td>
-                        <ActionForm action=delete attr:style="display:inline">
-                            {hidden(&csrf, &version)}
-                            <input type="hidden" name="key_id" value=field_id/>
-                            <button type="submit" class="danger">"Delete"</button>
-                        </ActionForm>
-                    </td>
+                <tr data-override=id.clone()>
+                    <td><code>{id.clone()}</code></td><td>{list}</td>
+                    {actions}
                 </tr>
             }
         })
