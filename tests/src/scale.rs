@@ -16,6 +16,7 @@ use floodgate_edge::pipeline::{
     DEGRADED_HEADER, Pipeline, PipelineConfig, RequestHead, store_deadline,
 };
 use floodgate_edge::store::resp::RespStore;
+use floodgate_shared::stats::{Leasing, StatsField};
 use floodgate_shared::time::{Micros, SystemClock};
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -368,6 +369,36 @@ pub struct World {
     pub regionals: Vec<RedisServer>,
     pub proxies: Vec<LatencyProxy>,
     admin: Vec<RespStore>,
+    /// What every edge of the world counted of its bounded decisions.
+    paths: Arc<DecisionPaths>,
+}
+
+/// Bounded policies' decisions as the edges count them (`Leasing::Local`: from
+/// tokens at hand; `Leasing::Exact`: on the exact path, a round trip to the global
+/// store): what paid the round trip, whatever the machine's speed.
+#[derive(Default)]
+pub struct DecisionPaths {
+    local: AtomicU64,
+    exact: AtomicU64,
+}
+
+impl floodgate_edge::stats::StatsSink for DecisionPaths {
+    fn add(&self, field: &StatsField, n: u64) {
+        match field {
+            StatsField::Leasing(_, Leasing::Local) => self.local.fetch_add(n, Ordering::Relaxed),
+            StatsField::Leasing(_, Leasing::Exact) => self.exact.fetch_add(n, Ordering::Relaxed),
+            _ => 0,
+        };
+    }
+}
+
+impl DecisionPaths {
+    fn read(&self) -> (u64, u64) {
+        (
+            self.local.load(Ordering::Relaxed),
+            self.exact.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl World {
@@ -401,6 +432,7 @@ impl World {
             regionals,
             proxies,
             admin,
+            paths: Arc::default(),
         }
     }
 
@@ -478,7 +510,8 @@ impl World {
                     Mode::Independent => regional.url(),
                     _ => self.proxies[r].url(),
                 };
-                let mut edge = Pipeline::new(connect(global).await, SystemClock, settings.clone());
+                let mut edge = Pipeline::new(connect(global).await, SystemClock, settings.clone())
+                    .with_stats_sink(self.paths.clone());
                 if mode.pools() {
                     edge = edge.with_regional(connect(regional.url()).await);
                 }
@@ -571,6 +604,10 @@ pub struct Run {
     pub regional_calls: u64,
     /// The run's length (s).
     pub secs: f64,
+    /// Bounded policies' decisions from tokens at hand and on the exact path (a
+    /// global round trip), as the edges counted them ([`offer`] only).
+    pub local_decisions: u64,
+    pub exact_decisions: u64,
 }
 
 impl Run {
@@ -589,6 +626,12 @@ impl Run {
         let at = at.as_micros() as u64;
         let slow = self.latencies_us.len() - self.latencies_us.partition_point(|&l| l < at);
         slow as f64 / self.latencies_us.len().max(1) as f64
+    }
+
+    /// The share of bounded decisions the edges took on the exact path: the
+    /// requests that paid the global round trip, counted, not timed.
+    pub fn share_exact(&self) -> f64 {
+        self.exact_decisions as f64 / (self.local_decisions + self.exact_decisions).max(1) as f64
     }
 
     pub fn global_per_request(&self) -> f64 {
@@ -639,7 +682,11 @@ pub async fn offer(
             }
         }
     };
-    offer_with(&|| world.calls(), decide, subjects, rate, secs, seed).await
+    let (local, exact) = world.paths.read();
+    let mut run = offer_with(&|| world.calls(), decide, subjects, rate, secs, seed).await;
+    let (local_after, exact_after) = world.paths.read();
+    (run.local_decisions, run.exact_decisions) = (local_after - local, exact_after - exact);
+    run
 }
 
 /// What a client learnt of one request.
