@@ -1415,7 +1415,8 @@ fn edge_saturation(rt: &tokio::runtime::Runtime, hosts: &EdgeHosts, scale: usize
 }
 
 /// Sends `secret`'s requests to a fresh edge until 50 in a row are answered 200
-/// and its health says it has its configuration (at most 2,000 requests or 30 s).
+/// (at most 2,000 requests or 30 s). (Its health's `connected` would not do: an
+/// edge with `--no-limit` never connects to a store.)
 async fn warm_up(url: &str, secret: &str) {
     let client = reqwest::Client::new();
     let stop = Instant::now() + Duration::from_secs(30);
@@ -1430,17 +1431,9 @@ async fn warm_up(url: &str, secret: &str) {
             .is_ok_and(|r| r.status().is_success());
         in_a_row = if ok { in_a_row + 1 } else { 0 };
     }
-    let health: serde_json::Value = client
-        .get(format!("{url}{}", floodgate_edge::proxy::HEALTH_PATH))
-        .send()
-        .await
-        .expect("the edge's health")
-        .json()
-        .await
-        .expect("health JSON");
     assert!(
-        in_a_row >= 50 && health["connected"] != false,
-        "{url} did not warm up: {in_a_row} answered 200 in a row after {sent} requests; health {health}"
+        in_a_row >= 50,
+        "{url} did not warm up: {in_a_row} answered 200 in a row after {sent} requests"
     );
 }
 
