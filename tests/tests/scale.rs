@@ -136,12 +136,20 @@ async fn regions_trade_latency_for_leakage_only_up_to_the_bound() {
                 assert_eq!(leaked, 60, "one quota for all regions");
             }
             Mode::Independent => {
-                assert_eq!(paid, 0.0);
+                // nothing crossed to the global Redis (counted at its proxy), so no
+                // request paid the round trip; timed, a loaded machine's scheduling
+                // made 1 % look as slow in a full run: the median must be local
                 assert_eq!(warm.global_calls, 0);
+                assert!(
+                    warm.quantile_ms(0.5) < (one_way * 2).as_secs_f64() * 1e3,
+                    "{mode:?}: median"
+                );
                 assert_eq!(leaked, 180, "each region its own quota");
             }
             _ => {
-                assert!(paid < 0.02, "{mode:?}: {paid} paid the global round trip");
+                // counted by the edges (Leasing::Exact), not timed
+                let exact = warm.share_exact();
+                assert!(exact < 0.02, "{mode:?}: {exact} paid the global round trip");
                 // pools refill more often with part of each chunk out on the
                 // edges' sub-leases (0.09-0.11 measured, 0.01 for instance leases)
                 assert!(
