@@ -251,10 +251,6 @@ pub async fn edit_deny<S: Store>(
         let mut spec = EdgeConfig::from_json(&text)?.spec().clone();
         apply_deny_edit(&mut spec, list, edit, value)?;
         let config = EdgeConfig::new(spec)?;
-        if config.to_json() == text {
-            // nothing to change (the entry is there already): nothing to audit
-            return Ok(Edited::Unchanged(config));
-        }
         let entry = AuditEntry {
             at: now_secs,
             user: who.to_string(),
@@ -263,31 +259,25 @@ pub async fn edit_deny<S: Store>(
             before: Some(audit_item(&text)),
             after: Some(audit_item(&config.to_json())),
         };
-        Ok(Edited::Save(Box::new(config.clone()), entry, config))
+        Ok((config, entry, ()))
     })
     .await
+    .map(|(config, (), version)| (config, version))
 }
 
-/// What an edit of the stored configuration ([`edit_stored`]) made of it, with
-/// what the caller returns.
-pub(crate) enum Edited<T> {
-    /// Nothing to change: nothing saved, nothing audited.
-    Unchanged(T),
-    /// Save this configuration with this audit record.
-    Save(Box<EdgeConfig>, AuditEntry, T),
-}
-
-/// Reads the stored configuration, applies `edit` to its text and saves what it
-/// made of it version-checked; when another save slipped in between, reads it
-/// again and applies the edit again (5 tries, then [`AdminError::Conflict`]
-/// `based_on` `what`). Returns the edit's value and the stored version.
+/// Reads the stored configuration, applies `edit` to its text and saves the
+/// configuration it made, with its audit record and version-checked — unless it
+/// is the text as stored (nothing to change: nothing saved, nothing audited).
+/// When another save slipped in between, reads it again and applies the edit
+/// again (5 tries, then [`AdminError::Conflict`] `based_on` `what`). Returns the
+/// configuration as stored, the edit's value and the stored version.
 pub(crate) async fn edit_stored<S: Store, T, F>(
     store: &S,
     what: &str,
     mut edit: impl FnMut(String) -> F,
-) -> Result<(T, String), AdminError>
+) -> Result<(EdgeConfig, T, String), AdminError>
 where
-    F: Future<Output = Result<Edited<T>, AdminError>>,
+    F: Future<Output = Result<(EdgeConfig, AuditEntry, T), AdminError>>,
 {
     let mut last = String::new();
     for _ in 0..5 {
@@ -295,14 +285,13 @@ where
         let text = text.ok_or_else(|| {
             AdminError::NotFound("no configuration is stored (floodgate-cli config set)".into())
         })?;
-        match edit(text).await? {
-            Edited::Unchanged(value) => return Ok((value, version)),
-            Edited::Save(config, entry, value) => {
-                match save_config(store, &version, &config, &entry).await? {
-                    SaveOutcome::Saved { version } => return Ok((value, version)),
-                    SaveOutcome::Conflict { current } => last = current,
-                }
-            }
+        let (config, entry, value) = edit(text.clone()).await?;
+        if config.to_json() == text {
+            return Ok((config, value, version));
+        }
+        match save_config(store, &version, &config, &entry).await? {
+            SaveOutcome::Saved { version } => return Ok((config, value, version)),
+            SaveOutcome::Conflict { current } => last = current,
         }
     }
     Err(AdminError::Conflict {

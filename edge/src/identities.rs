@@ -16,7 +16,7 @@ use floodgate_shared::config::{ConfigEdit, ConfigSpec, EdgeConfig, IdentityOverr
 use floodgate_shared::keyrecord::check_identity;
 use floodgate_shared::policy::PolicyError;
 
-use crate::admin::{AdminError, Edited, audit_item, edit_stored, list_keys, load_config};
+use crate::admin::{AdminError, audit_item, edit_stored, list_keys, load_config};
 use crate::store::Store;
 
 /// The override of `identity` in the stored configuration, if any.
@@ -98,7 +98,7 @@ pub async fn edit_identity_override<S: Store>(
             identity: identity.to_string(),
         },
     };
-    let (saved, version) = edit_stored(store, "(identity override)", |text: String| {
+    let (config, before, version) = edit_stored(store, "(identity override)", |text: String| {
         let edit = edit.clone();
         async move {
             let stored = EdgeConfig::from_json(&text)?.spec().clone();
@@ -112,13 +112,7 @@ pub async fn edit_identity_override<S: Store>(
                 })?;
             let config = EdgeConfig::new(spec)?;
             check_new_identities(store, Some(&stored), config.spec()).await?;
-            let saved = (
-                stored.identity_overrides.get(identity).cloned(),
-                config.spec().identity_overrides.get(identity).cloned(),
-            );
-            if config.to_json() == text {
-                return Ok(Edited::Unchanged(saved));
-            }
+            let before = stored.identity_overrides.get(identity).cloned();
             let entry = AuditEntry {
                 at: now_secs,
                 user: who.to_string(),
@@ -127,14 +121,13 @@ pub async fn edit_identity_override<S: Store>(
                 before: done.before.as_deref().map(audit_item),
                 after: done.after.as_deref().map(audit_item),
             };
-            Ok(Edited::Save(Box::new(config), entry, saved))
+            Ok((config, entry, before))
         }
     })
     .await?;
-    let (before, after) = saved;
     Ok(OverrideSaved {
         before,
-        after,
+        after: config.spec().identity_overrides.get(identity).cloned(),
         version,
     })
 }

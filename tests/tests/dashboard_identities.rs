@@ -8,7 +8,7 @@ use floodgate_edge::admin;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::keychanges::KeyChanges;
 use floodgate_tests::RedisServer;
-use floodgate_tests::dash::{ADMIN, Operator, start_dashboard};
+use floodgate_tests::dash::{ADMIN, Dashboard, Operator, start_dashboard};
 use serde_json::Value;
 
 async fn key_of(store: &RespStore, identity: &str, name: &str) -> String {
@@ -25,6 +25,30 @@ async fn key_of(store: &RespStore, identity: &str, name: &str) -> String {
         .id
 }
 
+/// A Redis, the dashboard over it, a store on the same Redis and a signed-in
+/// operator (the servers live as long as this does).
+struct Signed {
+    _redis: RedisServer,
+    _dashboard: Dashboard,
+    store: RespStore,
+    op: Operator,
+}
+
+async fn signed_in() -> Signed {
+    let redis = RedisServer::start();
+    let dashboard = start_dashboard(&redis).await;
+    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let op = Operator::sign_in(&dashboard.url).await;
+    Signed {
+        _redis: redis,
+        _dashboard: dashboard,
+        store,
+        op,
+    }
+}
+
 async fn stored_overrides(store: &RespStore) -> Value {
     let text = admin::get_config(store).await.unwrap().unwrap();
     serde_json::from_str::<Value>(&text).unwrap()["identity_overrides"].clone()
@@ -32,12 +56,12 @@ async fn stored_overrides(store: &RespStore) -> Value {
 
 #[tokio::test]
 async fn identities_are_listed_with_their_keys_and_their_overrides_edited_and_audited() {
-    let redis = RedisServer::start();
-    let d = start_dashboard(&redis).await;
-    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
-        .await
-        .unwrap();
-    let op = Operator::sign_in(&d.url).await;
+    let Signed {
+        _redis,
+        _dashboard: d,
+        store,
+        op,
+    } = signed_in().await;
     let (status, html) = op.page("/identities").await;
     assert_eq!(status, 200);
     assert!(html.contains("id=\"no-identities\""), "no key has one yet");
@@ -186,12 +210,12 @@ async fn identities_are_listed_with_their_keys_and_their_overrides_edited_and_au
 /// shown, each bad value refused naming its field, every change audited.
 #[tokio::test]
 async fn a_keys_page_shows_expiry_credits_and_rotation_and_changes_them() {
-    let redis = RedisServer::start();
-    let d = start_dashboard(&redis).await;
-    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
-        .await
-        .unwrap();
-    let op = Operator::sign_in(&d.url).await;
+    let Signed {
+        _redis,
+        _dashboard,
+        store,
+        op,
+    } = signed_in().await;
     let id = key_of(&store, "cus_42", "production").await;
     let now = floodgate_dashboard::time::now_secs();
     admin::rotate_key(&store, &id, 3600, now).await.unwrap();
@@ -279,12 +303,12 @@ async fn a_keys_page_shows_expiry_credits_and_rotation_and_changes_them() {
 /// page showing the overlap, and the rotation audited as the operator.
 #[tokio::test]
 async fn a_keys_page_rotates_its_secret_with_the_overlap_confirmed() {
-    let redis = RedisServer::start();
-    let d = start_dashboard(&redis).await;
-    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
-        .await
-        .unwrap();
-    let op = Operator::sign_in(&d.url).await;
+    let Signed {
+        _redis,
+        _dashboard,
+        store,
+        op,
+    } = signed_in().await;
     let (created, old_secret) = admin::create_key(&store, "production", "free", 1_764_000_000)
         .await
         .unwrap();
@@ -376,12 +400,12 @@ async fn a_keys_page_rotates_its_secret_with_the_overlap_confirmed() {
 /// field left out is unchanged, an empty one cleared), audited.
 #[tokio::test]
 async fn a_keys_page_changes_identity_name_and_metadata() {
-    let redis = RedisServer::start();
-    let d = start_dashboard(&redis).await;
-    let store = RespStore::connect(&redis.url(), std::time::Duration::from_secs(2))
-        .await
-        .unwrap();
-    let op = Operator::sign_in(&d.url).await;
+    let Signed {
+        _redis,
+        _dashboard,
+        store,
+        op,
+    } = signed_in().await;
     let id = key_of(&store, "cus_42", "production").await;
     let (_, html) = op.page(&format!("/keys/{id}")).await;
     for name in ["identity", "name", "metadata"] {
