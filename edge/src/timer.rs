@@ -69,12 +69,44 @@ pub enum Raced<T, F> {
 
 /// Polls `fut` until it finishes or `limit` passes, whichever comes first. A
 /// future that finishes at once is never timed out (it is polled first).
+///
+/// When the deadline passes, what has already arrived is let through first: the
+/// timer may fire in the same turn of the event loop as the reply that answers
+/// `fut`, and that reply then still has tasks to cross (the connection's reader,
+/// the batch's leader) before `fut` sees it. On a saturated edge a turn takes
+/// milliseconds, so without this a reply that came in time was taken for a
+/// silent store, and five of them in a row opened the breaker of a healthy
+/// store (fail-closed 503s under load). `fut` is Late only if it is still
+/// pending after [`SETTLE_TURNS`] more turns.
 pub async fn race<F: Future + Unpin>(mut fut: F, limit: Duration) -> Raced<F::Output, F> {
     let timer = pin!(sleep(limit));
     match select(&mut fut, timer).await {
         Either::Left((out, _)) => Raced::Done(out),
-        Either::Right(((), _)) => Raced::Late(fut),
+        Either::Right(((), _)) => {
+            for _ in 0..SETTLE_TURNS {
+                next_turn().await;
+                if let Some(out) = futures_util::future::poll_immediate(&mut fut).await {
+                    return Raced::Done(out);
+                }
+            }
+            Raced::Late(fut)
+        }
     }
+}
+
+/// Turns of the event loop a deadline's expiry waits for what already arrived:
+/// a reply crosses at most three tasks (the connection's reader, the batch's
+/// leader, the caller).
+pub const SETTLE_TURNS: usize = 3;
+
+/// Returns after the event loop has polled its I/O once more: natively tokio's
+/// `yield_now` (deferred until the driver was polled), in the Worker a
+/// `setTimeout(0)` (queued behind the I/O callbacks already due).
+async fn next_turn() {
+    #[cfg(not(target_arch = "wasm32"))]
+    tokio::task::yield_now().await;
+    #[cfg(target_arch = "wasm32")]
+    sleep(Duration::ZERO).await;
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
@@ -103,5 +135,43 @@ mod tests {
         );
         tx.send(3).unwrap();
         assert_eq!(rx.await.unwrap(), 3, "the late future still delivers");
+    }
+
+    /// A reply that reached the edge at the deadline but still has tasks to cross
+    /// (the connection's reader hands it to the batch's leader, which hands it to
+    /// the caller) is an answer, not a late call: the timer fires in the same turn
+    /// of the event loop as the reply's arrival.
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_arriving_at_the_deadline_wins_through_its_hops() {
+        let limit = Duration::from_millis(7);
+        let (to_leader, at_leader) = tokio::sync::oneshot::channel::<u8>();
+        let (to_caller, at_caller) = tokio::sync::oneshot::channel::<u8>();
+        // the leader: passes the reply on to the caller
+        tokio::spawn(async move {
+            if let Ok(v) = at_leader.await {
+                let _ = to_caller.send(v);
+            }
+        });
+        // the reader: the reply arrives exactly when the caller's deadline passes
+        tokio::spawn(async move {
+            sleep(limit).await;
+            let _ = to_leader.send(5);
+        });
+        match race(at_caller, limit).await {
+            Raced::Done(v) => assert_eq!(v.unwrap(), 5),
+            Raced::Late(_) => panic!("a reply that arrived at the deadline was taken as late"),
+        }
+    }
+
+    /// A store that really is silent is still late, after a few more turns only.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_call_is_late_right_after_its_deadline() {
+        let (_tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let watch = Stopwatch::start();
+        assert!(matches!(
+            race(rx, Duration::from_millis(7)).await,
+            Raced::Late(_)
+        ));
+        assert_eq!(watch.elapsed(), Duration::from_millis(7), "no time added");
     }
 }
