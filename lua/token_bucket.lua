@@ -17,6 +17,8 @@
 --            TIME but only while TIME <= T (µs), else the call changes nothing and
 --            returns {2, now} (stale: the caller has given up on it by then); or an
 --            instant in µs to decide at (tests, replays)
+--            Either form may end in "xN" (N in 2..1000): N identical requests,
+--            decided one after another at the same instant (see "Merged" below)
 -- ARGV[2i]   burst window of bucket i: capacity x T microseconds (1 .. 400 days)
 -- ARGV[2i+1] cost of this request in bucket i: cost x T microseconds (0 = peek)
 --
@@ -26,6 +28,14 @@
 -- derives remaining, reset and retry-after from these with the pure twin of this
 -- script (shared/src/bucket.rs), so no second round trip is ever needed. With the
 -- revision key, rev is the counter's value, or -1 when it is missing or not a number.
+--
+-- Merged ("xN"): the edge sends identical concurrent requests of a busy bucket
+-- as ONE call. At one instant the j-th of them fits iff every bucket has room for
+-- j costs (a denial consumes nothing and nothing refills in between), so the
+-- first k fit and the rest do not: the reply is {k, now, full_at_1, ..., [rev]}
+-- with the state as the FIRST of them read it, and {-1, now} when stale. The
+-- caller splits it into the replies N single calls would have had
+-- (shared/src/script/merge.rs); one call, one TIME, one MGET, one SET per bucket.
 --
 -- Commands run: TIME, one MGET of every key, one SET per admitted bucket (what a
 -- bill counts besides the EVALSHA itself; a denial writes nothing).
@@ -45,6 +55,17 @@ end
 local with_rev = #KEYS == n + 1
 
 local now = ARGV[1]
+local count = 1
+local merged = false
+local x = string.find(now, 'x', 1, true)
+if x then
+  count = tonumber(string.sub(now, x + 1))
+  if count == nil or count < 2 or count > 1000 or count % 1 ~= 0 then
+    return redis.error_reply('ERR floodgate: ARGV[1] may end in xN, N in 2..1000')
+  end
+  merged = true
+  now = string.sub(now, 1, x - 1)
+end
 local expires = nil
 if string.sub(now, 1, 1) == '<' then
   expires = tonumber(string.sub(now, 2))
@@ -57,6 +78,7 @@ if now == '' then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
   if expires ~= nil and now > expires then
+    if merged then return {-1, now} end
     return {2, now}
   end
 else
@@ -69,7 +91,7 @@ end
 -- Phase 1: read every bucket and decide. Nothing is written unless all have room.
 -- (The reply is built with room for four buckets: growing a Lua table costs more
 -- than the rest of the arithmetic. Slots past n are cleared before returning.)
-local reply = {1, now, 0, 0, 0, 0}
+local reply = {count, now, 0, 0, 0, 0}
 local raws = redis.call('MGET', unpack(KEYS))
 for i = 1, n do
   local burst = tonumber(ARGV[2 * i])
@@ -86,7 +108,14 @@ for i = 1, n do
   end
   reply[i + 2] = full_at
   if full_at < now then full_at = now end
-  if full_at + cost - now > burst then reply[1] = 0 end
+  if cost > 0 then
+    -- how many of the requests fit, one after another: j fit while
+    -- full_at + j x cost - now <= burst
+    local fit = math.floor((burst - (full_at - now)) / cost)
+    if fit < reply[1] then reply[1] = math.max(fit, 0) end
+  elseif full_at - now > burst then
+    reply[1] = 0
+  end
 end
 
 -- Phase 2: consume every bucket. A key expires at its full_at rounded up to the
@@ -94,9 +123,9 @@ end
 -- absent key. So the expiry in force is known from the value read, and a write that
 -- stays within the same second keeps it (KEEPTTL) instead of setting it again, which
 -- costs Redis more than the rest of the write.
-if reply[1] == 1 then
+if reply[1] > 0 then
   for i = 1, n do
-    local cost = tonumber(ARGV[2 * i + 1])
+    local cost = tonumber(ARGV[2 * i + 1]) * reply[1]
     if cost > 0 then
       local old = reply[i + 2]
       local full_at = old

@@ -11,6 +11,8 @@ use crate::policy::{Algorithm, Quota};
 use crate::time::{MAX_INSTANT, Micros};
 use crate::windows;
 
+pub mod merge;
+
 mod sha {
     include!(concat!(env!("OUT_DIR"), "/script_sha1.rs"));
 }
