@@ -1164,11 +1164,16 @@ fn sibling(name: &str, args: &[&str], env: &[(&str, &str)], port: u16) -> Proc {
     } else {
         Command::new(&bin)
     };
+    // each process's log, to read why a round failed: <tmp>/floodgate-bench/<name>-<port>.log
+    let logs = std::env::temp_dir().join("floodgate-bench");
+    let _ = std::fs::create_dir_all(&logs);
+    let log = std::fs::File::create(logs.join(format!("{name}-{port}.log")))
+        .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from);
     let child = cmd
         .args(args)
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e} (scripts/bench builds it)", bin.display()));
     wait_port(port);
