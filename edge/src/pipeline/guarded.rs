@@ -204,10 +204,9 @@ where
             Raced::Late(still) => {
                 let e = late_error(limit);
                 self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
-                let now = clock.now();
-                if !self.lane.expired(mark) && self.lane.new_silence(sent, now) {
+                if !self.lane.expired(mark) {
                     // silent since the send: the store may be down
-                    self.logged(self.lane.breaker.failure(now, &e));
+                    self.logged(self.lane.breaker.failure(clock.now(), &e));
                 }
                 Called::Failed(e, Some(self.observed(still, watch, sent)))
             }
@@ -280,75 +279,5 @@ where
             }
             reply
         })
-    }
-}
-
-#[cfg(all(test, not(target_arch = "wasm32")))]
-mod tests {
-    use super::*;
-    use crate::breaker::Breaker;
-    use crate::deadline::DeadlineSettings;
-    use crate::store::rest::RestStore;
-
-    /// The paused tokio clock, in µs.
-    struct Paused(tokio::time::Instant);
-
-    impl Clock for Paused {
-        fn now(&self) -> Micros {
-            1_000_000_000 + self.0.elapsed().as_micros() as Micros
-        }
-    }
-
-    fn guarded() -> Guarded<RestStore> {
-        // never called: the calls are the futures handed in
-        let store = RestStore::new("http://127.0.0.1:9", "t", Duration::from_secs(1)).unwrap();
-        let lane = Lane::new(Breaker::new(5, 1_000_000), DeadlineSettings::fixed(5_000));
-        Guarded::new(
-            store,
-            lane,
-            StoreRole::Global,
-            |_| {},
-            Arc::new(Stats::default()),
-            Arc::new(Totals::default()),
-        )
-    }
-
-    fn silent() -> BoxFuture<'static, Result<(), StoreError>> {
-        boxed(std::future::pending())
-    }
-
-    /// Twenty requests riding one stalled round trip (a batch) are one silence:
-    /// the breaker stays closed. On main each counted, and one stall of a
-    /// healthy store under load opened the breaker (503s for every request
-    /// until the cool-down ended).
-    #[tokio::test(start_paused = true)]
-    async fn calls_on_their_way_together_are_one_silence() {
-        let (g, clock) = (guarded(), Paused(tokio::time::Instant::now()));
-        let calls = (0..20).map(|_| g.call(&clock, 5_000, silent()));
-        let called = futures_util::future::join_all(calls).await;
-        assert!(
-            called
-                .iter()
-                .all(|c| matches!(c, Called::Failed(_, Some(_))))
-        );
-        assert_eq!(g.phase(), Phase::Closed, "one silence, one failure");
-        assert_eq!(
-            g.deadline_stats(clock.now()).silent,
-            20,
-            "each counted as silent"
-        );
-    }
-
-    /// A store that stays silent still opens the breaker: each call sent after
-    /// the last silence was noticed is new evidence.
-    #[tokio::test(start_paused = true)]
-    async fn a_silent_store_still_opens_the_breaker_after_five_calls() {
-        let (g, clock) = (guarded(), Paused(tokio::time::Instant::now()));
-        for i in 0..5 {
-            assert_eq!(g.phase(), Phase::Closed, "before call {i}");
-            let called = g.call(&clock, 5_000, silent()).await;
-            assert!(matches!(called, Called::Failed(_, Some(_))));
-        }
-        assert_eq!(g.phase(), Phase::Open);
     }
 }

@@ -8,10 +8,7 @@
 //!   **slow**: not a breaker failure;
 //! - one with nothing at all from the store since it was sent (a stopped server, a
 //!   frozen connection) is **silent**: a breaker failure, as is a refused or reset
-//!   connection — once per silence: calls that were on their way when a silence
-//!   was noticed (a batch's calls share one round trip) are the same evidence,
-//!   so one stalled round trip carrying twenty requests is one failure, not
-//!   twenty (which opened the breaker of a healthy store on a loaded machine);
+//!   connection;
 //! - a late reply that arrives within the ceiling is proof of life: the deadline
 //!   is raised to cover it and the breaker's consecutive failures start again
 //!   from zero, or, if the silent expiries opened it meanwhile (a stall of the
@@ -20,7 +17,7 @@
 //!   nothing (its timeout stays counted).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use floodgate_shared::time::Micros;
 
@@ -41,9 +38,6 @@ pub struct Lane {
     late_replies: AtomicU64,
     too_late: AtomicU64,
     waited_on: AtomicU64,
-    /// When the last silence was counted as a breaker failure (µs): calls sent
-    /// before it are the same evidence.
-    silence_counted: AtomicI64,
 }
 
 /// What one store's deadlines did since the instance started (health, metrics).
@@ -98,7 +92,6 @@ impl Lane {
             late_replies: AtomicU64::new(0),
             too_late: AtomicU64::new(0),
             waited_on: AtomicU64::new(0),
-            silence_counted: AtomicI64::new(Micros::MIN),
         }
     }
 
@@ -144,13 +137,6 @@ impl Lane {
         let slow = self.replies.load(Ordering::Relaxed) > mark;
         if slow { &self.slow } else { &self.silent }.fetch_add(1, Ordering::Relaxed);
         slow
-    }
-
-    /// A call sent at `sent` found the store silent at `now`: whether that is new
-    /// evidence (a breaker failure), i.e. the call was sent at or after the last
-    /// silence was counted. Calls on their way together are one observation.
-    pub fn new_silence(&self, sent: Micros, now: Micros) -> bool {
-        sent >= self.silence_counted.fetch_max(now, Ordering::Relaxed)
     }
 
     /// The store answered in time that it ran the call after the deadline (the
