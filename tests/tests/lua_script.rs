@@ -8,7 +8,7 @@ use floodgate_edge::store::{Store, StoreErrorKind};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_shared::time::{MICROS_PER_MS, MICROS_PER_SEC};
-use floodgate_tests::{RedisServer, unique_key};
+use floodgate_tests::{RedisServer, command_calls as calls, unique_key};
 use redis::Commands;
 
 const NOW: i64 = 1_764_000_000_000_000;
@@ -17,13 +17,6 @@ async fn store(server: &RedisServer) -> RespStore {
     RespStore::connect(&server.url(), Duration::from_secs(5))
         .await
         .unwrap()
-}
-
-fn calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
 #[test]

@@ -11,17 +11,10 @@ use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET, merge};
-use floodgate_tests::{Endpoint, RedisServer, unique_key};
+use floodgate_tests::{Endpoint, RedisServer, command_calls as calls, unique_key};
 use rand::{Rng, SeedableRng};
 
 const NOW: i64 = 1_764_000_000_000_000;
-
-fn calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
 
 fn eval(conn: &mut redis::Connection, keys: &[String], args: &[String]) -> Vec<i64> {
     let mut cmd = redis::cmd("EVAL");
@@ -235,4 +228,71 @@ async fn a_busy_keys_concurrent_decisions_cost_one_call_over_rest() {
     // a fresh server: the merged call's NOSCRIPT goes again by source, still merged
     let ran = concurrent_decisions(&store, &redis, 40).await;
     assert!(ran <= 6, "120 concurrent decisions ran {ran} script calls");
+}
+
+floodgate_tests::on_both_hosts!(a_busy_keys_concurrent_requests_share_script_calls);
+
+/// Through each host, over HTTP: 60 clients send 300 requests of one key of
+/// capacity 250 (no refill while the test runs). Exactly the capacity is
+/// admitted on both hosts; natively the concurrent requests share script calls:
+/// at most half as many calls as requests (without merging, one per admitted
+/// request at least: the 429s after the first are answered from the
+/// recent-429s memory). Measured: 24 natively (300 without merging); the
+/// Worker does not merge across requests (278).
+async fn a_busy_keys_concurrent_requests_share_script_calls(kind: floodgate_tests::EdgeKind) {
+    let redis = RedisServer::start();
+    let admin_store = RespStore::connect(&redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    let config = r#"{"policies":[{"name":"default","dimensions":["api_key"],
+      "quota":{"capacity":250,"refill":1,"period":"1h"},"failure_mode":"fail_closed"}],"plans":{"free":["default"]}}"#;
+    floodgate_edge::admin::set_config(&admin_store, config)
+        .await
+        .unwrap();
+    let (_, secret) = floodgate_edge::admin::create_key(&admin_store, "t", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let (upstream, _stop) = floodgate_tests::serve(floodgate_edge::demo_upstream::router(
+        floodgate_edge::demo_upstream::Seen::default(),
+    ))
+    .await;
+    let edge = floodgate_tests::start_edge(kind, &redis, &upstream, 60_000).await;
+    let client = || reqwest::Client::new();
+    // the first request reads the records and loads the script
+    let first = client()
+        .get(format!("{}/v1/items", edge.url))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let mut conn = redis.connection();
+    let scripts = |conn: &mut redis::Connection| calls(conn, "evalsha") + calls(conn, "eval");
+    let before = scripts(&mut conn);
+    let (clients, each) = (60, 5);
+    let admitted = floodgate_tests::admitted_across(
+        client,
+        std::slice::from_ref(&edge.url),
+        std::slice::from_ref(&secret),
+        clients,
+        each,
+    )
+    .await;
+    let ran = scripts(&mut conn) - before;
+    assert_eq!(admitted, 249, "exactly the capacity (1 taken before)");
+    let requests = (clients * each) as u64;
+    match kind {
+        floodgate_tests::EdgeKind::Native => assert!(
+            ran <= requests / 2,
+            "{requests} concurrent requests of one key ran {ran} script calls (statistics flushes included)"
+        ),
+        // each request is its own event in workerd: the batcher only gathers the
+        // calls of one request (a leader waiting a turn of the event loop for
+        // other requests' calls carried them in its own subrequest, and they
+        // failed when it ended: 41 of 249 admitted), so nothing merges here yet
+        floodgate_tests::EdgeKind::Worker => assert!(
+            ran >= 249,
+            "{ran} script calls for 249 admissions: the Worker merged after all (update this test)"
+        ),
+    }
 }
