@@ -270,14 +270,15 @@ fn split(call: &ScriptCall, outcome: Result<Value, StoreError>) -> Vec<Result<Va
     }
 }
 
-/// Sends one batch; calls answered `NOSCRIPT` go again by source.
+/// Sends one batch; calls answered `NOSCRIPT` go again, each script once by
+/// source and the rest of its calls behind it.
 async fn flush(
     sender: &impl SendScripts,
     deadline: Duration,
     mut batch: Vec<Unit>,
     started: &Stopwatch,
 ) {
-    for attempt in 0..2 {
+    for attempt in 0..3 {
         let left = deadline.saturating_sub(started.elapsed());
         if left.is_zero() {
             for unit in batch {
@@ -316,13 +317,24 @@ async fn flush(
             }
         };
         let mut again = vec![];
+        // the scripts already sent by source in the next round trip: one `EVAL`
+        // per script loads it, the calls behind it in the same pipeline go by
+        // `EVALSHA` (200 calls by source were 1.3 MB, past the REST endpoint's
+        // and Upstash's 1 MB request limit); one still answered NOSCRIPT goes by
+        // source in a third
+        let mut loading: Vec<&str> = vec![];
         for ((call, unit), outcome) in calls.into_iter().zip(batch).zip(outcomes) {
             let unit = Unit { call, ..unit };
             match outcome {
-                Err(e) if attempt == 0 && e.redis() == Some(super::RedisErrorKind::NoScript) => {
+                Err(e) if attempt < 2 && e.redis() == Some(super::RedisErrorKind::NoScript) => {
+                    let sha = unit.call.script.sha1;
+                    let by_source = attempt == 1 || !loading.contains(&sha);
+                    if by_source {
+                        loading.push(sha);
+                    }
                     again.push(Unit {
                         call: ScriptCall {
-                            by_source: true,
+                            by_source,
                             ..unit.call
                         },
                         ..unit
