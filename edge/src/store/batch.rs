@@ -19,13 +19,13 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use floodgate_shared::script::{LuaScript, TOKEN_BUCKET, merge};
+use floodgate_shared::script::merge::{self, SharedClock};
+use floodgate_shared::script::{LuaScript, TOKEN_BUCKET};
 
 use super::{StoreError, StoreErrorKind, Value, lock};
 use crate::timer::Stopwatch;
 
 /// One script call as it goes on the wire.
-#[derive(Clone)]
 pub(crate) struct ScriptCall {
     pub script: LuaScript,
     /// `EVAL` with the source (after NOSCRIPT) rather than `EVALSHA`.
@@ -169,7 +169,8 @@ impl Unit {
                 let _ = reply.send(outcome);
             }
             Err(replies) => {
-                for (reply, one) in replies.into_iter().zip(split(&self.call, outcome)) {
+                let count = replies.len();
+                for (reply, one) in replies.into_iter().zip(split(&self.call, outcome, count)) {
                     let _ = reply.send(one);
                 }
             }
@@ -184,33 +185,33 @@ impl Unit {
 }
 
 /// The batch as calls on the wire: identical token-bucket calls (same keys, same
-/// buckets and costs, a mergeable clock) become one, in the order of their first.
+/// buckets and costs, Redis' clock in the same form) become one, in the order of
+/// their first.
 fn merged(batch: Vec<(ScriptCall, Reply)>) -> Vec<Unit> {
     let mut units: Vec<Unit> = Vec::with_capacity(batch.len());
-    // the units still open to merging, with the clocks of their calls
-    let mut open: Vec<(usize, Vec<String>)> = vec![];
+    // the units still open to merging, with the clock of the call they become
+    let mut open: Vec<(usize, SharedClock)> = vec![];
     for (call, reply) in batch {
-        // Redis' clock, with or without a stale guard: explicit instants (tests,
-        // replays) go as sent
-        let clock = call
-            .args
-            .first()
-            .map(|c| (c.is_empty(), c.starts_with('<')));
-        let mergeable =
-            call.script.sha1 == TOKEN_BUCKET.sha1 && matches!(clock, Some((true, _) | (_, true)));
-        let same = |u: &Unit| {
-            u.call.keys == call.keys
-                && u.call.args[1..] == call.args[1..]
-                && u.call.args[0].is_empty() == call.args[0].is_empty()
-        };
-        match open.iter_mut().find(|(i, _)| mergeable && same(&units[*i])) {
-            Some((i, clocks)) if units[*i].replies.len() < merge::MAX_MERGED => {
-                clocks.push(call.args[0].clone());
-                units[*i].replies.push(reply);
-            }
-            _ => {
-                if mergeable && open.len() < MAX_OPEN {
-                    open.push((units.len(), vec![call.args[0].clone()]));
+        let clock = (call.script.sha1 == TOKEN_BUCKET.sha1)
+            .then(|| call.args.first().and_then(|c| SharedClock::parse(c)))
+            .flatten();
+        let joined = clock.and_then(|c| {
+            open.iter_mut().find_map(|(i, merged)| {
+                let unit = &units[*i];
+                let same = unit.call.keys == call.keys
+                    && unit.call.args[1..] == call.args[1..]
+                    && unit.replies.len() < merge::MAX_MERGED;
+                *merged = merged.with(c).filter(|_| same)?;
+                Some(*i)
+            })
+        });
+        match joined {
+            Some(i) => units[i].replies.push(reply),
+            None => {
+                if let Some(c) = clock
+                    && open.len() < MAX_OPEN
+                {
+                    open.push((units.len(), c));
                 }
                 units.push(Unit {
                     call,
@@ -219,26 +220,10 @@ fn merged(batch: Vec<(ScriptCall, Reply)>) -> Vec<Unit> {
             }
         }
     }
-    for (i, clocks) in open {
-        let count = clocks.len();
-        if count < 2 {
-            continue;
-        }
-        match merge::merged_clock(clocks.iter().map(String::as_str)) {
-            Some(clock) => units[i].call.args[0] = merge::counted(&clock, count),
-            // not a clock the script wrote (never sent by validate_call): one call
-            // each, as sent
-            None => {
-                let replies = units[i].replies.split_off(1);
-                for (reply, clock) in replies.into_iter().zip(clocks.into_iter().skip(1)) {
-                    let mut call = units[i].call.clone();
-                    call.args[0] = clock;
-                    units.push(Unit {
-                        call,
-                        replies: vec![reply],
-                    });
-                }
-            }
+    for (i, clock) in open {
+        let count = units[i].replies.len();
+        if count > 1 {
+            units[i].call.args[0] = clock.counted(count);
         }
     }
     units
@@ -248,25 +233,23 @@ fn merged(batch: Vec<(ScriptCall, Reply)>) -> Vec<Unit> {
 /// many different keys merges nothing and should not pay a quadratic search).
 const MAX_OPEN: usize = 8;
 
-/// The replies of a merged call's callers, as their own calls would have had.
-fn split(call: &ScriptCall, outcome: Result<Value, StoreError>) -> Vec<Result<Value, StoreError>> {
-    let count = merge::count_of(&call.args[0]);
-    let ints = match outcome.and_then(Value::into_ints) {
-        Ok(ints) => ints,
-        Err(e) => return vec![Err(e); count],
-    };
-    let costs: Vec<i64> = call.args[2..]
-        .iter()
-        .step_by(2)
-        .map(|c| c.parse().unwrap_or(0))
-        .collect();
-    let with_rev = call.keys.len() == costs.len() + 1;
-    match merge::split(&ints, &costs, with_rev, count) {
+/// The replies of a merged call's `count` callers, as their own calls would
+/// have had.
+fn split(
+    call: &ScriptCall,
+    outcome: Result<Value, StoreError>,
+    count: usize,
+) -> Vec<Result<Value, StoreError>> {
+    let replies = outcome.and_then(Value::into_ints).and_then(|ints| {
+        merge::split_call(call.keys.len(), &call.args, &ints)
+            .map_err(|e| StoreError::protocol(e.to_string()))
+    });
+    match replies {
         Ok(replies) => replies
             .into_iter()
             .map(|r| Ok(Value::Array(r.into_iter().map(Value::Int).collect())))
             .collect(),
-        Err(e) => vec![Err(StoreError::protocol(e.to_string())); count],
+        Err(e) => vec![Err(e); count],
     }
 }
 

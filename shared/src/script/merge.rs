@@ -14,41 +14,68 @@ use super::ProtocolError;
 /// The most calls one merged call stands for (the script's bound).
 pub const MAX_MERGED: usize = 1000;
 
-/// The clock argument (`ARGV[1]`) of one call standing for calls with these
-/// clocks: Redis' `TIME` for all (`""`), or `TIME` until the earliest of their
-/// stale guards (`"<T"`: the first caller to give up bounds them all). `None`:
-/// not mergeable (explicit instants, mixed forms, none).
-pub fn merged_clock<'a>(clocks: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let mut earliest: Option<Option<u64>> = None;
-    for clock in clocks {
-        let this = match clock {
-            "" => None,
-            c => Some(c.strip_prefix('<')?.parse::<u64>().ok()?),
-        };
-        earliest = Some(match (earliest, this) {
-            (None, this) => this,
-            (Some(None), None) => None,
-            (Some(Some(a)), Some(b)) => Some(a.min(b)),
-            _ => return None,
-        });
-    }
-    Some(match earliest? {
-        None => String::new(),
-        Some(t) => format!("<{t}"),
-    })
+/// A clock argument (`ARGV[1]`) that can stand for several calls: Redis' `TIME`
+/// (`""`), or `TIME` until a stale guard (`"<T"`). Explicit instants (tests,
+/// replays) do not merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedClock {
+    Time,
+    Until(u64),
 }
 
-/// `clock` for `count` identical requests (`count` ≥ 2).
-pub fn counted(clock: &str, count: usize) -> String {
-    format!("{clock}x{count}")
+impl SharedClock {
+    /// The clock `arg` says, if it is one that merges.
+    pub fn parse(arg: &str) -> Option<Self> {
+        match arg {
+            "" => Some(Self::Time),
+            a => a.strip_prefix('<')?.parse().ok().map(Self::Until),
+        }
+    }
+
+    /// The clock of one call standing for both: the earliest guard (the first
+    /// caller to give up bounds them all). `None`: not the same form.
+    pub fn with(self, other: Self) -> Option<Self> {
+        match (self, other) {
+            (Self::Time, Self::Time) => Some(Self::Time),
+            (Self::Until(a), Self::Until(b)) => Some(Self::Until(a.min(b))),
+            _ => None,
+        }
+    }
+
+    /// The argument of a call standing for `count` requests (`count` ≥ 2).
+    pub fn counted(self, count: usize) -> String {
+        match self {
+            Self::Time => format!("x{count}"),
+            Self::Until(t) => format!("<{t}x{count}"),
+        }
+    }
 }
 
 /// How many requests a clock argument stands for (1 unless it ends in `xN`).
-pub fn count_of(clock: &str) -> usize {
+fn count_of(clock: &str) -> usize {
     clock
         .rsplit_once('x')
         .and_then(|(_, n)| n.parse().ok())
         .unwrap_or(1)
+}
+
+/// The replies of the single calls a merged call stood for, from its number of
+/// keys, its `ARGV` (as `token_bucket_args` wrote them, the clock
+/// [`SharedClock::counted`]) and its reply.
+pub fn split_call(
+    keys: usize,
+    args: &[String],
+    reply: &[i64],
+) -> Result<Vec<Vec<i64>>, ProtocolError> {
+    let count = count_of(args.first().map_or("", String::as_str));
+    let costs = args
+        .iter()
+        .skip(2)
+        .step_by(2)
+        .map(|c| c.parse())
+        .collect::<Result<Vec<i64>, _>>()
+        .map_err(|_| ProtocolError(format!("merged call's costs: {args:?}")))?;
+    split(reply, &costs, keys == costs.len() + 1, count)
 }
 
 /// The replies `count` single calls would have had, from the merged call's reply
@@ -105,16 +132,30 @@ mod tests {
 
     #[test]
     fn clocks_merge_to_the_earliest_guard_or_redis_time() {
-        assert_eq!(merged_clock(["", ""]), Some(String::new()));
-        assert_eq!(merged_clock(["<30", "<12", "<40"]), Some("<12".into()));
-        assert_eq!(merged_clock(["", "<12"]), None, "mixed forms");
-        assert_eq!(merged_clock(["123", "123"]), None, "explicit instants");
-        assert_eq!(merged_clock(["<x"]), None);
-        assert_eq!(merged_clock([]), None);
-        assert_eq!(counted("<12", 3), "<12x3");
-        assert_eq!(count_of(&counted("<12", 3)), 3);
-        assert_eq!(count_of(&counted("", 40)), 40);
+        let parse = |a| SharedClock::parse(a).unwrap();
+        assert_eq!(parse("").with(parse("")), Some(SharedClock::Time));
+        let guards = parse("<30")
+            .with(parse("<12"))
+            .and_then(|c| c.with(parse("<40")));
+        assert_eq!(guards, Some(SharedClock::Until(12)));
+        assert_eq!(parse("").with(parse("<12")), None, "mixed forms");
+        assert_eq!(SharedClock::parse("123"), None, "explicit instants");
+        assert_eq!(SharedClock::parse("<x"), None);
+        assert_eq!(SharedClock::Until(12).counted(3), "<12x3");
+        assert_eq!(SharedClock::Time.counted(40), "x40");
+        assert_eq!(count_of(&SharedClock::Until(12).counted(3)), 3);
+        assert_eq!(count_of(&SharedClock::Time.counted(40)), 40);
         assert_eq!(count_of("<12"), 1);
+    }
+
+    #[test]
+    fn a_call_splits_by_its_own_arguments() {
+        // two buckets and the revision key; two requests, the first fits
+        let args: Vec<String> = ["<9x2", "60", "5", "60", "0"].map(String::from).to_vec();
+        let replies = split_call(3, &args, &[1, 9, 0, 4, 7]).unwrap();
+        assert_eq!(replies, vec![vec![1, 9, 0, 4, 7], vec![0, 9, 14, 4, 7]]);
+        let bad: Vec<String> = ["x2", "60", "five"].map(String::from).to_vec();
+        assert!(split_call(1, &bad, &[0, 9, 0]).is_err());
     }
 
     #[test]
