@@ -646,15 +646,6 @@ pub async fn start_native_edge(
     }
 }
 
-/// How many times `command` ran on the server of `conn` (`INFO commandstats`;
-/// the commands scripts run count too), 0 before its first call.
-pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// What the edges counted in `field` over every statistics minute in `redis`
 /// (every instance's counts added up, as the dashboard reads them).
 pub fn stats_counted(redis: &RedisServer, field: &str) -> u64 {

@@ -222,6 +222,14 @@ pub fn command_calls(conn: &mut redis::Connection) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// How many times `command` ran, of [`command_calls`] (0 before its first call).
+pub fn calls_of(conn: &mut redis::Connection, command: &str) -> u64 {
+    command_calls(conn)
+        .into_iter()
+        .find(|(name, _)| name == command)
+        .map_or(0, |(_, n)| n)
+}
+
 /// What a bill counts of [`command_calls`]: all but INFO and CONFIG (the tests'
 /// own reads and resets), by name.
 pub fn billed_by_name(conn: &mut redis::Connection) -> Vec<(String, u64)> {

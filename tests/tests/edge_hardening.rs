@@ -212,15 +212,7 @@ async fn content_length_bodies_keep_their_framing(kind: EdgeKind) {
 
 /// `INFO commandstats` calls of one command.
 fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.connection())
-        .unwrap();
-    info.lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .map_or(0, |v| v.parse().unwrap())
+    floodgate_tests::scale::calls_of(&mut redis.connection(), command)
 }
 
 async fn unknown_keys_cost_redis_at_most_their_budget(kind: EdgeKind) {

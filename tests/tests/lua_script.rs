@@ -8,7 +8,8 @@ use floodgate_edge::store::{Store, StoreErrorKind};
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET};
 use floodgate_shared::time::{MICROS_PER_MS, MICROS_PER_SEC};
-use floodgate_tests::{RedisServer, command_calls as calls, unique_key};
+use floodgate_tests::scale::calls_of as calls;
+use floodgate_tests::{RedisServer, unique_key};
 use redis::Commands;
 
 const NOW: i64 = 1_764_000_000_000_000;

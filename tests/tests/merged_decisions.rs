@@ -11,7 +11,8 @@ use floodgate_edge::store::resp::RespStore;
 use floodgate_edge::store::rest::RestStore;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::script::{Check, TOKEN_BUCKET, merge};
-use floodgate_tests::{Endpoint, RedisServer, command_calls as calls, unique_key};
+use floodgate_tests::scale::script_calls;
+use floodgate_tests::{Endpoint, RedisServer, unique_key};
 use rand::{Rng, SeedableRng};
 
 const NOW: i64 = 1_764_000_000_000_000;
@@ -106,7 +107,9 @@ fn a_merged_call_answers_what_the_single_calls_would_have() {
         let reply = eval(
             &mut conn,
             &keys(&merged),
-            &args(merge::counted(&clock, count)),
+            // the script's form for N requests, at any clock (the edge merges
+            // only Redis' clock, merge::SharedClock)
+            &args(format!("{clock}x{count}")),
         );
         let mut split = merge::split(&reply, &costs, with_rev, count).unwrap();
         if clock.starts_with("<4") {
@@ -165,7 +168,7 @@ fn a_bad_count_is_refused() {
 /// calls would have; returns the script calls Redis ran.
 async fn concurrent_decisions(store: &impl Store, redis: &RedisServer, capacity: u64) -> u64 {
     let mut conn = redis.connection();
-    let before = calls(&mut conn, "evalsha") + calls(&mut conn, "eval");
+    let before = script_calls(&mut conn);
     let q = Quota::per_minute(capacity).unwrap();
     let key = unique_key("busy");
     let checks = [Check {
@@ -195,7 +198,7 @@ async fn concurrent_decisions(store: &impl Store, redis: &RedisServer, capacity:
             .all(|v| v.decisions[0].remaining == 0 && v.decisions[0].retry_after_secs().is_some()),
         "the refused see an empty bucket"
     );
-    let ran = calls(&mut conn, "evalsha") + calls(&mut conn, "eval") - before;
+    let ran = script_calls(&mut conn) - before;
     // and the bucket holds exactly the capacity's debt
     let v = store.check(&checks, None).await.unwrap();
     assert!(!v.admitted, "nothing left after {capacity} admissions");
@@ -267,8 +270,7 @@ async fn a_busy_keys_concurrent_requests_share_script_calls(kind: floodgate_test
         .unwrap();
     assert_eq!(first.status(), 200);
     let mut conn = redis.connection();
-    let scripts = |conn: &mut redis::Connection| calls(conn, "evalsha") + calls(conn, "eval");
-    let before = scripts(&mut conn);
+    let before = script_calls(&mut conn);
     let (clients, each) = (60, 5);
     let admitted = floodgate_tests::admitted_across(
         client,
@@ -278,7 +280,7 @@ async fn a_busy_keys_concurrent_requests_share_script_calls(kind: floodgate_test
         each,
     )
     .await;
-    let ran = scripts(&mut conn) - before;
+    let ran = script_calls(&mut conn) - before;
     assert_eq!(admitted, 249, "exactly the capacity (1 taken before)");
     let requests = (clients * each) as u64;
     match kind {
