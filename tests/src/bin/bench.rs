@@ -1644,11 +1644,12 @@ fn gzip_len(bytes: &[u8]) -> usize {
     // that waits for its input to drain before reading deadlocks
     use std::io::Write;
     let mut stdin = child.stdin.take().unwrap();
-    let input = bytes.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
-    let out = child.wait_with_output().unwrap().stdout.len();
-    writer.join().unwrap().unwrap();
-    out
+    std::thread::scope(|s| {
+        let writer = s.spawn(move || stdin.write_all(bytes));
+        let out = child.wait_with_output().unwrap().stdout.len();
+        writer.join().unwrap().unwrap();
+        out
+    })
 }
 
 /// nginx in the foreground (one worker process on CPU 0), limiting per
@@ -1715,10 +1716,9 @@ impl Nginx {
     }
 }
 
-/// Saturation with wrk (one thread, `connections` connections, `secs` seconds).
-/// Requests/s of a wrk run, and its answers other than 2xx (a limiter that
-/// cannot decide in time answers 503 by its failure mode: counted and printed,
-/// not hidden).
+/// Saturation with wrk (one thread, `connections` connections, `secs` seconds):
+/// requests/s, and the answers other than 2xx (a limiter that cannot decide in
+/// time answers 503 by its failure mode: counted and printed, not hidden).
 fn wrk(url: &str, secret: &str, connections: usize, secs: f64) -> (f64, f64) {
     let out = Command::new("wrk")
         .args([
