@@ -172,7 +172,15 @@ impl LogEvent<'_> {
 /// message as above; request-scoped when a request's span is current).
 #[cfg(feature = "native")]
 pub fn trace(event: &LogEvent<'_>) {
-    let message = event.message();
+    /// The message, formatted only by an event that is logged (at `info`, the
+    /// `debug` one of every request is not).
+    struct Message<'a>(&'a LogEvent<'a>);
+    impl std::fmt::Display for Message<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0.message())
+        }
+    }
+    let message = Message(event);
     match *event {
         LogEvent::Breaker { store, change } => {
             let (store, from, to, at_us, reason) = (
