@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use floodgate_shared::stats::{Counted, Endpoint, LATENCY_BOUNDS_US, Leasing, StatsField};
+use floodgate_shared::stats::{Endpoint, LATENCY_BOUNDS_US, Leasing, StatsField};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -43,25 +43,25 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     route: String,
-    outcome: String,
+    outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyDecisionLabels {
     policy: String,
     route: String,
-    outcome: String,
+    outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     route: String,
-    mode: String,
+    mode: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FleetModeLabels {
-    mode: String,
+    mode: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -248,14 +248,10 @@ impl StatsSink for StatsMetrics {
     fn add(&self, field: &StatsField, n: u64) {
         match field {
             StatsField::Endpoint(e, counted) => {
-                let outcome = match counted {
-                    Counted::Outcome(o) => o.name(),
-                    Counted::ShadowThrottled => "shadow_throttled",
-                };
                 self.decisions
                     .get_or_create(&DecisionLabels {
                         route: self.route(e),
-                        outcome: outcome.to_string(),
+                        outcome: counted.name(),
                     })
                     .inc_by(n);
             }
@@ -263,15 +259,13 @@ impl StatsSink for StatsMetrics {
                 self.degraded
                     .get_or_create(&ModeLabels {
                         route: self.route(e),
-                        mode: m.name().to_string(),
+                        mode: m.name(),
                     })
                     .inc_by(n);
             }
             StatsField::Mode(m) => {
                 self.degraded_by_mode
-                    .get_or_create(&FleetModeLabels {
-                        mode: m.name().to_string(),
-                    })
+                    .get_or_create(&FleetModeLabels { mode: m.name() })
                     .inc_by(n);
             }
             StatsField::Latency(bound) => self.store_latency.add_bucket(*bound, n),
@@ -297,7 +291,7 @@ impl StatsSink for StatsMetrics {
                     .get_or_create(&PolicyDecisionLabels {
                         policy: self.policies.label(policy),
                         route: self.route(e),
-                        outcome: outcome.name().to_string(),
+                        outcome: outcome.name(),
                     })
                     .inc_by(n);
             }
@@ -688,7 +682,7 @@ impl<L: EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static> EncodeMetric f
 mod tests {
     use super::*;
     use floodgate_shared::policy::FailureMode;
-    use floodgate_shared::stats::{Outcome, PolicyOutcome};
+    use floodgate_shared::stats::{Counted, Outcome, PolicyOutcome};
 
     #[test]
     fn stats_fields_become_labelled_series() {

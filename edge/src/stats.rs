@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::stats::{
-    Counted, Endpoint, KeyField, MinuteCounts, MinuteWrite, SampleEntry, StatsWrite,
+    Counted, Endpoint, EndpointOf, KeyField, MinuteCounts, MinuteWrite, SampleLine, StatsWrite,
     instance_field, latency_bound, minute_key,
 };
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
@@ -64,12 +64,14 @@ struct Pending {
     last_used: BTreeMap<String, i64>,
     last_used_written: Option<Micros>,
     last_flush: Micros,
+    /// A field's name is rendered here (a counter that exists costs no allocation).
+    scratch: String,
 }
 
 impl Pending {
     /// Adds `n` to `field` at `slot` of `minute`, unless that would grow the
     /// minute's counts past their bound (dropping counts beats unbounded memory).
-    fn add(&mut self, minute: i64, slot: Slot, field: String, n: u64) {
+    fn add(&mut self, minute: i64, slot: Slot, field: &str, n: u64) {
         let counts = self.minutes.entry(minute).or_default();
         let full = counts.len() >= MAX_PENDING;
         let map = match slot {
@@ -77,10 +79,13 @@ impl Pending {
             Slot::TenSeconds(s) => counts.tens.entry(s).or_default(),
             Slot::Key => &mut counts.keys,
         };
-        if full && !map.contains_key(&field) {
-            return;
+        match map.get_mut(field) {
+            Some(c) => *c += n,
+            None if full => return,
+            None => {
+                map.insert(field.to_string(), n);
+            }
         }
-        *map.entry(field).or_default() += n;
         self.dirty.insert(minute);
     }
 
@@ -91,20 +96,27 @@ impl Pending {
         }
         let minute = now.div_euclid(MINUTE);
         // the field's name rendered once, for both of its slots
-        let name = field.to_string();
+        let name = self.render(|s| field.write_to(s));
         if field.is_fine() {
             let slot = Slot::TenSeconds(now.div_euclid(10 * MICROS_PER_SEC));
-            self.add(minute, slot, name.clone(), n);
+            self.add(minute, slot, &name, n);
         }
-        self.add(minute, Slot::Minute, name, n);
+        self.add(minute, Slot::Minute, &name, n);
+        self.scratch = name;
     }
 
     fn count_key(&mut self, now: Micros, key_id: &str, counted: Counted) {
-        let field = KeyField {
-            key_id: key_id.to_string(),
-            counted,
-        };
-        self.add(now.div_euclid(MINUTE), Slot::Key, field.to_string(), 1);
+        let name = self.render(|s| KeyField::write_of(s, key_id, counted));
+        self.add(now.div_euclid(MINUTE), Slot::Key, &name, 1);
+        self.scratch = name;
+    }
+
+    /// The scratch buffer, taken (give it back when done), with what `write` wrote.
+    fn render(&mut self, write: impl FnOnce(&mut String) -> std::fmt::Result) -> String {
+        let mut name = std::mem::take(&mut self.scratch);
+        name.clear();
+        let _ = write(&mut name);
+        name
     }
 }
 
@@ -159,18 +171,10 @@ impl Stats {
         outcome: Outcome,
         store_latency_us: Option<u64>,
     ) {
-        let endpoint = Endpoint::of(route);
-        let entry = SampleEntry {
-            at_ms: now / 1000,
-            key_id: key.id.clone(),
-            plan: key.plan.clone(),
-            endpoint: endpoint.clone(),
-            outcome,
-        };
         let mut p = lock(&self.pending);
         p.count(
             now,
-            StatsField::Endpoint(endpoint, Counted::Outcome(outcome)),
+            StatsField::Endpoint(Endpoint::of(route), Counted::Outcome(outcome)),
             1,
         );
         p.count_key(now, &key.id, Counted::Outcome(outcome));
@@ -179,14 +183,27 @@ impl Stats {
             p.count(now, StatsField::LatencySumUs, us);
         }
         if p.sample.len() < MAX_SAMPLE_PENDING {
-            p.sample.push(entry.to_string());
+            let line = SampleLine {
+                at_ms: now / 1000,
+                key_id: &key.id,
+                plan: &key.plan,
+                endpoint: EndpointOf(route),
+                outcome,
+            };
+            let mut text = String::with_capacity(64);
+            let _ = line.write_to(&mut text);
+            p.sample.push(text);
         } else {
             p.count(now, StatsField::SampleDropped, 1);
         }
         let secs = now.div_euclid(MICROS_PER_SEC);
-        if p.last_used.len() < MAX_PENDING || p.last_used.contains_key(&key.id) {
-            let last = p.last_used.entry(key.id.clone()).or_default();
-            *last = (*last).max(secs);
+        let room = p.last_used.len() < MAX_PENDING;
+        match p.last_used.get_mut(&key.id) {
+            Some(last) => *last = (*last).max(secs),
+            None if room => {
+                p.last_used.insert(key.id.clone(), secs);
+            }
+            None => {}
         }
     }
 
@@ -300,7 +317,7 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use floodgate_shared::stats::{Minute, key_minute_key};
+    use floodgate_shared::stats::{Minute, SampleEntry, key_minute_key};
 
     const T: Micros = 1_764_000_000_000_000;
 

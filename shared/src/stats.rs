@@ -102,9 +102,30 @@ impl Endpoint {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Endpoint::Route(r) => write!(f, "route:{r}"),
-            Endpoint::Unmatched => f.write_str("unmatched"),
+        EndpointOf(self.route()).fmt(f)
+    }
+}
+
+/// The text of the endpoint of a request that matched `route` (or none), from a
+/// borrowed name: what [`Endpoint`] displays, without making one.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointOf<'a>(pub Option<&'a str>);
+
+impl fmt::Display for EndpointOf<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
+impl EndpointOf<'_> {
+    /// The text, piece by piece (into a `String`: without the formatting machinery).
+    pub fn write_to(&self, w: &mut impl fmt::Write) -> fmt::Result {
+        match self.0 {
+            Some(r) => {
+                w.write_str("route:")?;
+                w.write_str(r)
+            }
+            None => w.write_str("unmatched"),
         }
     }
 }
@@ -177,9 +198,15 @@ pub enum Counted {
 
 impl fmt::Display for Counted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Counted {
+    pub fn name(self) -> &'static str {
         match self {
-            Counted::Outcome(o) => f.write_str(o.name()),
-            Counted::ShadowThrottled => f.write_str("shadow_throttled"),
+            Counted::Outcome(o) => o.name(),
+            Counted::ShadowThrottled => "shadow_throttled",
         }
     }
 }
@@ -345,20 +372,50 @@ impl StatsField {
 
 impl fmt::Display for StatsField {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
+impl StatsField {
+    /// The field's name, piece by piece: into a `String`, without the formatting
+    /// machinery (the edge names a few fields per request).
+    pub fn write_to(&self, w: &mut impl fmt::Write) -> fmt::Result {
+        let endpoint = |w: &mut _, e: &Endpoint| EndpointOf(e.route()).write_to(w);
         match self {
-            StatsField::Endpoint(e, c) => write!(f, "{e}|{c}"),
-            StatsField::EndpointMode(e, m) => write!(f, "{e}|degraded:{}", m.name()),
-            StatsField::Mode(m) => write!(f, "mode:{}", m.name()),
-            StatsField::Latency(u64::MAX) => f.write_str("lat:inf"),
-            StatsField::LatencySumUs => f.write_str("lat:sum_us"),
-            StatsField::Latency(b) => write!(f, "lat:{b}"),
-            StatsField::BreakerOpened => f.write_str("breaker:opened"),
-            StatsField::BreakerOpenMs => f.write_str("breaker:open_ms"),
-            StatsField::SampleDropped => f.write_str("sample:dropped"),
-            StatsField::Leasing(policy, l) => write!(f, "policy:{policy}|{}", l.name()),
-            StatsField::Denied(list) => write!(f, "denied:{list}"),
+            StatsField::Endpoint(e, c) => {
+                endpoint(w, e)?;
+                w.write_str("|")?;
+                w.write_str(c.name())
+            }
+            StatsField::EndpointMode(e, m) => {
+                endpoint(w, e)?;
+                w.write_str("|degraded:")?;
+                w.write_str(m.name())
+            }
+            StatsField::Mode(m) => {
+                w.write_str("mode:")?;
+                w.write_str(m.name())
+            }
+            StatsField::Latency(u64::MAX) => w.write_str("lat:inf"),
+            StatsField::LatencySumUs => w.write_str("lat:sum_us"),
+            StatsField::Latency(b) => write!(w, "lat:{b}"),
+            StatsField::BreakerOpened => w.write_str("breaker:opened"),
+            StatsField::BreakerOpenMs => w.write_str("breaker:open_ms"),
+            StatsField::SampleDropped => w.write_str("sample:dropped"),
+            StatsField::Leasing(policy, l) => {
+                w.write_str("policy:")?;
+                w.write_str(policy)?;
+                w.write_str("|")?;
+                w.write_str(l.name())
+            }
+            StatsField::Denied(list) => write!(w, "denied:{list}"),
             StatsField::PolicyDecision(policy, e, o) => {
-                write!(f, "policy:{policy}|{e}|{}", o.name())
+                w.write_str("policy:")?;
+                w.write_str(policy)?;
+                w.write_str("|")?;
+                endpoint(w, e)?;
+                w.write_str("|")?;
+                w.write_str(o.name())
             }
         }
     }
@@ -428,7 +485,17 @@ pub struct KeyField {
 
 impl fmt::Display for KeyField {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}|{}", self.key_id, self.counted)
+        KeyField::write_of(f, &self.key_id, self.counted)
+    }
+}
+
+impl KeyField {
+    /// The field's text from a borrowed key id, piece by piece (into a `String`:
+    /// without making a `KeyField` or using the formatting machinery).
+    pub fn write_of(w: &mut impl fmt::Write, key_id: &str, counted: Counted) -> fmt::Result {
+        w.write_str(key_id)?;
+        w.write_str("|")?;
+        w.write_str(counted.name())
     }
 }
 
@@ -462,15 +529,46 @@ pub struct SampleEntry {
 
 impl fmt::Display for SampleEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}|{}|{}|{}|{}",
-            self.at_ms,
-            self.key_id,
-            self.plan,
-            self.endpoint,
-            self.outcome.name()
-        )
+        SampleLine {
+            at_ms: self.at_ms,
+            key_id: &self.key_id,
+            plan: &self.plan,
+            endpoint: EndpointOf(self.endpoint.route()),
+            outcome: self.outcome,
+        }
+        .fmt(f)
+    }
+}
+
+/// A [`SampleEntry`]'s text from borrowed parts (the edge writes one per
+/// decision), without making one.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleLine<'a> {
+    pub at_ms: i64,
+    pub key_id: &'a str,
+    pub plan: &'a str,
+    pub endpoint: EndpointOf<'a>,
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for SampleLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
+    }
+}
+
+impl SampleLine<'_> {
+    /// The line, piece by piece (into a `String`: without the formatting machinery).
+    pub fn write_to(&self, w: &mut impl fmt::Write) -> fmt::Result {
+        write!(w, "{}", self.at_ms)?;
+        for part in [self.key_id, self.plan] {
+            w.write_str("|")?;
+            w.write_str(part)?;
+        }
+        w.write_str("|")?;
+        self.endpoint.write_to(w)?;
+        w.write_str("|")?;
+        w.write_str(self.outcome.name())
     }
 }
 
