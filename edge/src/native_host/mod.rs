@@ -72,6 +72,66 @@ impl HostConfig {
 }
 
 /// hyper's header map as the exchange reads and writes it.
+/// The names the edge sets or reads on every request or response: made once, at
+/// compile time, so setting or finding one neither parses nor allocates
+/// ([`header_name`]).
+static KNOWN_NAMES: [HeaderName; 15] = [
+    HeaderName::from_static("x-ratelimit-limit"),
+    HeaderName::from_static("x-ratelimit-remaining"),
+    HeaderName::from_static("x-ratelimit-reset"),
+    hyper::header::RETRY_AFTER,
+    HeaderName::from_static("ratelimit-policy"),
+    HeaderName::from_static("ratelimit"),
+    HeaderName::from_static(crate::proxy::REQUEST_ID_HEADER),
+    HeaderName::from_static(floodgate_shared::contract::IDENTITY_HEADER),
+    HeaderName::from_static(floodgate_shared::contract::KEY_IDENTITY_HEADER),
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-ratelimit-degraded"),
+    hyper::header::CONNECTION,
+    CONTENT_LENGTH,
+    hyper::header::USER_AGENT,
+    hyper::header::AUTHORIZATION,
+];
+
+/// One of [`KNOWN_NAMES`], in any case, without parsing: lower-cased on the
+/// stack and matched (a test checks the texts here against the table).
+fn known_name(name: &str) -> Option<&'static HeaderName> {
+    let mut lower = [0u8; 24];
+    let bytes = name.as_bytes();
+    let lower = lower.get_mut(..bytes.len())?;
+    for (l, b) in lower.iter_mut().zip(bytes) {
+        *l = b.to_ascii_lowercase();
+    }
+    let i = match &*lower {
+        b"x-ratelimit-limit" => 0,
+        b"x-ratelimit-remaining" => 1,
+        b"x-ratelimit-reset" => 2,
+        b"retry-after" => 3,
+        b"ratelimit-policy" => 4,
+        b"ratelimit" => 5,
+        b"x-request-id" => 6,
+        b"x-floodgate-key-id" => 7,
+        b"x-floodgate-identity" => 8,
+        b"x-forwarded-for" => 9,
+        b"x-ratelimit-degraded" => 10,
+        b"connection" => 11,
+        b"content-length" => 12,
+        b"user-agent" => 13,
+        b"authorization" => 14,
+        _ => return None,
+    };
+    Some(&KNOWN_NAMES[i])
+}
+
+/// `name` as a header name: a known one without parsing, another by parsing
+/// it; `None` when it is not a valid name.
+fn header_name(name: &str) -> Option<HeaderName> {
+    match known_name(name) {
+        Some(known) => Some(known.clone()),
+        None => HeaderName::from_bytes(name.as_bytes()).ok(),
+    }
+}
+
 impl HeaderList for HeaderMap {
     fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
         for (k, v) in self {
@@ -80,7 +140,11 @@ impl HeaderList for HeaderMap {
     }
 
     fn first(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        self.get(name).map(|v| Cow::Borrowed(v.as_bytes()))
+        match known_name(name) {
+            Some(known) => self.get(known),
+            None => self.get(name),
+        }
+        .map(|v| Cow::Borrowed(v.as_bytes()))
     }
 
     fn with_capacity(n: usize) -> Self {
@@ -96,39 +160,39 @@ impl HeaderList for HeaderMap {
     }
 
     fn retain(&mut self, keep: &mut dyn FnMut(&str) -> bool) {
-        let kept: Vec<bool> = self.keys().map(|k| keep(k.as_str())).collect();
-        if kept.iter().all(|k| *k) {
+        // the usual case, every header kept, allocates nothing
+        if self.keys().all(|k| keep(k.as_str())) {
             return;
         }
-        let kept: Vec<HeaderName> = self
-            .keys()
-            .zip(kept)
-            .filter(|(_, keep)| *keep)
-            .map(|(k, _)| k.clone())
-            .collect();
+        // rebuilt in order, moving the values (a name's first value carries it)
         let all = std::mem::take(self);
-        for (name, value) in &all {
-            if kept.contains(name) {
-                self.append(name.clone(), value.clone());
+        self.reserve(all.len());
+        let mut current: Option<HeaderName> = None;
+        for (name, value) in all {
+            if let Some(name) = name {
+                current = keep(name.as_str()).then_some(name);
+            }
+            if let Some(name) = &current {
+                self.append(name.clone(), value);
             }
         }
     }
 
     fn set(&mut self, name: &str, value: &str) {
-        if let (Ok(k), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
+        if let (Some(k), Ok(v)) = (header_name(name), HeaderValue::from_str(value)) {
             self.insert(k, v);
         }
     }
 
     fn texts(&self, name: &str) -> Vec<String> {
-        self.get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .map(str::to_string)
-            .collect()
+        match known_name(name) {
+            Some(known) => self.get_all(known),
+            None => self.get_all(name),
+        }
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::to_string)
+        .collect()
     }
 
     fn size(&self) -> (usize, usize) {
@@ -151,6 +215,23 @@ pub struct Host {
     empty: EmptyUpstream,
     /// Served at [`METRICS_PATH`].
     metrics: EdgeMetrics,
+    /// The upstream request's `Host`, made once ([`host_header`]).
+    upstream_host: Option<HeaderValue>,
+}
+
+/// The `Host` hyper's client gives a request to `uri` when it has none (the
+/// host, and the port unless the scheme's default): made once for the upstream
+/// rather than formatted on every request.
+fn host_header(uri: &hyper::Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default = match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    match uri.port_u16().filter(|p| *p != default) {
+        Some(port) => HeaderValue::from_str(&format!("{host}:{port}")).ok(),
+        None => HeaderValue::from_str(host).ok(),
+    }
 }
 
 fn connector() -> hyper_rustls::HttpsConnector<HttpConnector> {
@@ -189,7 +270,14 @@ impl Host {
                 .to_owned()
         };
         let metrics = EdgeMetrics::default();
+        let upstream_host = rules
+            .target("/")
+            .parse::<hyper::Uri>()
+            .ok()
+            .as_ref()
+            .and_then(host_header);
         let host = Arc::new(Self {
+            upstream_host,
             country_header: config.country_header.as_deref().map(header).transpose()?,
             pipeline: pipeline.with_stats_sink(metrics.stats.clone()),
             metrics,
@@ -383,7 +471,9 @@ async fn handle(
     use tracing::Instrument;
     let id = exchange::client_request_id(req.headers(), rand::random);
     let span =
-        tracing::info_span!(target: "floodgate::request", "request", request_id = id.as_str());
+        // as Display: the text format writes it as it is (an id is a restricted token:
+        // nothing to quote), not escaped character by character as a Debug str
+        tracing::info_span!(target: "floodgate::request", "request", request_id = %id);
     let method = req.method().clone();
     let started = std::time::Instant::now();
     let resp = proxied(host, peer, conn, req, &id)
@@ -535,6 +625,10 @@ async fn upstream_request(
     fault: &Arc<BodyFault>,
 ) -> Result<Response<Incoming>, Refusal> {
     let rules = &host.config.rules;
+    let mut headers = headers;
+    if let Some(h) = &host.upstream_host {
+        headers.insert(hyper::header::HOST, h.clone());
+    }
     let sent_at = std::time::Instant::now();
     let sent = if hyper::body::Body::is_end_stream(&body) {
         let mut up = Request::new(http_body_util::Empty::new());
@@ -578,5 +672,99 @@ async fn upstream_request(
             );
             Err(Refusal::UpstreamTimeout)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floodgate_shared::contract;
+
+    #[test]
+    fn the_names_set_on_every_answer_are_known_and_equal_to_parsed_ones() {
+        for name in [
+            contract::LIMIT,
+            contract::REMAINING,
+            contract::RESET,
+            contract::RETRY_AFTER,
+            contract::IETF_POLICY,
+            contract::IETF_RATELIMIT,
+            crate::pipeline::DEGRADED_HEADER,
+            crate::proxy::REQUEST_ID_HEADER,
+            contract::IDENTITY_HEADER,
+            contract::KEY_IDENTITY_HEADER,
+            "X-Forwarded-For",
+            "Connection",
+            "Content-Length",
+            "User-Agent",
+            "Authorization",
+        ] {
+            let lower = name.to_ascii_lowercase();
+            assert!(
+                KNOWN_NAMES.iter().any(|n| n.as_str() == lower),
+                "{name} is not in KNOWN_NAMES"
+            );
+            assert_eq!(
+                header_name(name),
+                Some(HeaderName::from_bytes(name.as_bytes()).unwrap())
+            );
+        }
+        assert_eq!(
+            header_name("X-Custom-Identity"),
+            Some(HeaderName::from_static("x-custom-identity"))
+        );
+        assert_eq!(header_name("bad name"), None);
+        for (i, known) in KNOWN_NAMES.iter().enumerate() {
+            let upper = known.as_str().to_ascii_uppercase();
+            assert_eq!(known_name(known.as_str()), Some(known), "entry {i}");
+            assert_eq!(known_name(&upper), Some(known), "entry {i}");
+        }
+        assert_eq!(known_name("x-ratelimit-limits"), None);
+        assert_eq!(known_name(&"x".repeat(100)), None);
+    }
+
+    #[test]
+    fn the_upstream_host_is_what_hypers_client_would_set() {
+        let host =
+            |u: &str| host_header(&u.parse().unwrap()).map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(
+            host("http://127.0.0.1:9000/").as_deref(),
+            Some("127.0.0.1:9000")
+        );
+        assert_eq!(
+            host("http://api.example.com:80/").as_deref(),
+            Some("api.example.com")
+        );
+        assert_eq!(
+            host("https://api.example.com:443/").as_deref(),
+            Some("api.example.com")
+        );
+        assert_eq!(
+            host("https://api.example.com:80/").as_deref(),
+            Some("api.example.com:80")
+        );
+        assert_eq!(host("http://[::1]:8080/").as_deref(), Some("[::1]:8080"));
+        assert_eq!(
+            host("http://api.example.com/base/").as_deref(),
+            Some("api.example.com")
+        );
+    }
+
+    #[test]
+    fn retain_keeps_order_and_values_and_drops_what_it_refuses() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [("a", "1"), ("b", "2"), ("a", "3"), ("c", "4")] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let all = h.clone();
+        h.retain(&mut |_| true);
+        assert_eq!(h, all);
+        h.retain(&mut |k| k != "b");
+        let kept: Vec<(String, String)> = h
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        let want = [("a", "1"), ("a", "3"), ("c", "4")].map(|(k, v)| (k.into(), v.into()));
+        assert_eq!(kept, want);
     }
 }
