@@ -23,6 +23,9 @@ pub fn normalize(path: &str) -> Vec<String> {
     let mut bytes = path.as_bytes().to_vec();
     // decode until stable (double encoding), a bounded number of times
     for _ in 0..3 {
+        if !bytes.contains(&b'%') {
+            break;
+        }
         let decoded = percent_decode(&bytes);
         if decoded == bytes {
             break;
@@ -210,6 +213,10 @@ impl RouteTable {
 
     /// The most specific route matching `path` (a raw request path, no query).
     pub fn resolve(&self, path: &str) -> Option<&Route> {
+        if self.routes.is_empty() {
+            // nothing to match: no need to normalize (a request's cost)
+            return None;
+        }
         let segments = normalize(path);
         self.routes.iter().find(|r| r.pattern.matches(&segments))
     }
