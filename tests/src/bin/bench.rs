@@ -1652,7 +1652,8 @@ fn gzip_len(bytes: &[u8]) -> usize {
     })
 }
 
-/// nginx in the foreground (one worker process on CPU 0), limiting per
+/// nginx in the foreground (one process, no master: killing it leaves no worker
+/// behind; on CPU 0), limiting per
 /// `Authorization` header with `limit_req` at a rate no load here reaches (so it
 /// counts every request, refuses none) and proxying with kept-alive upstream
 /// connections. Killed when dropped. `None` when nginx is not installed.
@@ -1678,7 +1679,7 @@ impl Nginx {
         std::fs::create_dir_all(&dir).ok()?;
         let d = dir.display();
         let conf = format!(
-            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+            "master_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
              events {{ worker_connections 4096; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
