@@ -56,13 +56,14 @@ impl Gateway {
         Self::ready(child, dir, port, "caddy.log")
     }
 
-    /// nginx with `server` (the body of one `server` block) on a free loopback port.
+    /// nginx with `server` (the body of one `server` block) on a free loopback port,
+    /// as one process (no master: killing it leaves no worker serving the port).
     pub fn nginx(server: &str) -> Self {
         let port = free_port();
         let dir = scratch("nginx", port);
         let d = dir.display();
         let config = format!(
-            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+            "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
              events {{ worker_connections 256; }}\n\
              http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
              fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
@@ -100,5 +101,27 @@ impl Gateway {
         }
         let _ = child.kill();
         panic!("the gateway did not listen on {port} within 20 s");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dropped gateway serves nothing more: nginx's master killed alone left its
+    /// worker serving the port after the test (and the bench) had ended.
+    #[test]
+    fn a_dropped_nginx_leaves_nothing_listening() {
+        let nginx = Gateway::nginx("  location / { return 204; }");
+        let port: u16 = nginx.url.rsplit(':').next().unwrap().parse().unwrap();
+        drop(nginx);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "something still serves port {port} after nginx was dropped"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }

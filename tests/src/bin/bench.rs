@@ -1318,7 +1318,7 @@ fn bench_edge(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
 /// The hosts of the edge section, in front of one demo upstream; the fields drop
 /// in this order (the last started first).
 struct EdgeHosts {
-    /// nginx (one worker, on CPU 0 like the edge) limiting per Authorization
+    /// nginx (one process, on CPU 0 like the edge) limiting per Authorization
     /// header with limit_req in its own memory; `None` when not installed.
     nginx: Option<Nginx>,
     /// The limiter with its Redis on the other CPU, as a remote Redis would be.
@@ -1360,7 +1360,7 @@ impl EdgeHosts {
             .block_on(floodgate_tests::seed(&remote, BENCH_CONFIG))
             .secret;
         let on_remote = edge_host(&upstream.url, &remote.url(), &[]);
-        // nginx (one worker, on CPU 0 like the edge) limiting per Authorization
+        // nginx (one process, on CPU 0 like the edge) limiting per Authorization
         // header with limit_req in its own memory, in front of the same upstream
         let nginx = Nginx::start(up);
         EdgeHosts {
@@ -1679,7 +1679,7 @@ impl Nginx {
         std::fs::create_dir_all(&dir).ok()?;
         let d = dir.display();
         let conf = format!(
-            "master_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+            "master_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
              events {{ worker_connections 4096; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
