@@ -73,18 +73,24 @@ impl Pending {
     /// minute's counts past their bound (dropping counts beats unbounded memory).
     fn add(&mut self, minute: i64, slot: Slot, field: &str, n: u64) {
         let counts = self.minutes.entry(minute).or_default();
-        let full = counts.len() >= MAX_PENDING;
-        let map = match slot {
-            Slot::Minute => &mut counts.minute,
-            Slot::TenSeconds(s) => counts.tens.entry(s).or_default(),
-            Slot::Key => &mut counts.keys,
+        // the bound is counted only when a counter would be added
+        let full = |c: &MinuteCounts| c.len() >= MAX_PENDING;
+        let found = match slot {
+            Slot::Minute => counts.minute.get_mut(field),
+            Slot::TenSeconds(s) => counts.tens.get_mut(&s).and_then(|m| m.get_mut(field)),
+            Slot::Key => counts.keys.get_mut(field),
         };
-        match map.get_mut(field) {
-            Some(c) => *c += n,
-            None if full => return,
-            None => {
-                map.insert(field.to_string(), n);
-            }
+        if let Some(c) = found {
+            *c += n;
+        } else if full(counts) {
+            return;
+        } else {
+            let map = match slot {
+                Slot::Minute => &mut counts.minute,
+                Slot::TenSeconds(s) => counts.tens.entry(s).or_default(),
+                Slot::Key => &mut counts.keys,
+            };
+            map.insert(field.to_string(), n);
         }
         self.dirty.insert(minute);
     }
