@@ -144,11 +144,8 @@ pub struct Estimator {
     cached: Option<(Micros, u64, Micros)>,
 }
 
-/// The percentile is recomputed after this many new replies, or this long (µs):
-/// at saturation a selection over the ring every 32 calls cost the exact path
-/// more instructions than its script call's own preparation; late replies raise
-/// the deadline at once anyway ([`Estimator::late`]).
-const RECOMPUTE_EVERY: (u64, Micros) = (256, 50_000);
+/// The percentile is recomputed after this many new replies, or this long (µs).
+const RECOMPUTE_EVERY: (u64, Micros) = (32, 10_000);
 
 impl Estimator {
     pub fn new(settings: DeadlineSettings) -> Self {
@@ -415,11 +412,7 @@ mod tests {
             now += MS;
             e.observe(20 * MS, now);
         }
-        assert_eq!(
-            e.deadline(now),
-            60 * MS,
-            "the new ones above: the p99 moved"
-        );
+        assert_eq!(e.deadline(now), 60 * MS, "10 of 110 above: the p99 moved");
     }
 
     #[test]
