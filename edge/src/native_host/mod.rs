@@ -746,29 +746,21 @@ mod tests {
 
     #[test]
     fn the_upstream_host_is_what_hypers_client_would_set() {
-        let host =
-            |u: &str| host_header(&u.parse().unwrap()).map(|v| v.to_str().unwrap().to_string());
-        assert_eq!(
-            host("http://127.0.0.1:9000/").as_deref(),
-            Some("127.0.0.1:9000")
-        );
-        assert_eq!(
-            host("http://api.example.com:80/").as_deref(),
-            Some("api.example.com")
-        );
-        assert_eq!(
-            host("https://api.example.com:443/").as_deref(),
-            Some("api.example.com")
-        );
-        assert_eq!(
-            host("https://api.example.com:80/").as_deref(),
-            Some("api.example.com:80")
-        );
-        assert_eq!(host("http://[::1]:8080/").as_deref(), Some("[::1]:8080"));
-        assert_eq!(
-            host("http://api.example.com/base/").as_deref(),
-            Some("api.example.com")
-        );
+        for (url, want) in [
+            ("http://127.0.0.1:9000/", "127.0.0.1:9000"),
+            ("http://api.example.com:80/", "api.example.com"),
+            ("https://api.example.com:443/", "api.example.com"),
+            ("https://api.example.com:80/", "api.example.com:80"),
+            ("http://[::1]:8080/", "[::1]:8080"),
+            ("http://api.example.com/base/", "api.example.com"),
+        ] {
+            let got = host_header(&url.parse().unwrap());
+            assert_eq!(
+                got.as_ref().map(|v| v.to_str().unwrap()),
+                Some(want),
+                "{url}"
+            );
+        }
     }
 
     #[test]
