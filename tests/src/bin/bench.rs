@@ -33,6 +33,8 @@ use rand::{Rng, SeedableRng};
 mod clients;
 #[path = "bench/cost.rs"]
 mod cost;
+#[path = "bench/instructions.rs"]
+mod instructions;
 #[path = "bench/scale.rs"]
 mod scale;
 
@@ -106,6 +108,9 @@ enum Section {
     Decisions,
     /// Stray 503s with the CPUs loaded, adaptive vs fixed deadline.
     Deadline,
+    /// The native edge's own instructions per request (callgrind), limiter on vs
+    /// off: a meter that does not move with the machine's speed.
+    Instructions,
     /// Candidate Redis clients side by side (`bench/clients.rs`).
     Clients,
     /// Redis Cluster: decisions/s vs number of masters.
@@ -133,10 +138,11 @@ impl Section {
 }
 
 /// The sections that run alone, in the order they are looked for.
-const SINGLE: [Section; 5] = [
+const SINGLE: [Section; 6] = [
     Section::Rest,
     Section::Edge,
     Section::Deadline,
+    Section::Instructions,
     Section::Decisions,
     Section::Clients,
 ];
@@ -237,6 +243,7 @@ fn run_single(
         Section::Rest => bench_rest(server, rt, scale),
         Section::Edge => bench_edge(server, rt, scale),
         Section::Deadline => bench_deadline(server, rt, scale),
+        Section::Instructions => instructions::run(server, rt, scale),
         Section::Decisions => bench_decisions(server, conn, rt, scale, sha),
         Section::Clients => clients::run(server, conn, rt, scale, sha),
         Section::Cluster | Section::Lease | Section::Region | Section::Hotkey | Section::Cost => {
@@ -245,7 +252,8 @@ fn run_single(
     }
 }
 
-/// The full run: every section but `deadline`, `clients` and the scale-out ones.
+/// The full run: every section but `deadline`, `clients`, `instructions` and the
+/// scale-out ones.
 fn run_all(
     server: &RedisServer,
     conn: &mut redis::Connection,
