@@ -1014,19 +1014,17 @@ struct Host {
     url: String,
 }
 
+/// floodgate-edge's arguments: where it listens, its upstream, its store.
+fn edge_args<'a>(listen: &'a str, upstream: &'a str, redis: &'a str) -> [&'a str; 6] {
+    ["--listen", listen, "--upstream", upstream, "--redis", redis]
+}
+
 /// Starts floodgate-edge on a free port (on CPU 0) in front of `upstream`, deciding
 /// with `redis`, with `extra` arguments.
 fn edge_host(upstream: &str, redis: &str, extra: &[&str]) -> Host {
     let port = floodgate_tests::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut args = vec![
-        "--listen",
-        &listen,
-        "--upstream",
-        upstream,
-        "--redis",
-        redis,
-    ];
+    let mut args = edge_args(&listen, upstream, redis).to_vec();
     args.extend_from_slice(extra);
     Host {
         _proc: sibling("floodgate-edge", &args, &[], port),

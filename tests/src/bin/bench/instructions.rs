@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use floodgate_tests::RedisServer;
 
-use super::{BENCH_CONFIG, Proc, demo_upstream, wait_port, wrk};
+use super::{BENCH_CONFIG, Proc, demo_upstream, edge_args, wait_port, wrk};
 
 /// One edge under callgrind: instructions per request and requests measured.
 struct Counted {
@@ -84,14 +84,7 @@ fn count(upstream: &str, redis: &str, secret: &str, extra: &[&str], secs: f64) -
             dir.join("cg.out").display()
         ))
         .arg(&edge)
-        .args([
-            "--listen",
-            &listen,
-            "--upstream",
-            upstream,
-            "--redis",
-            redis,
-        ])
+        .args(edge_args(&listen, upstream, redis))
         .args([
             "--deadline-floor-ms",
             "200",
