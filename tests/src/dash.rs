@@ -87,10 +87,16 @@ pub async fn start_dashboard_configured(
     Dashboard { url, _stop: stop }
 }
 
+/// How long a test waits for one dashboard answer: a page or call that never
+/// answers fails the test in a minute instead of stalling the run (one hung
+/// once, at `/policies`, for as long as nobody killed it).
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// An HTTP client that never follows redirects.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
+        .timeout(ANSWER_TIMEOUT)
         .build()
         .expect("a client")
 }
@@ -114,6 +120,7 @@ pub fn client_from(local: std::net::IpAddr) -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .local_address(local)
+        .timeout(ANSWER_TIMEOUT)
         .build()
         .expect("a client")
 }
