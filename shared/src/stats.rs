@@ -368,15 +368,7 @@ impl StatsField {
     pub fn is_fine(&self) -> bool {
         matches!(self, StatsField::Endpoint(..) | StatsField::Latency(_))
     }
-}
 
-impl fmt::Display for StatsField {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.write_to(f)
-    }
-}
-
-impl StatsField {
     /// The field's name, piece by piece: into a `String`, without the formatting
     /// machinery (the edge names a few fields per request).
     pub fn write_to(&self, w: &mut impl fmt::Write) -> fmt::Result {
@@ -418,6 +410,12 @@ impl StatsField {
                 w.write_str(o.name())
             }
         }
+    }
+}
+
+impl fmt::Display for StatsField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_to(f)
     }
 }
 

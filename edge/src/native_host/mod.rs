@@ -71,7 +71,6 @@ impl HostConfig {
     }
 }
 
-/// hyper's header map as the exchange reads and writes it.
 /// The names the edge sets or reads on every request or response: made once, at
 /// compile time, so setting or finding one neither parses nor allocates
 /// ([`header_name`]).
@@ -132,6 +131,7 @@ fn header_name(name: &str) -> Option<HeaderName> {
     }
 }
 
+/// hyper's header map as the exchange reads and writes it.
 impl HeaderList for HeaderMap {
     fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
         for (k, v) in self {
@@ -160,13 +160,9 @@ impl HeaderList for HeaderMap {
     }
 
     fn retain(&mut self, keep: &mut dyn FnMut(&str) -> bool) {
-        // the usual case, every header kept, allocates nothing
-        if self.keys().all(|k| keep(k.as_str())) {
-            return;
-        }
-        // the usual case, a few names refused (content-length, always): removed
-        // by name, without rebuilding the map (which may reorder different names,
-        // whose order carries no meaning)
+        // the usual case, none or a few names refused (content-length, always):
+        // removed by name, without allocating or rebuilding the map (which may
+        // reorder different names, whose order carries no meaning)
         let mut refused: [Option<HeaderName>; 4] = Default::default();
         let mut n = 0;
         for k in self.keys() {
@@ -641,12 +637,11 @@ async fn upstream_request(
     host: &Host,
     parts: &Parts,
     uri: hyper::Uri,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     body: Incoming,
     fault: &Arc<BodyFault>,
 ) -> Result<Response<Incoming>, Refusal> {
     let rules = &host.config.rules;
-    let mut headers = headers;
     if let Some(h) = &host.upstream_host {
         headers.insert(hyper::header::HOST, h.clone());
     }
