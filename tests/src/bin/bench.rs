@@ -788,14 +788,7 @@ fn bench_rest(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) 
 /// for its port: the child, killed when dropped, and its URL.
 fn start_rest_endpoint(bin: &std::path::Path, server: &RedisServer, token: &str) -> (Proc, String) {
     let port = floodgate_tests::free_port();
-    let pinned = Command::new("taskset").arg("-V").output().is_ok();
-    let mut cmd = if pinned {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(bin);
-        c
-    } else {
-        Command::new(bin)
-    };
+    let mut cmd = on_cpu0(bin);
     let endpoint = Proc(
         cmd.args([
             "--listen",
@@ -1159,17 +1152,23 @@ impl Drop for Proc {
     }
 }
 
+/// A command running `program` on CPU 0 when taskset is there (beside Redis; the
+/// clients are on CPU 1), else anywhere.
+fn on_cpu0(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if Command::new("taskset").arg("-V").output().is_ok() {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
 /// Starts a sibling binary of this benchmark on CPU 0 (beside Redis) and waits for
 /// its port.
 fn sibling(name: &str, args: &[&str], env: &[(&str, &str)], port: u16) -> Proc {
     let bin = std::env::current_exe().unwrap().with_file_name(name);
-    let mut cmd = if Command::new("taskset").arg("-V").output().is_ok() {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(&bin);
-        c
-    } else {
-        Command::new(&bin)
-    };
+    let mut cmd = on_cpu0(&bin);
     // each process's log, to read why a round failed: <tmp>/floodgate-bench/<name>-<port>.log
     let logs = std::env::temp_dir().join("floodgate-bench");
     let _ = std::fs::create_dir_all(&logs);
@@ -1696,14 +1695,7 @@ impl Nginx {
              proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
         );
         std::fs::write(dir.join("nginx.conf"), conf).ok()?;
-        let mut cmd = if Command::new("taskset").arg("-V").output().is_ok() {
-            let mut c = Command::new("taskset");
-            c.args(["-c", "0", bin]);
-            c
-        } else {
-            Command::new(bin)
-        };
-        let child = cmd
+        let child = on_cpu0(bin)
             .arg("-p")
             .arg(&dir)
             .arg("-c")

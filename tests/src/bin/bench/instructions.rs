@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use floodgate_tests::RedisServer;
 
-use super::{BENCH_CONFIG, Proc, demo_upstream, edge_args, wait_port, wrk};
+use super::{BENCH_CONFIG, Proc, demo_upstream, edge_args, on_cpu0, wait_port, wrk};
 
 /// One edge under callgrind: instructions per request and requests measured.
 struct Counted {
@@ -69,15 +69,8 @@ fn count(upstream: &str, redis: &str, secret: &str, extra: &[&str], secs: f64) -
     let edge = std::env::current_exe()
         .unwrap()
         .with_file_name("floodgate-edge");
-    let mut cmd = if Command::new("taskset").arg("-V").output().is_ok() {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0", "valgrind"]);
-        c
-    } else {
-        Command::new("valgrind")
-    };
     let listen = format!("127.0.0.1:{port}");
-    let child = cmd
+    let child = on_cpu0("valgrind")
         .arg("--tool=callgrind")
         .arg(format!(
             "--callgrind-out-file={}",
