@@ -80,13 +80,18 @@ impl From<&Decision> for RateLimitHeaders {
 impl RateLimitHeaders {
     /// Header name/value pairs, in a stable order.
     pub fn pairs(&self) -> Vec<(&'static str, String)> {
-        let mut out = vec![
-            (LIMIT, self.limit.to_string()),
-            (REMAINING, self.remaining.to_string()),
-            (RESET, self.reset.to_string()),
-        ];
+        // a few per request: without the formatting machinery
+        fn int(n: impl itoa::Integer) -> String {
+            itoa::Buffer::new().format(n).to_string()
+        }
+        let mut out = Vec::with_capacity(4);
+        out.extend([
+            (LIMIT, int(self.limit)),
+            (REMAINING, int(self.remaining)),
+            (RESET, int(self.reset)),
+        ]);
         if let Some(s) = self.retry_after {
-            out.push((RETRY_AFTER, s.to_string()));
+            out.push((RETRY_AFTER, int(s)));
         }
         out
     }

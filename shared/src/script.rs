@@ -367,10 +367,21 @@ fn validate_call(checks: &[Check<'_>], when: When) -> Result<String, CallError> 
 fn when_arg(when: When) -> Result<String, CallError> {
     match when {
         When::Redis => Ok(String::new()),
-        When::RedisUntil(t) if (0..=MAX_INSTANT).contains(&t) => Ok(format!("<{t}")),
-        When::At(t) if (0..=MAX_INSTANT).contains(&t) => Ok(t.to_string()),
+        When::RedisUntil(t) if (0..=MAX_INSTANT).contains(&t) => {
+            let mut arg = String::with_capacity(21);
+            arg.push('<');
+            arg.push_str(itoa::Buffer::new().format(t));
+            Ok(arg)
+        }
+        When::At(t) if (0..=MAX_INSTANT).contains(&t) => Ok(int(t)),
         When::RedisUntil(t) | When::At(t) => Err(CallError::Instant(t)),
     }
+}
+
+/// An integer argument's text (a script call has a few: without the formatting
+/// machinery).
+fn int(n: impl itoa::Integer) -> String {
+    itoa::Buffer::new().format(n).to_string()
 }
 
 /// `ARGV` for [`LIMITER`] at `when` (`None`: Redis' `TIME`).
@@ -394,16 +405,16 @@ pub fn limiter_args(checks: &[Check<'_>], when: impl Into<When>) -> Result<Vec<S
         });
         if q.calendar().is_some() {
             args.push("0".to_string());
-            args.push(q.capacity().to_string());
-            args.push(c.cost.to_string());
+            args.push(int(q.capacity()));
+            args.push(int(c.cost));
         } else if q.algorithm() == Algorithm::TokenBucket {
-            args.push(q.burst_window().to_string());
-            args.push(q.cost_window(c.cost).to_string());
+            args.push(int(q.burst_window()));
+            args.push(int(q.cost_window(c.cost)));
             args.push("0".to_string());
         } else {
-            args.push(q.period().to_string());
-            args.push(q.capacity().to_string());
-            args.push(c.cost.to_string());
+            args.push(int(q.period()));
+            args.push(int(q.capacity()));
+            args.push(int(c.cost));
         }
     }
     Ok(args)
@@ -417,8 +428,8 @@ pub fn token_bucket_args(
     let mut args = Vec::with_capacity(1 + 2 * checks.len());
     args.push(validate_call(checks, when.into())?);
     for c in checks {
-        args.push(c.quota.burst_window().to_string());
-        args.push(c.quota.cost_window(c.cost).to_string());
+        args.push(int(c.quota.burst_window()));
+        args.push(int(c.quota.cost_window(c.cost)));
     }
     Ok(args)
 }
