@@ -16,14 +16,16 @@
 //! decision, `fg:sample` the sample. `docs/failure.md` lists them with their
 //! memory bounds.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
+
+use rustc_hash::FxBuildHasher;
 
 use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::stats::{
-    Counted, Endpoint, EndpointOf, KeyField, MinuteCounts, MinuteWrite, SampleLine, StatsWrite,
-    instance_field, latency_bound, minute_key,
+    Counted, Endpoint, EndpointOf, KeyField, MinuteCounts, MinuteWrite, PolicyOutcome, SampleLine,
+    StatsWrite, instance_field, minute_key,
 };
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 
@@ -66,6 +68,8 @@ struct Pending {
     last_flush: Micros,
     /// A field's name is rendered here (a counter that exists costs no allocation).
     scratch: String,
+    /// What the request path counted since the last [`Pending::settle`], typed.
+    recent: Recent,
 }
 
 impl Pending {
@@ -95,6 +99,51 @@ impl Pending {
         self.dirty.insert(minute);
     }
 
+    /// Moves what the request path counted since the last settle into the
+    /// minutes' counts (and the sink), each distinct counter named once, and
+    /// renders the sample's lines.
+    fn settle(&mut self) {
+        let recent = std::mem::take(&mut self.recent);
+        let name = |i: u32| recent.names.name(i);
+        for (t, sum) in &recent.decisions {
+            let now = t.ten * TEN_SECONDS;
+            let route = t.route.map(name);
+            let counted = Counted::Outcome(t.outcome);
+            self.count(
+                now,
+                StatsField::Endpoint(Endpoint::of(route), counted),
+                sum.n,
+            );
+            self.count_key(now, name(t.key), counted, sum.n);
+            if let Some(bound) = t.latency {
+                let bound = LATENCY_BOUNDS_US[usize::from(bound)];
+                self.count(now, StatsField::Latency(bound), sum.n);
+                self.count(now, StatsField::LatencySumUs, sum.latency_us);
+            }
+        }
+        for (t, n) in &recent.policies {
+            let now = t.minute * MINUTE;
+            let policy = name(t.policy).to_string();
+            let field = match t.count {
+                PolicyCount::Decision(route, outcome) => {
+                    StatsField::PolicyDecision(policy, Endpoint::of(route.map(name)), outcome)
+                }
+                PolicyCount::Leasing(how) => StatsField::Leasing(policy, how),
+            };
+            self.count(now, field, *n);
+        }
+        for (key, secs) in &recent.last_used {
+            let room = self.last_used.len() < MAX_PENDING;
+            match self.last_used.get_mut(name(*key)) {
+                Some(last) => *last = (*last).max(*secs),
+                None if room => {
+                    self.last_used.insert(name(*key).to_string(), *secs);
+                }
+                None => {}
+            }
+        }
+    }
+
     /// Counts `field` at `now`: per minute, and per 10 seconds when it is kept so.
     fn count(&mut self, now: Micros, field: StatsField, n: u64) {
         if let Some(sink) = &self.sink {
@@ -111,9 +160,9 @@ impl Pending {
         self.scratch = name;
     }
 
-    fn count_key(&mut self, now: Micros, key_id: &str, counted: Counted) {
+    fn count_key(&mut self, now: Micros, key_id: &str, counted: Counted, n: u64) {
         let name = self.render(|s| KeyField::write_of(s, key_id, counted));
-        self.add(now.div_euclid(MINUTE), Slot::Key, &name, 1);
+        self.add(now.div_euclid(MINUTE), Slot::Key, &name, n);
         self.scratch = name;
     }
 
@@ -128,6 +177,95 @@ impl Pending {
 
 /// The most decisions one instance queues for the sample between flushes.
 const MAX_SAMPLE_PENDING: usize = 5_000;
+
+const TEN_SECONDS: Micros = 10 * MICROS_PER_SEC;
+
+/// The names (key ids, plans, routes, policies) of what was counted since the
+/// last settle, each kept once: a counter is a few integers.
+#[derive(Default)]
+struct Names {
+    index: HashMap<Box<str>, u32, FxBuildHasher>,
+    names: Vec<Box<str>>,
+}
+
+impl Names {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(i) = self.index.get(name) {
+            return *i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.into());
+        self.index.insert(name.into(), i);
+        i
+    }
+
+    fn name(&self, i: u32) -> &str {
+        &self.names[i as usize]
+    }
+}
+
+/// One decision's counters, by 10-second slot: per endpoint, per key, and the
+/// store call's latency bucket (an index of [`LATENCY_BOUNDS_US`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct DecisionTally {
+    ten: i64,
+    key: u32,
+    route: Option<u32>,
+    outcome: Outcome,
+    latency: Option<u8>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct DecisionSum {
+    n: u64,
+    latency_us: u64,
+}
+
+/// A per-policy counter, by minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PolicyTally {
+    minute: i64,
+    policy: u32,
+    count: PolicyCount,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PolicyCount {
+    Decision(Option<u32>, PolicyOutcome),
+    Leasing(Leasing),
+}
+
+/// What the request path counted since the last settle: typed counters, named
+/// only when settled (at a flush or a scrape), so a request adds to a few
+/// integers instead of formatting a counter's name per field.
+#[derive(Default)]
+struct Recent {
+    names: Names,
+    decisions: HashMap<DecisionTally, DecisionSum, FxBuildHasher>,
+    policies: HashMap<PolicyTally, u64, FxBuildHasher>,
+    /// Interned key id → Unix seconds of its latest decision.
+    last_used: HashMap<u32, i64, FxBuildHasher>,
+}
+
+/// The most counters and names the request path keeps unsettled: past it the
+/// request that adds one settles them (bounded memory while no flush runs, such
+/// as during an outage).
+const MAX_RECENT: usize = 4_096;
+
+impl Recent {
+    fn full(&self) -> bool {
+        self.decisions.len() + self.policies.len() >= MAX_RECENT
+            || self.names.names.len() >= MAX_RECENT
+    }
+}
+
+/// The index of the histogram bucket holding a latency of `us`.
+fn latency_index(us: u64) -> u8 {
+    LATENCY_BOUNDS_US
+        .iter()
+        .position(|b| us <= *b)
+        .unwrap_or(LATENCY_BOUNDS_US.len() - 1) as u8
+}
 
 /// Counters waiting for the next flush.
 pub struct Stats {
@@ -178,17 +316,10 @@ impl Stats {
         store_latency_us: Option<u64>,
     ) {
         let mut p = lock(&self.pending);
-        p.count(
-            now,
-            StatsField::Endpoint(Endpoint::of(route), Counted::Outcome(outcome)),
-            1,
-        );
-        p.count_key(now, &key.id, Counted::Outcome(outcome));
-        if let Some(us) = store_latency_us {
-            p.count(now, StatsField::Latency(latency_bound(us)), 1);
-            p.count(now, StatsField::LatencySumUs, us);
-        }
-        if p.sample.len() < MAX_SAMPLE_PENDING {
+        // the sample's lines are written as they come (a few thousand per flush
+        // interval at most: the memory they take is reused by the next ones)
+        let sampled = p.sample.len() < MAX_SAMPLE_PENDING;
+        if sampled {
             let line = SampleLine {
                 at_ms: now / 1000,
                 key_id: &key.id,
@@ -199,18 +330,85 @@ impl Stats {
             let mut text = String::with_capacity(64);
             let _ = line.write_to(&mut text);
             p.sample.push(text);
-        } else {
+        }
+        let r = &mut p.recent;
+        let tally = DecisionTally {
+            ten: now.div_euclid(TEN_SECONDS),
+            key: r.names.id(&key.id),
+            route: route.map(|name| r.names.id(name)),
+            outcome,
+            latency: store_latency_us.map(latency_index),
+        };
+        let sum = r.decisions.entry(tally).or_default();
+        sum.n += 1;
+        sum.latency_us += store_latency_us.unwrap_or(0);
+        let last = r.last_used.entry(tally.key).or_insert(i64::MIN);
+        *last = (*last).max(now.div_euclid(MICROS_PER_SEC));
+        let full = r.full();
+        if !sampled {
             p.count(now, StatsField::SampleDropped, 1);
         }
-        let secs = now.div_euclid(MICROS_PER_SEC);
-        let room = p.last_used.len() < MAX_PENDING;
-        match p.last_used.get_mut(&key.id) {
-            Some(last) => *last = (*last).max(secs),
-            None if room => {
-                p.last_used.insert(key.id.clone(), secs);
-            }
-            None => {}
+        if full {
+            p.settle();
         }
+    }
+
+    /// Counts a request under each of its policies: `(policy, outcome)`, on
+    /// `route`.
+    pub fn count_policies<'a>(
+        &self,
+        now: Micros,
+        route: Option<&str>,
+        outcomes: impl IntoIterator<Item = (&'a str, PolicyOutcome)>,
+    ) {
+        let mut p = lock(&self.pending);
+        let r = &mut p.recent;
+        let route = route.map(|name| r.names.id(name));
+        let minute = now.div_euclid(MINUTE);
+        for (policy, outcome) in outcomes {
+            let tally = PolicyTally {
+                minute,
+                policy: r.names.id(policy),
+                count: PolicyCount::Decision(route, outcome),
+            };
+            *r.policies.entry(tally).or_default() += 1;
+        }
+        if r.full() {
+            p.settle();
+        }
+    }
+
+    /// Counts a request under each of its bounded policies: how it was decided.
+    pub fn count_leasing<'a>(
+        &self,
+        now: Micros,
+        policies: impl IntoIterator<Item = &'a str>,
+        how: Leasing,
+    ) {
+        let mut policies = policies.into_iter().peekable();
+        if policies.peek().is_none() {
+            return;
+        }
+        let mut p = lock(&self.pending);
+        let r = &mut p.recent;
+        let minute = now.div_euclid(MINUTE);
+        for policy in policies {
+            let tally = PolicyTally {
+                minute,
+                policy: r.names.id(policy),
+                count: PolicyCount::Leasing(how),
+            };
+            *r.policies.entry(tally).or_default() += 1;
+        }
+        if r.full() {
+            p.settle();
+        }
+    }
+
+    /// Moves what requests counted into the minutes' counts and the sink: before
+    /// a scrape of the sink (each count reaches it once, and by then).
+    pub fn settle(&self) {
+        lock(&self.pending).settle();
     }
 
     /// Counts one decision for a caller the edge could not identify (a key it could
@@ -249,7 +447,7 @@ impl Stats {
             StatsField::Endpoint(Endpoint::of(route), Counted::ShadowThrottled),
             1,
         );
-        p.count_key(now, key_id, Counted::ShadowThrottled);
+        p.count_key(now, key_id, Counted::ShadowThrottled, 1);
     }
 
     /// Counts one decision taken without Redis, in `mode`, in total and per endpoint.
@@ -266,6 +464,7 @@ impl Stats {
     /// the sample, and at most once a minute the keys' last use.
     pub fn take_due(&self, now: Micros, every: Micros) -> Option<Flush> {
         let mut p = lock(&self.pending);
+        p.settle();
         let last_used_due =
             !p.last_used.is_empty() && p.last_used_written.is_none_or(|at| now - at >= MINUTE);
         if (p.dirty.is_empty() && p.sample.is_empty() && !last_used_due)

@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 
 use floodgate_shared::policy::{FailureMode, Policy};
 use floodgate_shared::script::Verdict;
-use floodgate_shared::stats::{Endpoint, PolicyOutcome};
+use floodgate_shared::stats::PolicyOutcome;
 use floodgate_shared::time::Clock;
 
 use super::limits::Limits;
 use super::{DEGRADED_HEADER, Pipeline, Reply};
-use crate::stats::{Outcome, StatsField};
+use crate::stats::Outcome;
 use crate::store::{MaybeSend, MaybeSync, Store};
 
 impl<S, C> Pipeline<S, C>
@@ -40,20 +40,13 @@ where
         limits: &Limits<'_>,
         outcome_of: impl Fn(usize, &Policy) -> Option<PolicyOutcome>,
     ) {
-        let endpoint = Endpoint::of(limits.route_name());
-        let fields = limits
+        let outcomes = limits
             .policies
             .iter()
             .enumerate()
-            .filter_map(|(i, (_, p))| {
-                let o = outcome_of(i, p)?;
-                Some(StatsField::PolicyDecision(
-                    p.name().to_string(),
-                    endpoint.clone(),
-                    o,
-                ))
-            });
-        self.stats.bump_each(self.clock.now(), fields);
+            .filter_map(|(i, (_, p))| Some((p.name(), outcome_of(i, p)?)));
+        self.stats
+            .count_policies(self.clock.now(), limits.route_name(), outcomes);
     }
 
     /// Counts an admitted request under its policies: `allowed`, or

@@ -186,6 +186,12 @@ where
         self.flush_if(self.settings.stats_flush_every).await
     }
 
+    /// Hands every count the requests made so far to the statistics' sink (the
+    /// instance's metrics): before a scrape. (A flush does it too.)
+    pub fn settle_stats(&self) {
+        self.stats.settle();
+    }
+
     /// Writes whatever is pending now, due or not (tests, and a host stopping).
     pub async fn flush_pending(&self) -> Result<(), StoreError> {
         self.flush_if(0).await

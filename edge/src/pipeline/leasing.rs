@@ -51,12 +51,12 @@ where
         } else {
             Leasing::Exact
         };
-        let fields = limits
+        let bounded = limits
             .policies
             .iter()
             .filter(|(_, p)| p.consistency() != Consistency::Exact)
-            .map(|(_, p)| StatsField::Leasing(p.name().to_string(), how));
-        self.stats.bump_each(limits.started, fields);
+            .map(|(_, p)| p.name());
+        self.stats.count_leasing(limits.started, bounded, how);
         admit
     }
 
