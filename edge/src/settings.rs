@@ -256,6 +256,7 @@ impl EdgeSettings {
             throttle_memory: true,
             in_flight_ttl: 60 * MICROS_PER_SEC,
             stats_flush_every: ms(self.stats_flush_ms),
+            coalesce: cfg!(not(target_arch = "wasm32")),
             log: crate::pipeline::events::trace,
         }
     }

@@ -99,6 +99,12 @@ pub async fn race<F: Future + Unpin>(mut fut: F, limit: Duration) -> Raced<F::Ou
 /// leader, the caller).
 pub const SETTLE_TURNS: usize = 3;
 
+/// Lets the other tasks ready now run first (natively; in the Worker the rest
+/// of the event loop's turn).
+pub async fn yield_now() {
+    next_turn().await;
+}
+
 /// Returns after the event loop has polled its I/O once more: natively tokio's
 /// `yield_now` (deferred until the driver was polled), in the Worker a
 /// `setTimeout(0)` (queued behind the I/O callbacks already due).

@@ -15,6 +15,7 @@ use floodgate_shared::policy::{Consistency, FailureMode, Quota};
 use floodgate_shared::script::{Credited, Verdict, When};
 use floodgate_shared::time::{Clock, Micros};
 
+use super::coalesce::{Role, Share};
 use super::guarded::{Called, drain};
 use super::limits::{Limits, OwnedCheck, OwnedCredit, as_checks};
 use super::{Admit, BoxFuture, DEGRADED_HEADER, Pipeline, Reply, Task, boxed};
@@ -50,7 +51,8 @@ where
     /// The verdict of every bucket in ONE global call; a throttled verdict is
     /// counted here, an admitted one once its slots are settled. `Err`: the store
     /// could not decide, and the failure mode answered (an admission by
-    /// fail-open or a local share, or a refusal).
+    /// fail-open or a local share, or a refusal). Identical concurrent checks
+    /// share one call ([`super::coalesce`]).
     pub(super) async fn check(
         &self,
         limits: &Limits<'_>,
@@ -58,6 +60,51 @@ where
     ) -> Result<Checked, Result<Admit, Reply>> {
         let owned = Arc::new(limits.checks());
         let credit = Arc::new(limits.credit());
+        let mode = limits.mode();
+        // a key with credits is decided alone (its credits are its own), and a
+        // local share is each request's own
+        if self.settings.coalesce && credit.is_none() && mode != FailureMode::LocalFallback {
+            match self.coalescer.join(&owned, mode) {
+                Role::Leader(ticket) => {
+                    crate::timer::yield_now().await;
+                    let riders = ticket.close();
+                    if !riders.is_empty() {
+                        return self.lead(limits, owned, riders, later).await;
+                    }
+                }
+                Role::Rider(share) => {
+                    let sent = self.clock.now();
+                    match share.await {
+                        Ok(Share::Verdict(verdict)) => {
+                            let credited = Credited {
+                                verdict,
+                                credits: None,
+                            };
+                            return Ok(self.checked(limits, credited, sent, owned, credit, later));
+                        }
+                        Ok(Share::Failed(e)) => {
+                            // the leader settles a late reply for the group
+                            self.leases.global_answered(false);
+                            return Err(self.failure_mode(limits, &e));
+                        }
+                        // the leader went away before calling: decide alone
+                        Err(_) => {}
+                    }
+                }
+                Role::Alone => {}
+            }
+        }
+        self.check_alone(limits, owned, credit, later).await
+    }
+
+    /// One call for this request alone.
+    async fn check_alone(
+        &self,
+        limits: &Limits<'_>,
+        owned: Arc<Vec<OwnedCheck>>,
+        credit: Arc<Option<OwnedCredit>>,
+        later: &mut Vec<Task>,
+    ) -> Result<Checked, Result<Admit, Reply>> {
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
         // a busy store's call is waited for up to the ceiling (Guarded::call): the
@@ -72,26 +119,9 @@ where
                 .check_credited(&checks, credit.as_ref(), when, REV_KEY)
                 .await
         });
-        let called = self.global.call(&self.clock, deadline, fut).await;
-        let finished = self.clock.now();
-        let latency = u64::try_from(finished - sent).ok();
-        match called {
-            Called::Done(Credited { verdict, credits }) => {
-                self.learn(limits, &verdict, sent, finished);
-                if let Revision::Seen(seen) = verdict.revision {
-                    self.revision_seen(seen, later);
-                }
-                if !verdict.admitted {
-                    self.count(limits, Outcome::Throttled, latency);
-                    self.count_throttled(limits, &verdict);
-                }
-                Ok(Checked {
-                    verdict,
-                    credits,
-                    latency,
-                    owned,
-                    credit,
-                })
+        match self.global.call(&self.clock, deadline, fut).await {
+            Called::Done(credited) => {
+                Ok(self.checked(limits, credited, sent, owned, credit, later))
             }
             Called::Failed(e, late) => {
                 self.leases.global_answered(false);
@@ -105,6 +135,100 @@ where
                 }
                 Err(answer)
             }
+        }
+    }
+
+    /// The leader's call for its group: `riders` joined it, in order, after it.
+    /// Each gets its own verdict, or the call's failure (then every request of
+    /// the group answers by their one failure mode, and a late reply that
+    /// admits after all is given back for all of them).
+    async fn lead(
+        &self,
+        limits: &Limits<'_>,
+        owned: Arc<Vec<OwnedCheck>>,
+        riders: Vec<futures_channel::oneshot::Sender<Share>>,
+        later: &mut Vec<Task>,
+    ) -> Result<Checked, Result<Admit, Reply>> {
+        let n = riders.len() + 1;
+        let sent = self.clock.now();
+        let deadline = self.global.deadline(sent);
+        let when = self.until(sent, self.global.ceiling().max(deadline));
+        let store = self.global.store.clone();
+        let calls = owned.clone();
+        let fut = boxed(async move {
+            let checks = as_checks(&calls);
+            store.check_many(&checks, when, REV_KEY, n).await
+        });
+        let called = self
+            .global
+            .call_for(&self.clock, deadline, fut, n as u64)
+            .await;
+        let credit = Arc::new(None);
+        match called {
+            Called::Done(verdicts) if verdicts.len() == n => {
+                let mut verdicts = verdicts.into_iter();
+                let own = verdicts.next().expect("n >= 1");
+                for (rider, verdict) in riders.into_iter().zip(verdicts) {
+                    let _ = rider.send(Share::Verdict(verdict));
+                }
+                let credited = Credited {
+                    verdict: own,
+                    credits: None,
+                };
+                Ok(self.checked(limits, credited, sent, owned, credit, later))
+            }
+            Called::Done(verdicts) => {
+                let e =
+                    StoreError::protocol(format!("{} verdicts for {n} requests", verdicts.len()));
+                for rider in riders {
+                    let _ = rider.send(Share::Failed(e.clone()));
+                }
+                self.leases.global_answered(false);
+                Err(self.failure_mode(limits, &e))
+            }
+            Called::Failed(e, late) => {
+                for rider in riders {
+                    let _ = rider.send(Share::Failed(e.clone()));
+                }
+                self.leases.global_answered(false);
+                let answer = self.failure_mode(limits, &e);
+                match late {
+                    // every request of the group was refused (one failure mode):
+                    // what the call admits after all is given back for each
+                    Some(late) if answer.is_err() => later.push(self.refund_late_many(late, owned)),
+                    late => later.extend(late.map(drain)),
+                }
+                Err(answer)
+            }
+        }
+    }
+
+    /// What a check that decided tells, and the request's [`Checked`].
+    fn checked(
+        &self,
+        limits: &Limits<'_>,
+        Credited { verdict, credits }: Credited,
+        sent: Micros,
+        owned: Arc<Vec<OwnedCheck>>,
+        credit: Arc<Option<OwnedCredit>>,
+        later: &mut Vec<Task>,
+    ) -> Checked {
+        let finished = self.clock.now();
+        let latency = u64::try_from(finished - sent).ok();
+        self.learn(limits, &verdict, sent, finished);
+        if let Revision::Seen(seen) = verdict.revision {
+            self.revision_seen(seen, later);
+        }
+        if !verdict.admitted {
+            self.count(limits, Outcome::Throttled, latency);
+            self.count_throttled(limits, &verdict);
+        }
+        Checked {
+            verdict,
+            credits,
+            latency,
+            owned,
+            credit,
         }
     }
 
@@ -194,6 +318,26 @@ where
                     .await
                     .is_ok()
                 {
+                    totals.refunds.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    }
+
+    /// [`Pipeline::refund_late`] for a group's call: each admission it made
+    /// after all is given back.
+    fn refund_late_many(
+        &self,
+        late: BoxFuture<'static, Result<Vec<Verdict>, StoreError>>,
+        owned: Arc<Vec<OwnedCheck>>,
+    ) -> Task {
+        let store = self.global.store.clone();
+        let totals = self.totals.clone();
+        boxed(async move {
+            let Ok(verdicts) = late.await else { return };
+            let checks = as_checks(&owned);
+            for v in verdicts.iter().filter(|v| v.admitted) {
+                if store.refund(&checks, v).await.is_ok() {
                     totals.refunds.fetch_add(1, Ordering::Relaxed);
                 }
             }

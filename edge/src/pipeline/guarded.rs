@@ -159,6 +159,19 @@ where
         deadline: Micros,
         fut: BoxFuture<'static, Result<T, StoreError>>,
     ) -> Called<T> {
+        self.call_for(clock, deadline, fut, 1).await
+    }
+
+    /// [`Guarded::call`] of a call deciding `n` identical requests
+    /// ([`super::coalesce`]): the deadline and the breaker count it as their `n`
+    /// calls (`n` failures in a row open the breaker as `n` failed calls would).
+    pub async fn call_for<T: 'static>(
+        &self,
+        clock: &impl Clock,
+        deadline: Micros,
+        fut: BoxFuture<'static, Result<T, StoreError>>,
+        n: u64,
+    ) -> Called<T> {
         let limit = Duration::from_micros(deadline.max(1) as u64);
         let (permit, moved) = self.lane.breaker.permit(clock.now());
         self.logged(moved);
@@ -182,9 +195,9 @@ where
             Raced::Done(Ok(v)) => {
                 let (now, latency) = (clock.now(), watch.elapsed().as_micros() as Micros);
                 if waited {
-                    self.lane.waited_on(latency, now);
+                    self.lane.waited_on(latency, now, n);
                 } else {
-                    self.lane.answered(latency, now);
+                    self.lane.answered(latency, now, n);
                 }
                 self.logged(self.lane.breaker.success(now));
                 Called::Done(v)
@@ -192,24 +205,31 @@ where
             Raced::Done(Err(e)) if e.kind == StoreErrorKind::Stale => {
                 // the store answered: slow, not down (no breaker failure)
                 let latency = watch.elapsed().as_micros() as Micros;
-                self.lane.stale(latency, deadline, clock.now());
+                self.lane.stale(latency, deadline, clock.now(), n);
                 Called::Failed(e, None)
             }
             Raced::Done(Err(e)) => {
                 if e.is_retryable() {
-                    self.logged(self.lane.breaker.failure(clock.now(), &e));
+                    self.failures(clock.now(), &e, n);
                 }
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
                 let e = late_error(limit);
-                self.totals.late_calls.fetch_add(1, Ordering::Relaxed);
-                if !self.lane.expired(mark) {
+                self.totals.late_calls.fetch_add(n, Ordering::Relaxed);
+                if !self.lane.expired(mark, n) {
                     // silent since the send: the store may be down
-                    self.logged(self.lane.breaker.failure(clock.now(), &e));
+                    self.failures(clock.now(), &e, n);
                 }
-                Called::Failed(e, Some(self.observed(still, watch, sent)))
+                Called::Failed(e, Some(self.observed(still, watch, sent, n)))
             }
+        }
+    }
+
+    /// `n` breaker failures (the calls of `n` requests), logged.
+    fn failures(&self, now: Micros, e: &StoreError, n: u64) {
+        for _ in 0..n {
+            self.logged(self.lane.breaker.failure(now, e));
         }
     }
 
@@ -269,13 +289,14 @@ where
         still: BoxFuture<'static, Result<T, StoreError>>,
         watch: Stopwatch,
         sent: Micros,
+        n: u64,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let lane = self.lane.clone();
         boxed(async move {
             let reply = still.await;
             let latency = watch.elapsed().as_micros() as Micros;
             if !matches!(&reply, Err(e) if e.kind == StoreErrorKind::Connect) {
-                lane.late_reply(latency, sent + latency);
+                lane.late_reply(latency, sent + latency, n);
             }
             reply
         })

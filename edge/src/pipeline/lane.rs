@@ -118,49 +118,61 @@ impl Lane {
 
     /// A call that missed its deadline while the store kept answering was
     /// waited for and answered after `latency`: a late reply (it raises the
-    /// deadline), and one its request could still use.
-    pub fn waited_on(&self, latency: Micros, now: Micros) -> Lateness {
-        self.waited_on.fetch_add(1, Ordering::Relaxed);
-        self.late_reply(latency, now)
+    /// deadline), and one its request could still use. (`n`: the requests the
+    /// call decided, here and below: a call deciding a group of identical
+    /// requests counts as their calls would have, see [`super::coalesce`].)
+    pub fn waited_on(&self, latency: Micros, now: Micros, n: u64) -> Lateness {
+        self.waited_on.fetch_add(n, Ordering::Relaxed);
+        self.late_reply(latency, now, n)
     }
 
     /// A call answered in time, after `latency`.
-    pub fn answered(&self, latency: Micros, now: Micros) {
-        self.replies.fetch_add(1, Ordering::Relaxed);
-        lock(&self.estimator).observe(latency, now);
+    pub fn answered(&self, latency: Micros, now: Micros, n: u64) {
+        self.replies.fetch_add(n, Ordering::Relaxed);
+        let mut estimator = lock(&self.estimator);
+        for _ in 0..n {
+            estimator.observe(latency, now);
+        }
     }
 
     /// A call sent at `mark` missed its deadline: `true` when it is slow (replies
     /// arrived since), `false` when the store is silent (a breaker failure).
-    pub fn expired(&self, mark: u64) -> bool {
-        self.expired.fetch_add(1, Ordering::Relaxed);
+    pub fn expired(&self, mark: u64, n: u64) -> bool {
+        self.expired.fetch_add(n, Ordering::Relaxed);
         let slow = self.replies.load(Ordering::Relaxed) > mark;
-        if slow { &self.slow } else { &self.silent }.fetch_add(1, Ordering::Relaxed);
+        if slow { &self.slow } else { &self.silent }.fetch_add(n, Ordering::Relaxed);
         slow
     }
 
     /// The store answered in time that it ran the call after the deadline (the
     /// stale-call guard): a missed deadline, slow, and a reply. The deadline is
     /// raised as by a late reply of at least `deadline`.
-    pub fn stale(&self, latency: Micros, deadline: Micros, now: Micros) {
-        self.expired.fetch_add(1, Ordering::Relaxed);
-        self.slow.fetch_add(1, Ordering::Relaxed);
-        self.late_reply(latency.max(deadline), now);
+    pub fn stale(&self, latency: Micros, deadline: Micros, now: Micros, n: u64) {
+        self.expired.fetch_add(n, Ordering::Relaxed);
+        self.slow.fetch_add(n, Ordering::Relaxed);
+        self.late_reply(latency.max(deadline), now, n);
     }
 
     /// The reply of a call that missed its deadline arrived, `latency` after the
     /// send. Within the ceiling: the deadline is raised and the breaker's
     /// consecutive failures reset.
-    pub fn late_reply(&self, latency: Micros, now: Micros) -> Lateness {
-        self.replies.fetch_add(1, Ordering::Relaxed);
-        let lateness = lock(&self.estimator).late(latency, now);
+    pub fn late_reply(&self, latency: Micros, now: Micros, n: u64) -> Lateness {
+        self.replies.fetch_add(n, Ordering::Relaxed);
+        let lateness = {
+            let mut estimator = lock(&self.estimator);
+            let mut lateness = Lateness::TooLate;
+            for _ in 0..n {
+                lateness = estimator.late(latency, now);
+            }
+            lateness
+        };
         match lateness {
             Lateness::Slow => {
-                self.late_replies.fetch_add(1, Ordering::Relaxed);
+                self.late_replies.fetch_add(n, Ordering::Relaxed);
                 self.breaker.answered_late(now);
             }
             Lateness::TooLate => {
-                self.too_late.fetch_add(1, Ordering::Relaxed);
+                self.too_late.fetch_add(n, Ordering::Relaxed);
             }
         }
         lateness
@@ -200,12 +212,12 @@ mod tests {
         // replies keep arriving after each call was sent: slow, never a failure
         for _ in 0..10 {
             let mark = l.mark();
-            l.answered(500, 0);
-            assert!(l.expired(mark), "slow");
+            l.answered(500, 0, 1);
+            assert!(l.expired(mark, 1), "slow");
         }
         // nothing since the send: silent
         let mark = l.mark();
-        assert!(!l.expired(mark));
+        assert!(!l.expired(mark, 1));
         let s = l.stats(0);
         assert_eq!((s.expired, s.slow, s.silent), (11, 10, 1));
     }
@@ -214,10 +226,10 @@ mod tests {
     fn a_call_refused_as_stale_is_slow_and_raises_the_deadline() {
         let l = lane();
         for i in 0..20 {
-            l.answered(300, i);
+            l.answered(300, i, 1);
         }
         // answered within 1 ms, but Redis ran it after the 3 ms deadline
-        l.stale(1_000, 3_000, 30);
+        l.stale(1_000, 3_000, 30, 1);
         assert_eq!(l.deadline(30), 9_000, "as a late reply of the deadline");
         let s = l.stats(30);
         assert_eq!((s.expired, s.slow, s.silent, s.late_replies), (1, 1, 0, 1));
@@ -227,18 +239,18 @@ mod tests {
     fn a_late_reply_within_the_ceiling_raises_the_deadline_and_resets_the_failures() {
         let l = lane();
         for i in 0..20 {
-            l.answered(300, i);
+            l.answered(300, i, 1);
         }
         assert_eq!(l.deadline(20), 3_000);
         l.breaker.failure(21, &"timeout");
         l.breaker.failure(22, &"timeout");
-        assert_eq!(l.late_reply(12_000, 30), Lateness::Slow);
+        assert_eq!(l.late_reply(12_000, 30, 1), Lateness::Slow);
         assert_eq!(l.deadline(30), 36_000, "raised to 3 × the late reply");
         // two more failures would have opened it without the reset
         l.breaker.failure(31, &"timeout");
         l.breaker.failure(32, &"timeout");
         assert_eq!(l.breaker.phase(), Phase::Closed);
-        assert_eq!(l.late_reply(150_000, 40), Lateness::TooLate);
+        assert_eq!(l.late_reply(150_000, 40, 1), Lateness::TooLate);
         let s = l.stats(40);
         assert_eq!((s.late_replies, s.too_late), (1, 1));
     }

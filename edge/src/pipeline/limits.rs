@@ -166,11 +166,23 @@ impl Limits<'_> {
 }
 
 /// A bucket check that owns its parts.
+#[derive(Debug, PartialEq, Eq)]
 pub struct OwnedCheck {
     key: String,
     quota: Quota,
     cost: u32,
     shadow: bool,
+}
+
+impl OwnedCheck {
+    pub fn new(key: &str, quota: Quota, cost: u32, shadow: bool) -> Self {
+        Self {
+            key: key.to_string(),
+            quota,
+            cost,
+            shadow,
+        }
+    }
 }
 
 /// A key's credits to decide, owned (see [`Limits::credit`]).

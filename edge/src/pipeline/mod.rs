@@ -16,7 +16,8 @@
 //!    is answered here until it admits again;
 //! 7. **the check** ([`check`]): ONE global call decides every bucket and the
 //!    key's credits, all or nothing; a store that cannot answer gets the
-//!    policies' failure mode (fail-closed for a key with credits);
+//!    policies' failure mode (fail-closed for a key with credits); identical
+//!    concurrent checks share one call ([`coalesce`]);
 //! 8. **slots** ([`slots`]): in-flight slots of `max_in_flight` policies;
 //! 9. **admit**: forward upstream with the quota headers.
 //!
@@ -38,6 +39,7 @@ mod answer;
 pub mod blocklists;
 pub mod caller;
 pub mod check;
+pub mod coalesce;
 pub mod counting;
 pub mod events;
 pub mod guarded;
@@ -135,6 +137,8 @@ pub struct Pipeline<S, C> {
     offset: OffsetBound,
     slot_ids: SlotIds,
     leases: Arc<Leases>,
+    /// Identical concurrent exact checks, decided by one call.
+    coalescer: coalesce::Coalescer,
 }
 
 impl<S, C> Pipeline<S, C>
@@ -170,6 +174,7 @@ where
             slot_ids: SlotIds::new(clock.now()),
             leases: Arc::new(Leases::new(settings.leases, clock.now(), false)),
             regional: None,
+            coalescer: coalesce::Coalescer::default(),
             global,
             stats,
             totals,

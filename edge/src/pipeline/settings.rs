@@ -56,6 +56,10 @@ pub struct PipelineConfig {
     pub leases: LeaseSettings,
     /// The traffic counters are written at most this often (µs).
     pub stats_flush_every: Micros,
+    /// Identical concurrent exact checks share one store call
+    /// ([`super::coalesce`]): natively; not in a Worker, whose requests are
+    /// separate events (one's call cannot carry another's).
+    pub coalesce: bool,
     /// Where breaker transitions and configuration reloads are logged: `tracing`
     /// natively ([`super::events::trace`]), JSON lines on the console in the Worker.
     pub log: fn(&LogEvent<'_>),

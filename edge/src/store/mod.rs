@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use floodgate_shared::Micros;
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, Taken, leases_key};
+use floodgate_shared::script::merge::{self, SharedClock};
 use floodgate_shared::script::{
     CallError, Check, CreditCheck, Credited, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale,
-    Verdict, When, can_watch, credited_call, credited_refund_call, interpret, interpret_credited,
-    refund_call, script_call, stale_reply, watched_reply,
+    TOKEN_BUCKET, Verdict, When, can_watch, credited_call, credited_refund_call, interpret,
+    interpret_credited, refund_call, script_call, stale_reply, watched_reply,
 };
 use floodgate_shared::stats::{STATS_FLUSH, StatsWrite};
 
@@ -464,6 +465,55 @@ pub trait Store: MaybeSync {
                 revision,
                 ..verdict(checks, reply)?
             })
+        }
+    }
+
+    /// [`Store::check_watching`] for `count` identical requests in ONE call,
+    /// decided one after another at one instant
+    /// ([`floodgate_shared::script::merge`]): each request's verdict, in order —
+    /// what its own call would have answered (a stale call is stale for all).
+    fn check_many(
+        &self,
+        checks: &[Check<'_>],
+        when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+        count: usize,
+    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + MaybeSend {
+        async move {
+            let when = when.into();
+            let clock = script_call(checks, when)
+                .ok()
+                .filter(|(script, _)| script.sha1 == TOKEN_BUCKET.sha1)
+                .and_then(|(_, args)| SharedClock::parse(&args[0]).map(|c| (c, args)));
+            let Some((clock, mut args)) = clock.filter(|_| count > 1) else {
+                let mut verdicts = Vec::with_capacity(count);
+                for _ in 0..count {
+                    verdicts.push(self.check_watching(checks, when, rev_key).await?);
+                }
+                return Ok(verdicts);
+            };
+            args[0] = clock.counted(count);
+            let watch = self.one_slot();
+            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+            if watch {
+                keys.push(rev_key);
+            }
+            let reply = self.run_ints(&TOKEN_BUCKET, &keys, &args).await?;
+            let replies = merge::split_call(keys.len(), &args, &reply)
+                .map_err(|e| StoreError::protocol(e.to_string()))?;
+            replies
+                .iter()
+                .map(|r| {
+                    if !watch {
+                        return verdict(checks, r);
+                    }
+                    let (r, revision) = watched_reply(r)?;
+                    Ok(Verdict {
+                        revision,
+                        ..verdict(checks, r)?
+                    })
+                })
+                .collect()
         }
     }
 
