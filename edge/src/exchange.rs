@@ -135,14 +135,16 @@ where
         decided.gate
     }
 
-    /// The upstream request's headers ([`upstream_headers`]).
-    pub fn upstream_headers<H: HeaderList>(
+    /// The upstream request's headers, made from the client's in place
+    /// ([`upstream_headers_in_place`]).
+    pub fn upstream_headers_in_place<H: HeaderList>(
         &self,
-        req: &Incoming<'_, H>,
+        headers: &mut H,
+        client_ip: Option<IpAddr>,
         admit: &Admit,
         request_id: &str,
-    ) -> H {
-        upstream_headers(self.rules, req, admit, request_id)
+    ) {
+        upstream_headers_in_place(self.rules, headers, client_ip, admit, request_id);
     }
 
     /// The client's response headers ([`response_headers`]).
@@ -181,6 +183,44 @@ pub fn upstream_headers<H: HeaderList>(
     out.copy_from(from, &mut |name| {
         rules.forwards_request_header(name, &named)
     });
+    let forwarded = from.texts("x-forwarded-for");
+    edge_set(
+        rules,
+        &mut out,
+        &forwarded,
+        req.client_ip,
+        admit,
+        request_id,
+    );
+    out
+}
+
+/// [`upstream_headers`], made of the client's own list (a host whose request's
+/// headers are its to change: no second list is built).
+pub fn upstream_headers_in_place<H: HeaderList>(
+    rules: &ProxyRules,
+    headers: &mut H,
+    client_ip: Option<IpAddr>,
+    admit: &Admit,
+    request_id: &str,
+) {
+    let named = connection_named(headers.texts("connection").iter().map(String::as_str));
+    let forwarded = headers.texts("x-forwarded-for");
+    headers.retain(&mut |name| rules.forwards_request_header(name, &named));
+    edge_set(rules, headers, &forwarded, client_ip, admit, request_id);
+}
+
+/// What the edge sets on an upstream request: the caller's key id, identity and
+/// metadata, the request id, `X-Forwarded-For` (the client's, `forwarded`, with
+/// the client's address).
+fn edge_set<H: HeaderList>(
+    rules: &ProxyRules,
+    out: &mut H,
+    forwarded: &[String],
+    client_ip: Option<IpAddr>,
+    admit: &Admit,
+    request_id: &str,
+) {
     if let Some(id) = &admit.key_id {
         out.set(&rules.identity_header, id);
     }
@@ -191,11 +231,9 @@ pub fn upstream_headers<H: HeaderList>(
         out.set(&rules.key_meta_header, meta);
     }
     out.set(REQUEST_ID_HEADER, request_id);
-    let existing = from.texts("x-forwarded-for");
-    if let Some(v) = rules.forwarded_for(existing.first().map(String::as_str), req.client_ip) {
+    if let Some(v) = rules.forwarded_for(forwarded.first().map(String::as_str), client_ip) {
         out.set("x-forwarded-for", &v);
     }
-    out
 }
 
 /// The client's response headers from the upstream's: hop-by-hop ones (and those
@@ -343,6 +381,41 @@ mod tests {
         };
         assert_eq!(all("x-floodgate-identity"), ["cus_7"]);
         assert_eq!(all("x-floodgate-key-meta"), [r#"{"tier":"gold"}"#]);
+    }
+
+    #[test]
+    fn headers_made_in_place_are_the_copys() {
+        let rules = exchange_rules();
+        let from = list(&[
+            ("authorization", "Bearer fg_x"),
+            ("X_Floodgate_Key_Id", "forged"),
+            ("connection", "keep-alive, x-drop"),
+            ("x-drop", "1"),
+            ("accept", "*/*"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-for", "10.0.0.2"),
+            ("accept", "text/plain"),
+        ]);
+        let ip = Some("127.0.0.9".parse().unwrap());
+        let req = Incoming {
+            own_path: "/v1",
+            query_len: 0,
+            headers: &from,
+            client_ip: ip,
+            country: None,
+            subject: Subject::of("/v1", ip),
+        };
+        let mut record = KeyRecord::new("k1", "", "free", 0);
+        record.identity = Some("cus_7".into());
+        let admit = Admit::caller(&record, None, vec![], vec![]);
+        let copied: List = upstream_headers(&rules, &req, &admit, "rid");
+        let mut in_place = from.clone();
+        upstream_headers_in_place(&rules, &mut in_place, ip, &admit, "rid");
+        assert_eq!(in_place, copied);
+        assert_eq!(
+            in_place.first("x-forwarded-for").as_deref(),
+            Some(&b"10.0.0.1, 127.0.0.9"[..])
+        );
     }
 
     #[test]

@@ -138,7 +138,9 @@ pub struct ProxyBody {
 
 enum Kind {
     Full(Full<Bytes>),
-    Upstream(Incoming),
+    /// The upstream's body, and its connection, given back once the body was
+    /// read to its end.
+    Upstream(Incoming, super::upstream::Lease),
 }
 
 /// What a response holds until it is done.
@@ -156,9 +158,12 @@ impl ProxyBody {
         }
     }
 
-    pub fn upstream(body: Incoming, held: Held) -> Self {
+    pub fn upstream(body: Incoming, mut lease: super::upstream::Lease, held: Held) -> Self {
+        if body.is_end_stream() {
+            lease.finished();
+        }
         Self {
-            kind: Kind::Upstream(body),
+            kind: Kind::Upstream(body, lease),
             _held: held,
         }
     }
@@ -174,21 +179,29 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.get_mut().kind {
             Kind::Full(f) => Pin::new(f).poll_frame(cx).map_err(|e| match e {}),
-            Kind::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Kind::Upstream(b, lease) => {
+                let frame = Pin::new(&mut *b).poll_frame(cx).map_err(Into::into);
+                // the end: polled past, or known with the last frame (hyper's
+                // server polls a body no further once it says it ended)
+                if matches!(frame, Poll::Ready(None)) || b.is_end_stream() {
+                    lease.finished();
+                }
+                frame
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(f) => f.is_end_stream(),
-            Kind::Upstream(b) => b.is_end_stream(),
+            Kind::Upstream(b, _) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(f) => f.size_hint(),
-            Kind::Upstream(b) => b.size_hint(),
+            Kind::Upstream(b, _) => b.size_hint(),
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod body;
 pub mod server;
+pub mod upstream;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -21,12 +22,11 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{HeaderMap, Request, Response, StatusCode};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use self::body::{BodyFault, Held, ProxyBody, RequestBody};
 use self::server::{Connection, ServerLimits};
+use self::upstream::{Pool, UpBody};
 use crate::exchange::{self, Exchange, HeaderList, Subject};
 use crate::forward_auth::ForwardAuth;
 use crate::metrics::{EdgeMetrics, InstanceState, UpstreamAnswer};
@@ -218,18 +218,15 @@ impl HeaderList for HeaderMap {
     }
 }
 
-type Upstream = Client<hyper_rustls::HttpsConnector<HttpConnector>, RequestBody>;
-type EmptyUpstream =
-    Client<hyper_rustls::HttpsConnector<HttpConnector>, http_body_util::Empty<Bytes>>;
-
-/// A running native host: the pipeline, the rules, the upstream client.
+/// A running native host: the pipeline, the rules, the upstream's connections.
 pub struct Host {
     pipeline: Pipeline<NativeStore, SystemClock>,
     config: HostConfig,
     country_header: Option<HeaderName>,
-    client: Upstream,
-    /// For requests without a body (most GETs): no body wrapper to poll.
-    empty: EmptyUpstream,
+    upstream: Pool,
+    /// The upstream URL's path (without a trailing `/`), put before each
+    /// request's path and query.
+    base_path: String,
     /// Served at [`METRICS_PATH`].
     metrics: EdgeMetrics,
     /// The upstream request's `Host`, made once ([`host_header`]).
@@ -280,26 +277,27 @@ impl Host {
         ] {
             header(name)?;
         }
-        let build = || {
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .pool_max_idle_per_host(1024)
-                .to_owned()
-        };
         let metrics = EdgeMetrics::default();
-        let upstream_host = rules
-            .target("/")
-            .parse::<hyper::Uri>()
-            .ok()
+        let base = rules.target("/").parse::<hyper::Uri>().ok();
+        let upstream_host = base.as_ref().and_then(host_header);
+        let origin = base
             .as_ref()
-            .and_then(host_header);
+            .and_then(|b| {
+                let mut parts = hyper::http::uri::Parts::default();
+                parts.scheme = b.scheme().cloned();
+                parts.authority = b.authority().cloned();
+                parts.path_and_query = Some(hyper::http::uri::PathAndQuery::from_static("/"));
+                hyper::Uri::from_parts(parts).ok()
+            })
+            .unwrap_or_default();
+        let base_path = base.map_or_else(String::new, |b| b.path().trim_end_matches('/').into());
         let host = Arc::new(Self {
             upstream_host,
             country_header: config.country_header.as_deref().map(header).transpose()?,
             pipeline: pipeline.with_stats_sink(metrics.stats.clone()),
             metrics,
-            client: build().build(connector()),
-            empty: build().build(connector()),
+            upstream: Pool::new(connector(), origin, 1024, Duration::from_secs(60)),
+            base_path,
             config,
         });
         host.flush_stats_periodically();
@@ -337,6 +335,7 @@ impl Host {
     /// The Prometheus text served at [`METRICS_PATH`]: answered from memory, so a
     /// scrape during a store outage answers too (with the breaker open in it).
     pub fn metrics_text(&self) -> String {
+        self.pipeline.settle_stats();
         self.metrics.scrape(&InstanceState {
             health: self.pipeline.health(),
             breakers: self.pipeline.breakers(),
@@ -477,33 +476,30 @@ pub(crate) fn linger(body: Incoming, pause: Duration) {
     });
 }
 
-/// One request, in its span (`request_id`): every event logged while deciding and
-/// proxying it carries the id; at `debug`, one event when its answer's head is out.
+/// One request, in its scope (`request_id`: every event logged while deciding
+/// and proxying it is in its `request` span); at `debug`, one event when its
+/// answer's head is out.
 async fn handle(
     host: Arc<Host>,
     peer: SocketAddr,
     conn: Connection,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
-    use tracing::Instrument;
+    use crate::pipeline::events::{LogEvent, scope, trace};
     let id = exchange::client_request_id(req.headers(), rand::random);
-    let span =
-        // as Display: the text format writes it as it is (an id is a restricted token:
-        // nothing to quote), not escaped character by character as a Debug str
-        tracing::info_span!(target: "floodgate::request", "request", request_id = %id);
-    let method = req.method().clone();
-    let started = std::time::Instant::now();
-    let resp = proxied(host, peer, conn, req, &id)
-        .instrument(span.clone())
-        .await;
-    span.in_scope(|| {
-        crate::pipeline::events::trace(&crate::pipeline::events::LogEvent::Answered {
+    let scoped = id.clone();
+    scope::InRequest::new(scoped, async move {
+        let method = req.method().clone();
+        let started = std::time::Instant::now();
+        let resp = proxied(host, peer, conn, req, &id).await;
+        trace(&LogEvent::Answered {
             method: method.as_str(),
             status: resp.status().as_u16(),
             latency_us: started.elapsed().as_micros() as u64,
-        })
-    });
-    resp
+        });
+        resp
+    })
+    .await
 }
 
 /// Decides the request, then answers it, proxies it, or (forward-auth) admits it.
@@ -518,7 +514,7 @@ async fn proxied(
         in_flight: Some(conn.in_flight()),
         slots: None,
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let pause = host.config.rules.timeouts.body;
     if parts.uri.path() == METRICS_PATH {
         linger(body, pause);
@@ -546,7 +542,8 @@ async fn proxied(
         linger(body, pause);
         return admitted_auth(&host, &admit, held);
     }
-    forward(&host, &parts, body, &req, &admit, held, request_id).await
+    let client_ip = req.client_ip;
+    forward(&host, &mut parts, body, client_ip, &admit, held, request_id).await
 }
 
 /// Forward-auth's admission: the gateway proxies, with the quota headers and the
@@ -574,19 +571,19 @@ fn admitted_auth(host: &Host, admit: &Admit, held: Held) -> Response<ProxyBody> 
 /// quota headers.
 async fn forward(
     host: &Host,
-    parts: &Parts,
+    parts: &mut Parts,
     body: Incoming,
-    req: &exchange::Incoming<'_, HeaderMap>,
+    client_ip: Option<std::net::IpAddr>,
     admit: &Admit,
     held: Held,
     request_id: &str,
 ) -> Response<ProxyBody> {
-    let rules = &host.config.rules;
-    let target = rules.target(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
-    let Ok(uri) = target.parse::<hyper::Uri>() else {
+    let Some(uri) = origin_form(&host.base_path, &parts.uri) else {
         return refusal(Refusal::UpstreamUnavailable, held);
     };
-    let headers: HeaderMap = host.exchange().upstream_headers(req, admit, request_id);
+    let mut headers = std::mem::take(&mut parts.headers);
+    host.exchange()
+        .upstream_headers_in_place(&mut headers, client_ip, admit, request_id);
     let fault = Arc::new(BodyFault::default());
     let bodyless = hyper::body::Body::is_end_stream(&body);
     let up = upstream_request(host, parts, uri, headers, body, &fault);
@@ -604,14 +601,16 @@ async fn forward(
             () = gone => None,
         }
     };
-    let upstream = match answered {
+    let (upstream, lease) = match answered {
         Some(Ok(r)) => r,
         Some(Err(r)) => return refusal(r, held),
         None => {
-            tracing::info!(
-                target: "floodgate::request",
-                "the client left before the upstream answered: the upstream request is cancelled"
-            );
+            crate::pipeline::events::scope::logged(|| {
+                tracing::info!(
+                    target: "floodgate::request",
+                    "the client left before the upstream answered: the upstream request is cancelled"
+                )
+            });
             return refusal(Refusal::ClientGone, held);
         }
     };
@@ -619,15 +618,32 @@ async fn forward(
     let length = out.headers.get(CONTENT_LENGTH).cloned();
     host.exchange().response_headers(&mut out.headers, admit);
     let body = if has_body(parts.method.as_str(), out.status.as_u16()) {
-        ProxyBody::upstream(body, held)
+        ProxyBody::upstream(body, lease, held)
     } else {
         // no body to frame: the length a HEAD or 304 describes is the upstream's
         if let Some(len) = length {
             out.headers.insert(CONTENT_LENGTH, len);
         }
+        let mut lease = lease;
+        if hyper::body::Body::is_end_stream(&body) {
+            lease.finished();
+        }
         ProxyBody::full(Bytes::new(), held)
     };
     Response::from_parts(out, body)
+}
+
+/// The upstream request's target in origin form: the upstream URL's path, then
+/// the request's path and query (`None`: not a valid target).
+fn origin_form(base_path: &str, uri: &hyper::Uri) -> Option<hyper::Uri> {
+    let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+    if base_path.is_empty() {
+        return match uri.path_and_query() {
+            Some(p) if p.as_str().starts_with('/') => Some(hyper::Uri::from(p.clone())),
+            _ => pq.parse().ok().filter(|_| pq.starts_with('/')),
+        };
+    }
+    format!("{base_path}{pq}").parse().ok()
 }
 
 /// The upstream's response head, or what to answer instead (the client's body
@@ -640,52 +656,52 @@ async fn upstream_request(
     mut headers: HeaderMap,
     body: Incoming,
     fault: &Arc<BodyFault>,
-) -> Result<Response<Incoming>, Refusal> {
+) -> Result<(Response<Incoming>, upstream::Lease), Refusal> {
     let rules = &host.config.rules;
     if let Some(h) = &host.upstream_host {
         headers.insert(hyper::header::HOST, h.clone());
     }
-    let sent_at = std::time::Instant::now();
-    let sent = if hyper::body::Body::is_end_stream(&body) {
-        let mut up = Request::new(http_body_util::Empty::new());
-        *up.method_mut() = parts.method.clone();
-        *up.uri_mut() = uri;
-        *up.headers_mut() = headers;
-        tokio::time::timeout(rules.timeouts.upstream, host.empty.request(up)).await
+    let body = if hyper::body::Body::is_end_stream(&body) {
+        UpBody::Empty(http_body_util::Empty::new())
     } else {
-        let body = RequestBody::new(
+        UpBody::Client(RequestBody::new(
             body,
             rules.limits.max_body,
             rules.timeouts.body,
             fault.clone(),
-        );
-        let mut up = Request::new(body);
-        *up.method_mut() = parts.method.clone();
-        *up.uri_mut() = uri;
-        *up.headers_mut() = headers;
-        tokio::time::timeout(rules.timeouts.upstream, host.client.request(up)).await
+        ))
     };
+    let mut up = Request::new(body);
+    *up.method_mut() = parts.method.clone();
+    *up.uri_mut() = uri;
+    *up.headers_mut() = headers;
+    let sent_at = std::time::Instant::now();
+    let sent = tokio::time::timeout(rules.timeouts.upstream, host.upstream.send(up)).await;
     let took = sent_at.elapsed().as_secs_f64();
     match sent {
         Ok(Ok(r)) => {
             host.metrics
-                .upstream(UpstreamAnswer::Status(r.status().as_u16()), took);
+                .upstream(UpstreamAnswer::Status(r.0.status().as_u16()), took);
             Ok(r)
         }
         // the client's body failed it, not the upstream
         Ok(Err(_)) | Err(_) if fault.get().is_some() => Err(fault.get().expect("set")),
         Ok(Err(e)) => {
             host.metrics.upstream(UpstreamAnswer::Error, took);
-            tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}");
+            crate::pipeline::events::scope::logged(
+                || tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}"),
+            );
             Err(Refusal::UpstreamUnavailable)
         }
         Err(_) => {
             host.metrics.upstream(UpstreamAnswer::Timeout, took);
-            tracing::warn!(
-                target: "floodgate::request",
-                timeout_ms = rules.timeouts.upstream.as_millis() as u64,
-                "upstream timeout"
-            );
+            crate::pipeline::events::scope::logged(|| {
+                tracing::warn!(
+                    target: "floodgate::request",
+                    timeout_ms = rules.timeouts.upstream.as_millis() as u64,
+                    "upstream timeout"
+                )
+            });
             Err(Refusal::UpstreamTimeout)
         }
     }

@@ -168,10 +168,102 @@ impl LogEvent<'_> {
     }
 }
 
+/// The native hosts' request scope: the id of the request whose future is being
+/// polled, so that what is logged while deciding or proxying it is logged in a
+/// `request` span carrying its `request_id`. The span is made only for an event
+/// that is logged: a request that logs nothing (almost all) costs two swaps of a
+/// thread-local per poll, where a span per request cost several thousand
+/// instructions (`scripts/bench instructions`).
+#[cfg(feature = "native")]
+pub mod scope {
+    use std::cell::RefCell;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    thread_local! {
+        /// The current request's id while its future is polled (empty: none).
+        static CURRENT: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+
+    pin_project_lite::pin_project! {
+        /// `fut`, polled as the request `id`'s.
+        pub struct InRequest<F> {
+            id: String,
+            #[pin]
+            fut: F,
+        }
+    }
+
+    impl<F> InRequest<F> {
+        pub fn new(id: String, fut: F) -> Self {
+            Self { id, fut }
+        }
+    }
+
+    /// Swaps the request's id into the thread's scope, and back when dropped
+    /// (also when the poll panics).
+    struct Entered<'a>(&'a mut String);
+
+    impl<'a> Entered<'a> {
+        fn new(id: &'a mut String) -> Self {
+            CURRENT.with_borrow_mut(|c| std::mem::swap(c, id));
+            Self(id)
+        }
+    }
+
+    impl Drop for Entered<'_> {
+        fn drop(&mut self) {
+            CURRENT.with_borrow_mut(|c| std::mem::swap(c, self.0));
+        }
+    }
+
+    impl<F: Future> Future for InRequest<F> {
+        type Output = F::Output;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            let this = self.project();
+            let _entered = Entered::new(this.id);
+            this.fut.poll(cx)
+        }
+    }
+
+    /// Runs `log` in the current request's span (`request`, with its
+    /// `request_id`), or outside any when no request is being polled.
+    pub fn logged<R>(log: impl FnOnce() -> R) -> R {
+        let span = CURRENT.with_borrow(|id| {
+            // as Display: the text format writes it as it is (an id is a restricted
+            // token: nothing to quote), not escaped character by character
+            (!id.is_empty()).then(
+                || tracing::info_span!(target: "floodgate::request", "request", request_id = %id),
+            )
+        });
+        match span {
+            Some(span) => span.in_scope(log),
+            None => log(),
+        }
+    }
+}
+
 /// The native sink: each event through `tracing` (target, level, fields and
-/// message as above; request-scoped when a request's span is current).
+/// message as above; in its request's span when a request is being polled,
+/// see [`scope`]).
 #[cfg(feature = "native")]
 pub fn trace(event: &LogEvent<'_>) {
+    use tracing::Level as L;
+    let enabled = match event {
+        LogEvent::Breaker { .. } => tracing::enabled!(target: "floodgate::breaker", L::INFO),
+        LogEvent::ConfigLoaded { .. } | LogEvent::ConfigRejected { .. } => {
+            tracing::enabled!(target: "floodgate::config", L::INFO)
+        }
+        LogEvent::Answered { .. } => tracing::enabled!(target: "floodgate::request", L::DEBUG),
+    };
+    if enabled {
+        scope::logged(|| trace_now(event));
+    }
+}
+
+#[cfg(feature = "native")]
+fn trace_now(event: &LogEvent<'_>) {
     /// The message, formatted only by an event that is logged (at `info`, the
     /// `debug` one of every request is not).
     struct Message<'a>(&'a LogEvent<'a>);
