@@ -20,6 +20,7 @@ use clap::Parser;
 use floodgate_edge::args::{LogArgs, StoreArgs, http_url};
 use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::forward_auth::ForwardAuth;
+use floodgate_edge::native_host::server::HYPER_MAX_HEADERS;
 use floodgate_edge::native_host::{Host, HostConfig, NativeStore, serve};
 use floodgate_edge::pipeline::{Pipeline, transport_deadline};
 use floodgate_edge::settings::{EdgeSettings, Protocol};
@@ -151,7 +152,12 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     host.rules.timeouts.body = ms(a.body_timeout_ms);
     host.server.header_timeout = host.rules.timeouts.header;
     host.server.idle_timeout = host.rules.timeouts.idle;
-    host.server.max_headers = a.edge.max_headers + 28;
+    // hyper's bound: its default (allocation-free) unless more lines are allowed,
+    // then room above them for the proxy's JSON 431 (see ServerLimits)
+    host.server.max_headers = match a.edge.max_headers {
+        n if n <= HYPER_MAX_HEADERS => HYPER_MAX_HEADERS,
+        n => n + 28,
+    };
     host.server.max_buf = a.edge.max_header_bytes + 32 * 1024;
     if let Some(n) = a.max_connections {
         host.server.max_connections = n as usize;

@@ -43,14 +43,22 @@ use crate::sync::lock;
 /// How often the reaper looks at every connection.
 pub const REAP_EVERY: Duration = Duration::from_millis(100);
 
+/// The header lines hyper takes by default (and parses without allocating).
+pub const HYPER_MAX_HEADERS: usize = 100;
+
 /// The server's limits (see the module's documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
-    /// hyper's own bounds, above the proxy's checks (which answer with JSON):
-    /// header lines and the read buffer (bytes).
+    /// hyper's own bounds, at or above the proxy's checks (which answer with
+    /// JSON): header lines and the read buffer (bytes). Up to hyper's default of
+    /// [`HYPER_MAX_HEADERS`] lines hyper parses a head into arrays on the stack;
+    /// a higher bound makes it allocate (and fill) two arrays of that many entries
+    /// per request, which cost the edge more than a tenth of its proxying
+    /// instructions (`scripts/bench instructions`): above 100 lines hyper itself
+    /// answers 431, without a body.
     pub max_headers: usize,
     pub max_buf: usize,
     /// What a new connection meets while `max_connections` are open.
@@ -75,7 +83,7 @@ impl Default for ServerLimits {
             max_connections: default_max_connections(),
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-            max_headers: 128,
+            max_headers: HYPER_MAX_HEADERS,
             max_buf: 64 * 1024,
             at_capacity: AtCapacity::MakeRoom,
         }
@@ -473,8 +481,10 @@ fn http1_builder(limits: &ServerLimits) -> http1::Builder {
         .header_read_timeout(limits.idle_timeout + limits.header_timeout)
         .half_close(true)
         .keep_alive(true)
-        .max_headers(limits.max_headers)
         .max_buf_size(limits.max_buf.max(8192));
+    if limits.max_headers > HYPER_MAX_HEADERS {
+        builder.max_headers(limits.max_headers);
+    }
     builder
 }
 
