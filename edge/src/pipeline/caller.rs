@@ -29,7 +29,7 @@ use crate::sync::lock;
 
 /// The caller, authenticated: an active key's record and the configuration.
 pub struct Caller {
-    pub record: KeyRecord,
+    pub record: Arc<KeyRecord>,
     pub config: Arc<EdgeConfig>,
 }
 
@@ -125,8 +125,8 @@ pub(super) fn load_key(
     hash: String,
     raw: Option<Vec<u8>>,
     (now, rev): (Micros, Option<u64>),
-) -> Option<KeyRecord> {
-    let record = raw.and_then(|raw| KeyRecord::from_json(&raw));
+) -> Option<Arc<KeyRecord>> {
+    let record = raw.and_then(|raw| KeyRecord::from_json(&raw)).map(Arc::new);
     if record.is_none() {
         totals.unknown_key_lookups.fetch_add(1, Ordering::Relaxed);
     }
@@ -136,7 +136,7 @@ pub(super) fn load_key(
 
 /// What the caches hold for one request, and what must be read.
 struct Cached {
-    key: Lookup<Option<KeyRecord>>,
+    key: Lookup<Option<Arc<KeyRecord>>>,
     config: Lookup<Arc<EdgeConfig>>,
 }
 
@@ -238,7 +238,7 @@ where
         cached: Cached,
         req: &RequestHead<'_>,
         later: &mut Vec<Task>,
-    ) -> Result<(Option<KeyRecord>, Arc<EdgeConfig>), Unverified> {
+    ) -> Result<(Option<Arc<KeyRecord>>, Arc<EdgeConfig>), Unverified> {
         let (need_key, need_config) = (cached.need_key(), cached.need_config());
         let names = record_names(hash, need_key, need_config);
         let store = self.global.store.clone();

@@ -126,13 +126,11 @@ impl Lane {
         self.late_reply(latency, now, n)
     }
 
-    /// A call answered in time, after `latency`.
+    /// A call answered in time, after `latency` (one round trip: the deadline
+    /// learns it once, whatever `n`).
     pub fn answered(&self, latency: Micros, now: Micros, n: u64) {
         self.replies.fetch_add(n, Ordering::Relaxed);
-        let mut estimator = lock(&self.estimator);
-        for _ in 0..n {
-            estimator.observe(latency, now);
-        }
+        lock(&self.estimator).observe(latency, now);
     }
 
     /// A call sent at `mark` missed its deadline: `true` when it is slow (replies
@@ -158,14 +156,7 @@ impl Lane {
     /// consecutive failures reset.
     pub fn late_reply(&self, latency: Micros, now: Micros, n: u64) -> Lateness {
         self.replies.fetch_add(n, Ordering::Relaxed);
-        let lateness = {
-            let mut estimator = lock(&self.estimator);
-            let mut lateness = Lateness::TooLate;
-            for _ in 0..n {
-                lateness = estimator.late(latency, now);
-            }
-            lateness
-        };
+        let lateness = lock(&self.estimator).late(latency, now);
         match lateness {
             Lateness::Slow => {
                 self.late_replies.fetch_add(n, Ordering::Relaxed);

@@ -3,6 +3,8 @@
 //! answers of those limits carry (the quota headers, IETF fields and a jittered
 //! Retry-After).
 
+use std::sync::Arc;
+
 use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::contract::{
@@ -22,7 +24,7 @@ use crate::store::{MaybeSend, MaybeSync, Store};
 /// An authenticated request and the limits it must pass.
 pub struct Limits<'c> {
     pub config: &'c EdgeConfig,
-    pub record: KeyRecord,
+    pub record: Arc<KeyRecord>,
     pub route: Option<&'c Route>,
     /// `(bucket key, policy)` per matching policy.
     pub policies: Vec<(String, &'c Policy)>,
@@ -236,7 +238,7 @@ where
     pub(super) fn limits<'c>(
         &self,
         config: &'c EdgeConfig,
-        record: KeyRecord,
+        record: Arc<KeyRecord>,
         req: &RequestHead<'_>,
     ) -> Result<Limits<'c>, Reply> {
         let route = config.routes().resolve(req.path);

@@ -282,11 +282,12 @@ where
             Err(failure_mode) => return failure_mode,
         };
         let headers = limits.answer_credited(&checked.verdict, checked.credits.as_ref())?;
-        let (verdict, latency) = (checked.verdict.clone(), checked.latency);
+        let latency = checked.latency;
         let mut checked = Some(checked);
+        // admitted: the check is still there (only a refusal gives it back)
         let held = self.slots(&limits, &mut checked, later).await?;
         self.count(&limits, Outcome::Allowed, latency);
-        self.count_admitted(&limits, Some(&verdict));
+        self.count_admitted(&limits, checked.as_ref().map(|c| &c.verdict));
         let admit = |slots| Admit::caller(&limits.record, limits.route_name(), headers, slots);
         Ok(match held {
             Held::Slots(slots) => admit(slots),

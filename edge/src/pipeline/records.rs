@@ -118,7 +118,7 @@ pub enum Observed {
 /// The configuration and key records, cached.
 pub struct Records {
     config: Mutex<Option<Cached<Arc<EdgeConfig>>>>,
-    keys: Mutex<HashMap<String, Cached<Option<KeyRecord>>>>,
+    keys: Mutex<HashMap<String, Cached<Option<Arc<KeyRecord>>>>>,
     rev: Mutex<Rev>,
     ttl: Micros,
     negative_ttl: Micros,
@@ -226,13 +226,19 @@ impl Records {
 
     /// The record of the key whose secret hashes to `hash` (`Some(None)`: known to
     /// be no key).
-    pub fn key(&self, hash: &str, now: Micros) -> Lookup<Option<KeyRecord>> {
+    pub fn key(&self, hash: &str, now: Micros) -> Lookup<Option<Arc<KeyRecord>>> {
         self.look(lock(&self.keys).get(hash), now)
     }
 
     /// Caches the key record of `hash` (`None`: no such key) read at `now` with
     /// revision `rev`.
-    pub fn set_key(&self, hash: String, record: Option<KeyRecord>, now: Micros, rev: Option<u64>) {
+    pub fn set_key(
+        &self,
+        hash: String,
+        record: Option<Arc<KeyRecord>>,
+        now: Micros,
+        rev: Option<u64>,
+    ) {
         let known = record.is_some();
         let life = if known {
             self.max_age
