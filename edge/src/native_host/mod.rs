@@ -585,22 +585,13 @@ async fn forward(
     host.exchange()
         .upstream_headers_in_place(&mut headers, client_ip, admit, request_id);
     let fault = Arc::new(BodyFault::default());
-    let bodyless = hyper::body::Body::is_end_stream(&body);
-    let up = upstream_request(host, parts, uri, headers, body, &fault);
-    let answered = {
-        // a client that leaves while the upstream has not answered cancels the
-        // upstream request, and its slots are given back (`held` is dropped)
-        let gone = async {
-            match &held.in_flight {
-                Some(f) if bodyless => f.gone().await,
-                _ => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            r = up => Some(r),
-            () = gone => None,
-        }
-    };
+    // a client that leaves while the upstream has not answered cancels the
+    // upstream request, and its slots are given back (`held` is dropped)
+    let watched = held
+        .in_flight
+        .as_ref()
+        .filter(|_| hyper::body::Body::is_end_stream(&body));
+    let answered = upstream_request(host, parts, uri, headers, body, &fault, watched).await;
     let (upstream, lease) = match answered {
         Some(Ok(r)) => r,
         Some(Err(r)) => return refusal(r, held),
@@ -648,7 +639,10 @@ fn origin_form(base_path: &str, uri: &hyper::Uri) -> Option<hyper::Uri> {
 
 /// The upstream's response head, or what to answer instead (the client's body
 /// failed the request, the upstream failed or did not answer in time); counted
-/// in the metrics.
+/// in the metrics. `None`: the client of a request without a body (`watched`)
+/// left while the upstream had not answered — watched for from
+/// [`server::WATCH_AFTER`] into the wait on, by the same timer that bounds the
+/// wait (one timer per request).
 async fn upstream_request(
     host: &Host,
     parts: &Parts,
@@ -656,7 +650,8 @@ async fn upstream_request(
     mut headers: HeaderMap,
     body: Incoming,
     fault: &Arc<BodyFault>,
-) -> Result<(Response<Incoming>, upstream::Lease), Refusal> {
+    watched: Option<&server::InFlight>,
+) -> Option<Result<(Response<Incoming>, upstream::Lease), Refusal>> {
     let rules = &host.config.rules;
     if let Some(h) = &host.upstream_host {
         headers.insert(hyper::header::HOST, h.clone());
@@ -675,25 +670,47 @@ async fn upstream_request(
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = uri;
     *up.headers_mut() = headers;
-    let sent_at = std::time::Instant::now();
-    let sent = tokio::time::timeout(rules.timeouts.upstream, host.upstream.send(up)).await;
+    let sent_at = tokio::time::Instant::now();
+    let deadline = sent_at + rules.timeouts.upstream;
+    let watch_at = sent_at + server::WATCH_AFTER;
+    let timer = tokio::time::sleep_until(match watched {
+        Some(_) => watch_at.min(deadline),
+        None => deadline,
+    });
+    tokio::pin!(timer);
+    let send = host.upstream.send(up);
+    tokio::pin!(send);
+    let mut gone = None;
+    let sent = loop {
+        tokio::select! {
+            r = &mut send => break Some(r),
+            () = &mut timer => match watched {
+                Some(f) if gone.is_none() && tokio::time::Instant::now() < deadline => {
+                    gone = Some(Box::pin(f.gone()));
+                    timer.as_mut().reset(deadline);
+                }
+                _ => break None,
+            },
+            () = async { gone.as_mut().expect("watching").await }, if gone.is_some() => return None,
+        }
+    };
     let took = sent_at.elapsed().as_secs_f64();
-    match sent {
-        Ok(Ok(r)) => {
+    Some(match sent {
+        Some(Ok(r)) => {
             host.metrics
                 .upstream(UpstreamAnswer::Status(r.0.status().as_u16()), took);
             Ok(r)
         }
         // the client's body failed it, not the upstream
-        Ok(Err(_)) | Err(_) if fault.get().is_some() => Err(fault.get().expect("set")),
-        Ok(Err(e)) => {
+        Some(Err(_)) | None if fault.get().is_some() => Err(fault.get().expect("set")),
+        Some(Err(e)) => {
             host.metrics.upstream(UpstreamAnswer::Error, took);
-            crate::pipeline::events::scope::logged(
-                || tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}"),
-            );
+            crate::pipeline::events::scope::logged(|| {
+                tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}")
+            });
             Err(Refusal::UpstreamUnavailable)
         }
-        Err(_) => {
+        None => {
             host.metrics.upstream(UpstreamAnswer::Timeout, took);
             crate::pipeline::events::scope::logged(|| {
                 tracing::warn!(
@@ -704,7 +721,7 @@ async fn upstream_request(
             });
             Err(Refusal::UpstreamTimeout)
         }
-    }
+    })
 }
 
 #[cfg(test)]

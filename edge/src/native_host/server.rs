@@ -272,8 +272,9 @@ impl Drop for Watched {
 }
 
 /// How long a request waits for its upstream before it watches for its client
-/// leaving ([`InFlight::gone`]).
-const WATCH_AFTER: Duration = Duration::from_millis(50);
+/// leaving ([`InFlight::gone`]): most upstreams answer sooner, and watching
+/// costs a few system calls.
+pub const WATCH_AFTER: Duration = Duration::from_millis(50);
 
 /// Marks a request in progress on its connection until dropped (the response
 /// body finished, or the request was abandoned).
@@ -285,13 +286,10 @@ impl InFlight {
     /// in progress: it left, and its upstream request is of use to nobody
     /// (nginx and Envoy cancel it too). Never completes when the client has
     /// sent more (a pipelined request: it is still there) or the socket cannot
-    /// be watched. Only for requests whose body has been read; from
-    /// [`WATCH_AFTER`] into the wait on.
+    /// be watched. Only for requests whose body has been read; the host starts
+    /// watching [`WATCH_AFTER`] into the wait.
     pub async fn gone(&self) {
         use std::os::fd::{BorrowedFd, OwnedFd};
-        // most upstreams answer sooner: watching costs a few system calls, so a
-        // request starts watching only once it has waited a while
-        tokio::time::sleep(WATCH_AFTER).await;
         // SAFETY: the connection owns the descriptor and outlives the requests it
         // serves, this one included; the duplicate is ours to close
         let borrowed = unsafe { BorrowedFd::borrow_raw(self.0.fd) };
