@@ -128,6 +128,11 @@ impl Breaker {
         }
     }
 
+    /// The consecutive failures that open it.
+    pub fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
     pub fn permit(&self, now: Micros) -> (Permit, Option<PhaseChange>) {
         let mut s = crate::sync::lock(&self.state);
         let mut moved = None;

@@ -991,3 +991,84 @@ async fn a_key_with_credits_fails_closed_whatever_its_policies_say() {
         }
     }
 }
+
+/// Identical checks arriving together (a busy key) are decided by ONE store call
+/// (`Store::check_many`) — and exactly: each request gets the verdict its own
+/// call would have had, one after another at one instant (3 per minute: three
+/// admitted with 2, 1, 0 left, the rest throttled).
+#[tokio::test]
+async fn identical_concurrent_checks_share_one_store_call() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    // warm the caches first: a cold request reads the records on its way
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    let (before, calls_before) = (
+        store.checks.load(Ordering::SeqCst),
+        store.merged_calls.load(Ordering::SeqCst),
+    );
+    let gates = (0..8).map(|_| async { settle(p.gate(head(&auth)).await).await });
+    let answers = futures_util::future::join_all(gates).await;
+    let mut left: Vec<&str> = answers
+        .iter()
+        .filter(|g| status(g) == 200)
+        .map(|g| header(g, "X-RateLimit-Remaining").unwrap())
+        .collect();
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        ["0", "1"],
+        "the two tokens left after the first request"
+    );
+    assert_eq!(answers.iter().filter(|g| status(g) == 429).count(), 6);
+    assert_eq!(
+        store.merged_calls.load(Ordering::SeqCst) - calls_before,
+        1,
+        "one call for the eight"
+    );
+    assert_eq!(
+        store.checks.load(Ordering::SeqCst) - before,
+        8,
+        "eight decisions"
+    );
+}
+
+/// One silent round trip carrying many requests is one stall of the store, not
+/// many: its requests get their failure mode at their deadline, but the breaker
+/// stays closed until a second round trip is silent too (on tokio's paused clock).
+#[tokio::test(start_paused = true)]
+async fn one_silent_round_trip_alone_never_opens_the_breaker() {
+    use floodgate_edge::breaker::Phase;
+    use std::time::Duration;
+    let store = mem();
+    let auth = seed(store, CONFIG, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        store,
+        &clock,
+        PipelineConfig {
+            deadline: floodgate_edge::deadline::DeadlineSettings::fixed(5_000),
+            ..PipelineConfig::default()
+        },
+    );
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    *store.slow.lock().unwrap() = Some(Duration::from_millis(60));
+    let stalled = || async {
+        let gates = (0..12).map(|_| async { status(&settle(p.gate(head(&auth)).await).await) });
+        futures_util::future::join_all(gates).await
+    };
+    let first = stalled().await;
+    assert_eq!(
+        first, [503; 12],
+        "each at its deadline, by its failure mode"
+    );
+    assert_eq!(
+        p.breaker_phase(),
+        Phase::Closed,
+        "one stall is not an outage"
+    );
+    let second = stalled().await;
+    assert_eq!(second, [503; 12]);
+    assert_eq!(p.breaker_phase(), Phase::Open, "two in a row are");
+}

@@ -705,9 +705,9 @@ async fn upstream_request(
         Some(Err(_)) | None if fault.get().is_some() => Err(fault.get().expect("set")),
         Some(Err(e)) => {
             host.metrics.upstream(UpstreamAnswer::Error, took);
-            crate::pipeline::events::scope::logged(|| {
-                tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}")
-            });
+            crate::pipeline::events::scope::logged(
+                || tracing::warn!(target: "floodgate::request", error = %e, "upstream unavailable: {e}"),
+            );
             Err(Refusal::UpstreamUnavailable)
         }
         None => {

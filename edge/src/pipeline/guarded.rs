@@ -218,8 +218,13 @@ where
                 let e = late_error(limit);
                 self.totals.late_calls.fetch_add(n, Ordering::Relaxed);
                 if !self.lane.expired(mark, n) {
-                    // silent since the send: the store may be down
-                    self.failures(clock.now(), &e, n);
+                    // silent since the send: the store may be down — or one round
+                    // trip stalled (a long script of another client, a scheduler
+                    // hiccup): one silent round trip counts as its requests' calls
+                    // would have, but alone never opens the breaker (below the
+                    // threshold), however many requests rode it
+                    let most = u64::from(self.lane.breaker.threshold().saturating_sub(1)).max(1);
+                    self.failures(clock.now(), &e, n.min(most));
                 }
                 Called::Failed(e, Some(self.observed(still, watch, sent, n)))
             }

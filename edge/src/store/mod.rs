@@ -718,12 +718,10 @@ pub trait Store: MaybeSync {
     ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
         let calls = write.calls(self.one_slot());
         async move {
-            let runs = calls.iter().map(|(keys, args)| {
+            // one after another: Redis serves other clients between them
+            for (keys, args) in &calls {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                async move { self.run(&STATS_FLUSH, &keys, args).await }
-            });
-            for reply in futures_util::future::join_all(runs).await {
-                reply?.ok()?;
+                self.run(&STATS_FLUSH, &keys, args).await?.ok()?;
             }
             Ok(())
         }

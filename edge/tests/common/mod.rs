@@ -39,7 +39,10 @@ pub struct MemStore {
     pub reads: AtomicUsize,
     /// The change log, newest first (`shared::changes`).
     pub log: Mutex<Vec<String>>,
+    /// Bucket decisions.
     pub checks: AtomicUsize,
+    /// Calls deciding several identical requests at once (`check_many`).
+    pub merged_calls: AtomicUsize,
     pub refunds: AtomicUsize,
     pub down: AtomicBool,
     /// How long a bucket check takes before it decides (a slow Redis).
@@ -212,6 +215,80 @@ impl MemStore {
     }
 }
 
+impl MemStore {
+    /// A store call: refused while down, slow when told to be.
+    async fn call_made(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        let first = self.slow_first.lock().unwrap().take();
+        let slow = first.or(*self.slow.lock().unwrap());
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
+        Ok(())
+    }
+
+    /// What the records' revision key holds, as a watching check reads it.
+    fn revision(&self, checks: &[Check<'_>], rev_key: &str) -> Revision {
+        let raw = self.records.lock().unwrap().get(rev_key).cloned();
+        match can_watch(checks) {
+            true => Revision::Seen(parse_rev(raw.as_deref())),
+            false => Revision::NotAsked,
+        }
+    }
+
+    /// The bucket scripts' twin: one request's decision, now.
+    fn decide_now(&self, checks: &[Check<'_>]) -> Verdict {
+        let now = *self.now.lock().unwrap();
+        let mut buckets = self.buckets.lock().unwrap();
+        let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
+        if checks.iter().any(|c| c.shadow) {
+            // lua/limiter.lua: shadow buckets never deny, and are consumed with
+            // the request when they have room
+            let all = checks
+                .iter()
+                .zip(&prev)
+                .filter(|(c, _)| !c.shadow)
+                .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
+            let mut decisions = vec![];
+            for (c, p) in checks.iter().zip(&prev) {
+                let d = decide(*p, c.quota, now, c.cost);
+                if all && let Some(w) = d.write {
+                    buckets.insert(c.key.to_string(), w);
+                }
+                let consumed = all && d.decision.allowed();
+                decisions.push(if consumed || !d.decision.allowed() {
+                    d.decision
+                } else {
+                    decide(*p, c.quota, now, 0).decision
+                });
+            }
+            return Verdict {
+                admitted: all,
+                now,
+                decisions,
+                shadow: checks.iter().map(|c| c.shadow).collect(),
+                revision: Default::default(),
+            };
+        }
+        let all = checks
+            .iter()
+            .zip(&prev)
+            .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
+        if all {
+            for (c, p) in checks.iter().zip(&prev) {
+                if let Some(w) = decide(*p, c.quota, now, c.cost).write {
+                    buckets.insert(c.key.to_string(), w);
+                }
+            }
+        }
+        let mut reply = vec![i64::from(all), now];
+        reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
+        interpret_token_bucket(checks, &reply).unwrap()
+    }
+}
+
 /// The pipeline runs scripts, checks buckets, takes slots, refunds, reads records
 /// and writes counters: the in-memory store provides those; plain commands are
 /// not needed.
@@ -276,60 +353,29 @@ impl Store for &MemStore {
         _when: impl Into<When> + MaybeSend,
     ) -> Result<Verdict, StoreError> {
         self.checks.fetch_add(1, Ordering::SeqCst);
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
-        }
-        let first = self.slow_first.lock().unwrap().take();
-        let slow = first.or(*self.slow.lock().unwrap());
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
-        let now = *self.now.lock().unwrap();
-        let mut buckets = self.buckets.lock().unwrap();
-        let prev: Vec<_> = checks.iter().map(|c| buckets.get(c.key).copied()).collect();
-        if checks.iter().any(|c| c.shadow) {
-            // lua/limiter.lua: shadow buckets never deny, and are consumed with
-            // the request when they have room
-            let all = checks
-                .iter()
-                .zip(&prev)
-                .filter(|(c, _)| !c.shadow)
-                .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
-            let mut decisions = vec![];
-            for (c, p) in checks.iter().zip(&prev) {
-                let d = decide(*p, c.quota, now, c.cost);
-                if all && let Some(w) = d.write {
-                    buckets.insert(c.key.to_string(), w);
-                }
-                let consumed = all && d.decision.allowed();
-                decisions.push(if consumed || !d.decision.allowed() {
-                    d.decision
-                } else {
-                    decide(*p, c.quota, now, 0).decision
-                });
-            }
-            return Ok(Verdict {
-                admitted: all,
-                now,
-                decisions,
-                shadow: checks.iter().map(|c| c.shadow).collect(),
-                revision: Default::default(),
-            });
-        }
-        let all = checks
-            .iter()
-            .zip(&prev)
-            .all(|(c, p)| decide(*p, c.quota, now, c.cost).decision.allowed());
-        if all {
-            for (c, p) in checks.iter().zip(&prev) {
-                if let Some(w) = decide(*p, c.quota, now, c.cost).write {
-                    buckets.insert(c.key.to_string(), w);
-                }
-            }
-        }
-        let mut reply = vec![i64::from(all), now];
-        reply.extend(prev.iter().map(|p| p.map_or(0, |s| s.full_at)));
-        Ok(interpret_token_bucket(checks, &reply).unwrap())
+        self.call_made().await?;
+        Ok(self.decide_now(checks))
+    }
+
+    /// The token bucket script deciding `count` identical requests one after
+    /// another at one instant: ONE call (the slowness of one).
+    async fn check_many(
+        &self,
+        checks: &[Check<'_>],
+        _when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+        count: usize,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        self.merged_calls.fetch_add(1, Ordering::SeqCst);
+        self.checks.fetch_add(count, Ordering::SeqCst);
+        self.call_made().await?;
+        let revision = self.revision(checks, rev_key);
+        Ok((0..count)
+            .map(|_| Verdict {
+                revision,
+                ..self.decide_now(checks)
+            })
+            .collect())
     }
 
     /// The token bucket script's twin reading the records' revision too.
@@ -340,13 +386,8 @@ impl Store for &MemStore {
         rev_key: &str,
     ) -> Result<Verdict, StoreError> {
         let verdict = self.check(checks, when).await?;
-        let raw = self.records.lock().unwrap().get(rev_key).cloned();
-        let revision = match can_watch(checks) {
-            true => Revision::Seen(parse_rev(raw.as_deref())),
-            false => Revision::NotAsked,
-        };
         Ok(Verdict {
-            revision,
+            revision: self.revision(checks, rev_key),
             ..verdict
         })
     }
