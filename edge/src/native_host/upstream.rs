@@ -186,7 +186,10 @@ impl Pool {
         loop {
             let (mut sender, reused) = match self.shared.take() {
                 Some(s) => (s, true),
-                None => (self.connect().await?, false),
+                // boxed: connecting (TCP, maybe TLS, the handshake) is rare and its
+                // future is kilobytes, which every request's future would carry
+                // and copy at each move
+                None => (Box::pin(self.connect()).await?, false),
             };
             // a connection given back as its response ended may take a turn of its
             // task to be ready again (or to see that the upstream closed it)

@@ -192,7 +192,9 @@ where
             self.unknown_key_room(req, now).map_err(Err)?;
         }
         let (key, config) = if cached.on_path() {
-            self.read_records(&hash, cached, req, later).await?
+            // boxed: a cache miss is rare, and its future (a store read under the
+            // guard) would otherwise be part of every request's, copied at each move
+            Box::pin(self.read_records(&hash, cached, req, later)).await?
         } else {
             if cached.need_key() || cached.need_config() {
                 self.revalidate(&hash, cached.need_key(), cached.need_config(), now, later);

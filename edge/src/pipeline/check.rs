@@ -69,7 +69,9 @@ where
                     crate::timer::yield_now().await;
                     let riders = ticket.close();
                     if !riders.is_empty() {
-                        return self.lead(limits, owned, riders, later).await;
+                        // boxed: once per group, and its future (the guarded call)
+                        // would weigh on every rider's
+                        return Box::pin(self.lead(limits, owned, riders, later)).await;
                     }
                 }
                 Role::Rider(share) => {

@@ -92,7 +92,9 @@ where
                     self.refill_sub_leases(region, &buckets, regions, now, later);
                     Some(spent)
                 }
-                None => self.pool_take(region, &buckets, regions, later).await,
+                // boxed: a regional round trip is rare on this path, and its future
+                // would weigh on every request's
+                None => Box::pin(self.pool_take(region, &buckets, regions, later)).await,
             },
         };
         let Some(decisions) = decisions else {

@@ -67,7 +67,11 @@ where
         checked: &mut Option<Checked>,
         later: &mut Vec<Task>,
     ) -> Result<Held, Reply> {
-        let taken = self.take_slots(limits, later).await;
+        if limits.enforced().all(|(_, p)| p.max_in_flight().is_none()) {
+            return Ok(Held::Slots(vec![]));
+        }
+        // boxed: only requests of in-flight limits take slots (a store call each)
+        let taken = Box::pin(self.take_slots(limits, later)).await;
         let refund = |later: &mut Vec<Task>, checked: &mut Option<Checked>| {
             if let Some(c) = checked.take() {
                 later.push(self.refund(c));
