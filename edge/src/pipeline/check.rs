@@ -35,6 +35,9 @@ pub struct Checked {
     pub credit: Arc<Option<OwnedCredit>>,
 }
 
+/// The most turns of the event loop a group's leader waits for riders.
+const GATHER_TURNS: usize = 4;
+
 impl<S, C> Pipeline<S, C>
 where
     S: Store + Clone + MaybeSend + MaybeSync + 'static,
@@ -66,7 +69,17 @@ where
         if self.settings.coalesce && credit.is_none() && mode != FailureMode::LocalFallback {
             match self.coalescer.join(&owned, mode) {
                 Role::Leader(ticket) => {
-                    crate::timer::yield_now().await;
+                    // the group stays open while each turn of the event loop brings
+                    // riders (a wave of a busy key's requests), a few turns at most
+                    let mut joined = 0;
+                    for _ in 0..GATHER_TURNS {
+                        crate::timer::yield_now().await;
+                        let now = ticket.riders();
+                        if now == joined {
+                            break;
+                        }
+                        joined = now;
+                    }
                     let riders = ticket.close();
                     if !riders.is_empty() {
                         // boxed: once per group, and its future (the guarded call)

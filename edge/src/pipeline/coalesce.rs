@@ -108,6 +108,16 @@ impl Coalescer {
 }
 
 impl Ticket<'_> {
+    /// How many have joined so far.
+    pub fn riders(&self) -> usize {
+        let guard = lock(&self.coalescer.open);
+        guard
+            .1
+            .iter()
+            .find(|g| g.id == self.id)
+            .map_or(0, |g| g.riders.len())
+    }
+
     /// Closes the group: its riders, in the order they joined.
     pub fn close(self) -> Vec<Rider> {
         let riders = self.coalescer.take(self.id);
