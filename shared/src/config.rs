@@ -135,6 +135,28 @@ pub enum Source {
     ClientIp,
 }
 
+/// A [`Source`], borrowed from the configuration.
+#[derive(Debug, Clone, Copy)]
+enum SourceRef<'a> {
+    Plan(&'a str),
+    KeyOverride,
+    IdentityOverride(&'a str),
+    Route(&'a str),
+    ClientIp,
+}
+
+impl SourceRef<'_> {
+    fn to_source(self) -> Source {
+        match self {
+            SourceRef::Plan(p) => Source::Plan(p.to_string()),
+            SourceRef::KeyOverride => Source::KeyOverride,
+            SourceRef::IdentityOverride(i) => Source::IdentityOverride(i.to_string()),
+            SourceRef::Route(r) => Source::Route(r.to_string()),
+            SourceRef::ClientIp => Source::ClientIp,
+        }
+    }
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EdgeConfig {
@@ -442,52 +464,53 @@ impl EdgeConfig {
     /// that applies (the identity's, else the key's) is not configured.
     pub fn applicable(
         &self,
-        (key_id, identity): (&str, Option<&str>),
+        key: (&str, Option<&str>),
         plan: &str,
         route: Option<&Route>,
         has_ip: bool,
     ) -> Option<Vec<(&Policy, Source)>> {
+        let found = self.applicable_from(key, plan, route, has_ip)?;
+        Some(
+            found
+                .into_iter()
+                .map(|(i, from)| (&self.policies[i], from.to_source()))
+                .collect(),
+        )
+    }
+
+    /// [`EdgeConfig::applicable`] as policy indices and borrowed sources (the
+    /// request path's: one allocation).
+    fn applicable_from<'a>(
+        &'a self,
+        (key_id, identity): (&str, Option<&str>),
+        plan: &'a str,
+        route: Option<&'a Route>,
+        has_ip: bool,
+    ) -> Option<Vec<(usize, SourceRef<'a>)>> {
         let by_identity = identity.and_then(|i| self.spec.identity_overrides.get_key_value(i));
         let plan = by_identity
             .and_then(|(_, o)| o.plan.as_deref())
             .unwrap_or(plan);
         let plan_idx = self.plans.get(plan)?;
         let identity_idx = by_identity.and_then(|(i, _)| Some((i, self.identity_policies.get(i)?)));
-        let per_key: Vec<(usize, Source)> = match (self.overrides.get(key_id), identity_idx) {
-            (Some(o), _) => o.iter().map(|&i| (i, Source::KeyOverride)).collect(),
-            (None, Some((who, o))) => o
-                .iter()
-                .map(|&i| (i, Source::IdentityOverride(who.clone())))
-                .collect(),
-            (None, None) => plan_idx
-                .iter()
-                .map(|&i| (i, Source::Plan(plan.to_string())))
-                .collect(),
-        };
-        let route_idx = route
-            .and_then(|r| self.route_policies.get(&r.name).map(|v| (r, v)))
-            .map(|(r, v)| {
-                v.iter()
-                    .map(|&i| (i, Source::Route(r.name.clone())))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        let ip_idx = if has_ip {
-            self.ip_policies
-                .iter()
-                .map(|&i| (i, Source::ClientIp))
-                .collect()
-        } else {
-            vec![]
-        };
-        Some(
-            per_key
-                .into_iter()
-                .chain(route_idx)
-                .chain(ip_idx)
-                .map(|(i, s)| (&self.policies[i], s))
-                .collect(),
-        )
+        let route_idx = route.and_then(|r| self.route_policies.get(&r.name).map(|v| (r, v)));
+        let mut out = Vec::with_capacity(
+            plan_idx.len() + route_idx.map_or(0, |(_, v)| v.len()) + self.ip_policies.len(),
+        );
+        match (self.overrides.get(key_id), identity_idx) {
+            (Some(o), _) => out.extend(o.iter().map(|&i| (i, SourceRef::KeyOverride))),
+            (None, Some((who, o))) => {
+                out.extend(o.iter().map(|&i| (i, SourceRef::IdentityOverride(who))))
+            }
+            (None, None) => out.extend(plan_idx.iter().map(|&i| (i, SourceRef::Plan(plan)))),
+        }
+        if let Some((r, v)) = route_idx {
+            out.extend(v.iter().map(|&i| (i, SourceRef::Route(&r.name))));
+        }
+        if has_ip {
+            out.extend(self.ip_policies.iter().map(|&i| (i, SourceRef::ClientIp)));
+        }
+        Some(out)
     }
 
     /// Every enforced policy that may apply to a request on `route` whoever sends
@@ -534,9 +557,12 @@ impl EdgeConfig {
             client_ip: ip,
         };
         Some(
-            self.applicable((key_id, identity), plan, route, ip.is_some())?
+            self.applicable_from((key_id, identity), plan, route, ip.is_some())?
                 .into_iter()
-                .map(|(p, _)| identity_bucket_key(p, &subject, identity).map(|k| (k, p)))
+                .map(|(i, _)| {
+                    let p = &self.policies[i];
+                    identity_bucket_key(p, &subject, identity).map(|k| (k, p))
+                })
                 .collect(),
         )
     }

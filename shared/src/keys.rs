@@ -34,7 +34,6 @@
 //!   cannot occur in a bucket key (policy names are never empty), so no policy,
 //!   not even one named `credits`, can share their Redis key.
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::keyrecord::{MAX_IDENTITY_LEN, check_identity};
@@ -166,24 +165,26 @@ pub fn identity_bucket_key(
         None
     };
 
+    // piece by piece, without the formatting machinery (a request names its
+    // buckets on every check)
     let mut key = String::with_capacity(64);
-    key.push_str(KEY_PREFIX);
-    // writing into a String cannot fail
-    let _ = match (key_id, identity, &ip, route) {
-        (Some(_), Some(i), _, _) => write!(key, "{{i:{i}}}:{}", policy.name()),
-        (Some(id), None, _, _) => write!(key, "{{k:{id}}}:{}", policy.name()),
-        (None, _, Some(ip), _) => write!(key, "{{ip:{ip}}}:{}", policy.name()),
-        (None, _, None, Some(r)) => write!(key, "{{e:{r}}}:{}", policy.name()),
+    let mut push = |parts: &[&str]| parts.iter().for_each(|p| key.push_str(p));
+    push(&[KEY_PREFIX]);
+    match (key_id, identity, &ip, route) {
+        (Some(_), Some(i), _, _) => push(&["{i:", i, "}:", policy.name()]),
+        (Some(id), None, _, _) => push(&["{k:", id, "}:", policy.name()]),
+        (None, _, Some(ip), _) => push(&["{ip:", ip, "}:", policy.name()]),
+        (None, _, None, Some(r)) => push(&["{e:", r, "}:", policy.name()]),
         (None, _, None, None) => unreachable!("a validated policy has at least one dimension"),
-    };
+    }
     if let (Some(id), Some(_), true) = (key_id, identity, policy.has(Dimension::ApiKey)) {
-        let _ = write!(key, ":k:{id}");
+        push(&[":k:", id]);
     }
     if let (Some(r), true) = (route, key_id.is_some() || ip.is_some()) {
-        let _ = write!(key, ":e:{r}");
+        push(&[":e:", r]);
     }
     if let (Some(ip), Some(_)) = (&ip, key_id) {
-        let _ = write!(key, ":ip:{ip}");
+        push(&[":ip:", ip]);
     }
     debug_assert!(key.len() <= MAX_KEY_LEN);
     Ok(key)

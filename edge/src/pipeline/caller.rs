@@ -31,6 +31,8 @@ use crate::sync::lock;
 pub struct Caller {
     pub record: Arc<KeyRecord>,
     pub config: Arc<EdgeConfig>,
+    /// When the pipeline started deciding the request (the instance's clock).
+    pub at: Micros,
 }
 
 /// A caller the edge could not verify: forwarded without an identity (fail-open)
@@ -208,7 +210,11 @@ where
         // revoked, expired or rotated out: decided on the record as cached, so an
         // expiry takes effect at its second with no store call
         match record.refusal(&hash, now.div_euclid(MICROS_PER_SEC)) {
-            None => Ok(Caller { record, config }),
+            None => Ok(Caller {
+                record,
+                config,
+                at: now,
+            }),
             Some(r) => Err(Err(Reply::json(401, r.message(), None))),
         }
     }

@@ -32,7 +32,7 @@ pub struct Checked {
     /// The checks, for a refund if the request is refused after all.
     pub owned: Arc<Vec<OwnedCheck>>,
     /// The key's credits, for a refund too.
-    pub credit: Arc<Option<OwnedCredit>>,
+    pub credit: Option<Arc<OwnedCredit>>,
 }
 
 /// The most turns of the event loop a group's leader waits for riders.
@@ -61,13 +61,13 @@ where
         limits: &Limits<'_>,
         later: &mut Vec<Task>,
     ) -> Result<Checked, Result<Admit, Reply>> {
-        let owned = Arc::new(limits.checks());
-        let credit = Arc::new(limits.credit());
+        let credit = limits.credit().map(Arc::new);
         let mode = limits.mode();
         // a key with credits is decided alone (its credits are its own), and a
         // local share is each request's own
         if self.settings.coalesce && credit.is_none() && mode != FailureMode::LocalFallback {
-            match self.coalescer.join(&owned, mode) {
+            let owned = || Arc::new(limits.checks());
+            match self.coalescer.join(|g| limits.checks_are(g), owned, mode) {
                 Role::Leader(ticket) => {
                     // the group stays open while each turn of the event loop brings
                     // riders (a wave of a busy key's requests), a few turns at most
@@ -80,17 +80,25 @@ where
                         }
                         joined = now;
                     }
+                    let owned = ticket.checks.clone();
                     let riders = ticket.close();
                     if !riders.is_empty() {
                         // boxed: once per group, and its future (the guarded call)
                         // would weigh on every rider's
                         return Box::pin(self.lead(limits, owned, riders, later)).await;
                     }
+                    return self.check_alone(limits, owned, credit, later).await;
                 }
-                Role::Rider(share) => {
+                Role::Rider(share, owned) => {
                     let sent = self.clock.now();
                     match share.await {
                         Ok(Share::Verdict(verdict)) => {
+                            // the group's leader has observed the revision the
+                            // call read (one observation per call)
+                            let verdict = Verdict {
+                                revision: Revision::NotAsked,
+                                ..verdict
+                            };
                             let credited = Credited {
                                 verdict,
                                 credits: None,
@@ -103,12 +111,13 @@ where
                             return Err(self.failure_mode(limits, &e));
                         }
                         // the leader went away before calling: decide alone
-                        Err(_) => {}
+                        Err(_) => return self.check_alone(limits, owned, credit, later).await,
                     }
                 }
                 Role::Alone => {}
             }
         }
+        let owned = Arc::new(limits.checks());
         self.check_alone(limits, owned, credit, later).await
     }
 
@@ -117,7 +126,7 @@ where
         &self,
         limits: &Limits<'_>,
         owned: Arc<Vec<OwnedCheck>>,
-        credit: Arc<Option<OwnedCredit>>,
+        credit: Option<Arc<OwnedCredit>>,
         later: &mut Vec<Task>,
     ) -> Result<Checked, Result<Admit, Reply>> {
         let sent = self.clock.now();
@@ -129,7 +138,7 @@ where
         let (calls, credit_call) = (owned.clone(), credit.clone());
         let fut = boxed(async move {
             let checks = as_checks(&calls);
-            let credit = credit_call.as_ref().as_ref().map(OwnedCredit::as_check);
+            let credit = credit_call.as_deref().map(OwnedCredit::as_check);
             store
                 .check_credited(&checks, credit.as_ref(), when, REV_KEY)
                 .await
@@ -178,7 +187,7 @@ where
             .global
             .call_for(&self.clock, deadline, fut, n as u64)
             .await;
-        let credit = Arc::new(None);
+        let credit = None;
         match called {
             Called::Done(verdicts) if verdicts.len() == n => {
                 let mut verdicts = verdicts.into_iter();
@@ -225,7 +234,7 @@ where
         Credited { verdict, credits }: Credited,
         sent: Micros,
         owned: Arc<Vec<OwnedCheck>>,
-        credit: Arc<Option<OwnedCredit>>,
+        credit: Option<Arc<OwnedCredit>>,
         later: &mut Vec<Task>,
     ) -> Checked {
         let finished = self.clock.now();
@@ -318,7 +327,7 @@ where
         &self,
         late: BoxFuture<'static, Result<Credited, StoreError>>,
         owned: Arc<Vec<OwnedCheck>>,
-        credit: Arc<Option<OwnedCredit>>,
+        credit: Option<Arc<OwnedCredit>>,
     ) -> Task {
         let store = self.global.store.clone();
         let totals = self.totals.clone();
@@ -327,7 +336,7 @@ where
                 && v.verdict.admitted
             {
                 let checks = as_checks(&owned);
-                let credit = credit.as_ref().as_ref().map(OwnedCredit::as_check);
+                let credit = credit.as_deref().map(OwnedCredit::as_check);
                 if store
                     .refund_credited(&checks, credit.as_ref(), &v)
                     .await
@@ -365,7 +374,7 @@ where
         let totals = self.totals.clone();
         boxed(async move {
             let checks = as_checks(&checked.owned);
-            let credit = checked.credit.as_ref().as_ref().map(OwnedCredit::as_check);
+            let credit = checked.credit.as_deref().map(OwnedCredit::as_check);
             let credited = Credited {
                 verdict: checked.verdict,
                 credits: checked.credits,

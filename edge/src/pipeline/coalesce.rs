@@ -54,8 +54,12 @@ pub enum Role<'c> {
     /// The first: it calls for the group once it is closed.
     Leader(Ticket<'c>),
     /// Another: its verdict (or the group's failure) comes from the leader;
-    /// `Err`: the leader went away before calling, decide alone.
-    Rider(futures_channel::oneshot::Receiver<Share>),
+    /// `Err`: the leader went away before calling, decide alone. With the
+    /// group's checks (its own).
+    Rider(
+        futures_channel::oneshot::Receiver<Share>,
+        Arc<Vec<OwnedCheck>>,
+    ),
     /// No group (too many open): decide alone.
     Alone,
 }
@@ -65,26 +69,33 @@ pub enum Role<'c> {
 pub struct Ticket<'c> {
     coalescer: &'c Coalescer,
     id: u64,
+    /// What the group decides.
+    pub checks: Arc<Vec<OwnedCheck>>,
 }
 
 impl Coalescer {
-    /// Joins the open group deciding `checks` (with failure mode `mode`), or
-    /// opens one.
-    pub fn join(&self, checks: &Arc<Vec<OwnedCheck>>, mode: FailureMode) -> Role<'_> {
+    /// Joins the open group deciding checks that `same` recognises as the
+    /// request's (with failure mode `mode`), or opens one deciding `checks`.
+    pub fn join(
+        &self,
+        same: impl Fn(&[OwnedCheck]) -> bool,
+        checks: impl FnOnce() -> Arc<Vec<OwnedCheck>>,
+        mode: FailureMode,
+    ) -> Role<'_> {
         let mut guard = lock(&self.open);
         let (next, open) = &mut *guard;
-        let same = |g: &&mut Open| {
-            g.mode == mode && g.riders.len() + 1 < MAX_MERGED && *g.checks == **checks
-        };
-        if let Some(g) = open.iter_mut().find(same) {
+        let joinable =
+            |g: &&mut Open| g.mode == mode && g.riders.len() + 1 < MAX_MERGED && same(&g.checks);
+        if let Some(g) = open.iter_mut().find(joinable) {
             let (tx, rx) = futures_channel::oneshot::channel();
             g.riders.push(tx);
-            return Role::Rider(rx);
+            return Role::Rider(rx, g.checks.clone());
         }
         if open.len() >= MAX_OPEN {
             return Role::Alone;
         }
         *next += 1;
+        let checks = checks();
         open.push(Open {
             id: *next,
             checks: checks.clone(),
@@ -94,6 +105,7 @@ impl Coalescer {
         Role::Leader(Ticket {
             coalescer: self,
             id: *next,
+            checks,
         })
     }
 
@@ -143,28 +155,33 @@ mod tests {
         Arc::new(vec![OwnedCheck::new(key, quota, 1, false)])
     }
 
+    /// Joins with `checks` (compared, and made when opening).
+    fn join<'c>(c: &'c Coalescer, checks: &Arc<Vec<OwnedCheck>>, mode: FailureMode) -> Role<'c> {
+        c.join(|g| g == checks.as_slice(), || checks.clone(), mode)
+    }
+
     #[test]
     fn identical_checks_ride_with_the_first_and_others_lead_their_own() {
         let c = Coalescer::default();
         let a = checks("rl:a");
-        let Role::Leader(leader) = c.join(&a, FailureMode::FailClosed) else {
+        let Role::Leader(leader) = join(&c, &a, FailureMode::FailClosed) else {
             panic!("the first leads");
         };
-        let Role::Rider(mut r1) = c.join(&checks("rl:a"), FailureMode::FailClosed) else {
+        let Role::Rider(mut r1, _) = join(&c, &checks("rl:a"), FailureMode::FailClosed) else {
             panic!("the same checks ride");
         };
         assert!(
-            matches!(c.join(&a, FailureMode::FailOpen), Role::Leader(_)),
+            matches!(join(&c, &a, FailureMode::FailOpen), Role::Leader(_)),
             "another failure mode: its own group"
         );
         assert!(matches!(
-            c.join(&checks("rl:b"), FailureMode::FailClosed),
+            join(&c, &checks("rl:b"), FailureMode::FailClosed),
             Role::Leader(_)
         ));
         let riders = leader.close();
         assert_eq!(riders.len(), 1);
         assert!(
-            matches!(c.join(&a, FailureMode::FailClosed), Role::Leader(_)),
+            matches!(join(&c, &a, FailureMode::FailClosed), Role::Leader(_)),
             "a closed group takes no one"
         );
         assert!(r1.try_recv().unwrap().is_none(), "nothing sent yet");
@@ -174,14 +191,14 @@ mod tests {
     fn a_leader_that_goes_away_leaves_its_riders_to_decide_alone() {
         let c = Coalescer::default();
         let a = checks("rl:a");
-        let leader = c.join(&a, FailureMode::FailClosed);
-        let Role::Rider(mut rider) = c.join(&a, FailureMode::FailClosed) else {
+        let leader = join(&c, &a, FailureMode::FailClosed);
+        let Role::Rider(mut rider, _) = join(&c, &a, FailureMode::FailClosed) else {
             panic!("rides");
         };
         drop(leader);
         assert!(rider.try_recv().is_err(), "canceled");
         assert!(matches!(
-            c.join(&a, FailureMode::FailClosed),
+            join(&c, &a, FailureMode::FailClosed),
             Role::Leader(_)
         ));
     }
@@ -190,17 +207,17 @@ mod tests {
     fn at_most_a_few_groups_are_open() {
         let c = Coalescer::default();
         let held: Vec<_> = (0..MAX_OPEN)
-            .map(|i| c.join(&checks(&format!("rl:{i}")), FailureMode::FailClosed))
+            .map(|i| join(&c, &checks(&format!("rl:{i}")), FailureMode::FailClosed))
             .collect();
         assert!(held.iter().all(|r| matches!(r, Role::Leader(_))));
         assert!(matches!(
-            c.join(&checks("rl:x"), FailureMode::FailClosed),
+            join(&c, &checks("rl:x"), FailureMode::FailClosed),
             Role::Alone
         ));
         assert!(
             matches!(
-                c.join(&checks("rl:0"), FailureMode::FailClosed),
-                Role::Rider(_)
+                join(&c, &checks("rl:0"), FailureMode::FailClosed),
+                Role::Rider(..)
             ),
             "an open group still takes riders"
         );

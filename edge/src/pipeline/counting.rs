@@ -21,10 +21,10 @@ where
     C: Clock,
 {
     /// Counts one decision per endpoint and per key (with the store call's
-    /// latency, µs, when there was one).
+    /// latency, µs, when there was one), at the request's start.
     pub(super) fn count(&self, limits: &Limits<'_>, outcome: Outcome, latency: Option<u64>) {
         self.stats.record(
-            self.clock.now(),
+            limits.started,
             limits.route_name(),
             &limits.record,
             outcome,
@@ -46,7 +46,7 @@ where
             .enumerate()
             .filter_map(|(i, (_, p))| Some((p.name(), outcome_of(i, p)?)));
         self.stats
-            .count_policies(self.clock.now(), limits.route_name(), outcomes);
+            .count_policies(limits.started, limits.route_name(), outcomes);
     }
 
     /// Counts an admitted request under its policies: `allowed`, or

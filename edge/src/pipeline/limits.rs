@@ -109,6 +109,17 @@ impl Limits<'_> {
         }
     }
 
+    /// Whether `owned` are this request's bucket checks (without making them).
+    pub fn checks_are(&self, owned: &[OwnedCheck]) -> bool {
+        owned.len() == self.policies.len()
+            && self.policies.iter().zip(owned).all(|((key, p), o)| {
+                o.key == *key
+                    && o.quota == *p.quota()
+                    && o.cost == p.cost()
+                    && o.shadow == p.shadow()
+            })
+    }
+
     /// The bucket checks, owned: a check that misses its deadline goes on in the
     /// background with them.
     pub fn checks(&self) -> Vec<OwnedCheck> {
@@ -240,6 +251,7 @@ where
         config: &'c EdgeConfig,
         record: Arc<KeyRecord>,
         req: &RequestHead<'_>,
+        started: Micros,
     ) -> Result<Limits<'c>, Reply> {
         let route = config.routes().resolve(req.path);
         let key = (record.id.as_str(), record.identity.as_deref());
@@ -265,7 +277,7 @@ where
             record,
             route,
             policies,
-            started: self.clock.now(),
+            started,
         })
     }
 }

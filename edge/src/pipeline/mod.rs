@@ -259,7 +259,7 @@ where
             Err(unverified) => return unverified,
         };
         self.blocked(&caller.config, &caller.record, req)?;
-        let limits = self.limits(&caller.config, caller.record, req)?;
+        let limits = self.limits(&caller.config, caller.record, req, caller.at)?;
         if limits.policies.is_empty() && limits.record.credits.is_none() {
             // a plan without policies: admitted, and counted like any decision
             self.count(&limits, Outcome::Allowed, None);
