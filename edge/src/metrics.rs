@@ -345,7 +345,13 @@ pub struct EdgeMetrics {
     /// Time to the upstream's response head, by answer (a status class, or
     /// `error` / `timeout`).
     upstream: Family<UpstreamLabels, Histogram>,
+    /// Each answer's series, found in `upstream` at its first use (then observed
+    /// without a lookup: one per request).
+    by_answer: [std::sync::OnceLock<Histogram>; UPSTREAM_ANSWERS.len()],
 }
+
+/// The label of each kind of upstream answer, in [`UpstreamAnswer::index`]'s order.
+const UPSTREAM_ANSWERS: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error", "timeout"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
@@ -358,6 +364,17 @@ pub enum UpstreamAnswer {
     Status(u16),
     Error,
     Timeout,
+}
+
+impl UpstreamAnswer {
+    /// Its place in [`UPSTREAM_ANSWERS`].
+    fn index(self) -> usize {
+        match self {
+            UpstreamAnswer::Status(s) => usize::from((s / 100).clamp(1, 5)) - 1,
+            UpstreamAnswer::Error => 5,
+            UpstreamAnswer::Timeout => 6,
+        }
+    }
 }
 
 impl Default for EdgeMetrics {
@@ -377,6 +394,7 @@ impl Default for EdgeMetrics {
             registry,
             stats,
             upstream,
+            by_answer: Default::default(),
         }
     }
 }
@@ -384,19 +402,14 @@ impl Default for EdgeMetrics {
 impl EdgeMetrics {
     /// Records one upstream exchange.
     pub fn upstream(&self, answer: UpstreamAnswer, seconds: f64) {
-        let status = match answer {
-            UpstreamAnswer::Status(s) => match s / 100 {
-                1 => "1xx",
-                2 => "2xx",
-                3 => "3xx",
-                4 => "4xx",
-                _ => "5xx",
-            },
-            UpstreamAnswer::Error => "error",
-            UpstreamAnswer::Timeout => "timeout",
-        };
-        self.upstream
-            .get_or_create(&UpstreamLabels { status })
+        let i = answer.index();
+        self.by_answer[i]
+            .get_or_init(|| {
+                let labels = UpstreamLabels {
+                    status: UPSTREAM_ANSWERS[i],
+                };
+                self.upstream.get_or_create(&labels).clone()
+            })
             .observe(seconds);
     }
 

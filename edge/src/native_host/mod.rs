@@ -95,13 +95,25 @@ static KNOWN_NAMES: [HeaderName; 15] = [
 /// One of [`KNOWN_NAMES`], in any case, without parsing: lower-cased on the
 /// stack and matched (a test checks the texts here against the table).
 fn known_name(name: &str) -> Option<&'static HeaderName> {
+    // most names come in lower case already: matched as they are
+    if let Some(i) = known_index(name.as_bytes()) {
+        return Some(&KNOWN_NAMES[i]);
+    }
     let mut lower = [0u8; 24];
     let bytes = name.as_bytes();
+    if !bytes.iter().any(u8::is_ascii_uppercase) {
+        return None;
+    }
     let lower = lower.get_mut(..bytes.len())?;
     for (l, b) in lower.iter_mut().zip(bytes) {
         *l = b.to_ascii_lowercase();
     }
-    let i = match &*lower {
+    known_index(lower).map(|i| &KNOWN_NAMES[i])
+}
+
+/// The place in [`KNOWN_NAMES`] of the lower-case name `lower`.
+fn known_index(lower: &[u8]) -> Option<usize> {
+    let i = match lower {
         b"x-ratelimit-limit" => 0,
         b"x-ratelimit-remaining" => 1,
         b"x-ratelimit-reset" => 2,
@@ -119,7 +131,7 @@ fn known_name(name: &str) -> Option<&'static HeaderName> {
         b"authorization" => 14,
         _ => return None,
     };
-    Some(&KNOWN_NAMES[i])
+    Some(i)
 }
 
 /// `name` as a header name: a known one without parsing, another by parsing
