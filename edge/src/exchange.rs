@@ -311,6 +311,18 @@ mod tests {
         ProxyRules::new("http://127.0.0.1:9")
     }
 
+    /// A request to `/v1` from `ip` with `headers`.
+    fn request(headers: &List, ip: Option<IpAddr>) -> Incoming<'_, List> {
+        Incoming {
+            own_path: "/v1",
+            query_len: 0,
+            headers,
+            client_ip: ip,
+            country: None,
+            subject: Subject::of("/v1", ip),
+        }
+    }
+
     #[test]
     fn the_upstream_gets_the_filtered_headers_and_those_the_edge_sets() {
         let rules = exchange_rules();
@@ -326,14 +338,7 @@ mod tests {
             ("x-forwarded-for", "10.0.0.1"),
         ]);
         let ip = Some("127.0.0.9".parse().unwrap());
-        let req = Incoming {
-            own_path: "/v1",
-            query_len: 0,
-            headers: &from,
-            client_ip: ip,
-            country: None,
-            subject: Subject::of("/v1", ip),
-        };
+        let req = request(&from, ip);
         let admit = Admit::caller(&KeyRecord::new("k1", "", "free", 0), None, vec![], vec![]);
         let out: List = upstream_headers(&rules, &req, &admit, "rid");
         let get = |n: &str| out.first(n).map(|v| String::from_utf8(v.to_vec()).unwrap());
@@ -397,14 +402,7 @@ mod tests {
             ("accept", "text/plain"),
         ]);
         let ip = Some("127.0.0.9".parse().unwrap());
-        let req = Incoming {
-            own_path: "/v1",
-            query_len: 0,
-            headers: &from,
-            client_ip: ip,
-            country: None,
-            subject: Subject::of("/v1", ip),
-        };
+        let req = request(&from, ip);
         let mut record = KeyRecord::new("k1", "", "free", 0);
         record.identity = Some("cus_7".into());
         let admit = Admit::caller(&record, None, vec![], vec![]);

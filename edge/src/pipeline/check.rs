@@ -204,18 +204,10 @@ where
             Called::Done(verdicts) => {
                 let e =
                     StoreError::protocol(format!("{} verdicts for {n} requests", verdicts.len()));
-                for rider in riders {
-                    let _ = rider.send(Share::Failed(e.clone()));
-                }
-                self.leases.global_answered(false);
-                Err(self.failure_mode(limits, &e))
+                Err(self.group_failed(limits, riders, &e))
             }
             Called::Failed(e, late) => {
-                for rider in riders {
-                    let _ = rider.send(Share::Failed(e.clone()));
-                }
-                self.leases.global_answered(false);
-                let answer = self.failure_mode(limits, &e);
+                let answer = self.group_failed(limits, riders, &e);
                 match late {
                     // every request of the group was refused (one failure mode):
                     // what the call admits after all is given back for each
@@ -225,6 +217,21 @@ where
                 Err(answer)
             }
         }
+    }
+
+    /// A group's call could not decide: every rider is told, and the leader
+    /// answers by the group's failure mode.
+    fn group_failed(
+        &self,
+        limits: &Limits<'_>,
+        riders: Vec<futures_channel::oneshot::Sender<Share>>,
+        e: &StoreError,
+    ) -> Result<Admit, Reply> {
+        for rider in riders {
+            let _ = rider.send(Share::Failed(e.clone()));
+        }
+        self.leases.global_answered(false);
+        self.failure_mode(limits, e)
     }
 
     /// What a check that decided tells, and the request's [`Checked`].
