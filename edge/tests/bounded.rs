@@ -8,6 +8,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{Gate, T0, advance, head, header, mem, minute_sum, retry_after, seed, settle, status};
+use floodgate_edge::deadline::DeadlineSettings;
 use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, POOL_TAKE};
 use floodgate_shared::time::{FakeClock, Micros};
@@ -309,6 +310,59 @@ async fn a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool() 
         global_calls <= 150,
         "{global_calls} global calls for 300 requests"
     );
+}
+
+/// A cold request is decided at the time its records arrived, not when it came
+/// in: a key read from a far store (1.5 s here) still sizes its first sub-lease
+/// from its own request. (Decided at its arrival, the request was metered more
+/// than a second before its pool take, which read a rate of 0: sub-leases of one
+/// token, a pool call per request for its first second — what made the Worker's
+/// warm-request test in tests/ see 36 regional calls for 60 requests.)
+#[tokio::test]
+async fn a_cold_request_is_decided_when_its_records_arrived() {
+    let (global, regional) = (mem(), mem());
+    let roomy = CONFIG.replace(
+        r#""capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8"#,
+        r#""capacity":100,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":40"#,
+    );
+    assert_ne!(roomy, CONFIG);
+    let auth = seed(global, &roomy, "bounded");
+    *regional.now.lock().unwrap() = T0;
+    let clock = clock();
+    *global.read_takes.lock().unwrap() = Some((clock, 1_500_000));
+    let settings = PipelineConfig {
+        deadline: DeadlineSettings::fixed(3_000_000),
+        ..PipelineConfig::default()
+    };
+    let p = Pipeline::new(global, clock, settings).with_regional(regional);
+    let pool_takes = || {
+        regional
+            .runs
+            .lock()
+            .unwrap()
+            .get(POOL_TAKE.sha1)
+            .copied()
+            .unwrap_or(0)
+    };
+    // the first request reads its records (1.5 s), then takes from the pool on
+    // credit; its refill brings the region a chunk
+    assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);
+    *global.read_takes.lock().unwrap() = None;
+    let first = pool_takes();
+    // 15 requests in the next second: sub-leases of a few tokens each (one
+    // request/s over a first sub-lease's 5 s), not one token per pool call
+    for i in 0..15 {
+        advance(clock, global, 60_000);
+        *regional.now.lock().unwrap() += 60_000;
+        assert_eq!(
+            status(&settle(p.gate(head(&auth)).await).await),
+            200,
+            "request {i}"
+        );
+    }
+    let takes = pool_takes() - first;
+    // (3 here; 8 when decided at its arrival)
+    assert!(takes <= 5, "{takes} pool takes for 15 warm requests");
 }
 
 #[tokio::test]

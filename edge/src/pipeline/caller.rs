@@ -193,16 +193,19 @@ where
         if cached.key == Lookup::Missing {
             self.unknown_key_room(req, now).map_err(Err)?;
         }
-        let (key, config) = if cached.on_path() {
+        let (key, config, now) = if cached.on_path() {
             // boxed: a cache miss is rare, and its future (a store read under the
             // guard) would otherwise be part of every request's, copied at each move
-            Box::pin(self.read_records(&hash, cached, req, later)).await?
+            let (key, config) = Box::pin(self.read_records(&hash, cached, req, later)).await?;
+            // decided when the records arrived: a far store's read may outlast
+            // a rate meter's second, a lease, a bucket's refill
+            (key, config, self.clock.now())
         } else {
             if cached.need_key() || cached.need_config() {
                 self.revalidate(&hash, cached.need_key(), cached.need_config(), now, later);
             }
             let config = cached.config.any().expect("fresh or stale");
-            (cached.key.any().flatten(), config)
+            (cached.key.any().flatten(), config, now)
         };
         let Some(record) = key else {
             return Err(Err(Reply::json(401, "Invalid API key", None)));

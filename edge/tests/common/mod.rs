@@ -62,6 +62,9 @@ pub struct MemStore {
     pub runs: Mutex<HashMap<&'static str, usize>>,
     /// Tokens given back by lease returns.
     pub returned: Mutex<u64>,
+    /// How long a read of several records takes, on the pipeline's clock (moved
+    /// forward by that much when it answers: a far store).
+    pub read_takes: Mutex<Option<(&'static FakeClock, Micros)>>,
 }
 
 /// A store that lives as long as the test process (the pipeline's background
@@ -435,6 +438,9 @@ impl Store for &MemStore {
 
     async fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        if let Some((clock, takes)) = *self.read_takes.lock().unwrap() {
+            clock.advance(takes);
+        }
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
             out.push(self.get(k).await?);
