@@ -401,7 +401,10 @@ impl floodgate_edge::stats::StatsSink for DecisionPaths {
 }
 
 impl DecisionPaths {
-    fn read(&self) -> (u64, u64) {
+    /// The decisions `edges` counted so far (each hands its counts to the sink
+    /// when settled, as before a metrics scrape).
+    fn read(&self, edges: &[Vec<Arc<Edge>>]) -> (u64, u64) {
+        edges.iter().flatten().for_each(|e| e.settle_stats());
         (
             self.local.load(Ordering::Relaxed),
             self.exact.load(Ordering::Relaxed),
@@ -690,9 +693,9 @@ pub async fn offer(
             }
         }
     };
-    let (local, exact) = world.paths.read();
+    let (local, exact) = world.paths.read(edges);
     let mut run = offer_with(&|| world.calls(), decide, subjects, rate, secs, seed).await;
-    let (local_after, exact_after) = world.paths.read();
+    let (local_after, exact_after) = world.paths.read(edges);
     (run.local_decisions, run.exact_decisions) = (local_after - local, exact_after - exact);
     run
 }
