@@ -33,7 +33,7 @@ use crate::deny::DenyList;
 use crate::policy::FailureMode;
 
 mod flush;
-pub use flush::{MinuteWrite, SAMPLE_TRIM_AT, STATS_FLUSH, ScriptCall, StatsWrite};
+pub use flush::{MinuteWrite, SAMPLE_CHUNK, SAMPLE_TRIM_AT, STATS_FLUSH, ScriptCall, StatsWrite};
 
 /// How long the per-minute hashes stay (two days: the 24 h range and a margin).
 pub const MINUTE_TTL_SECS: u64 = 2 * 86_400;

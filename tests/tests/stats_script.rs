@@ -10,8 +10,8 @@ use floodgate_edge::store::Store;
 use floodgate_edge::store::cluster::ClusterStore;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::stats::{
-    LAST_USED_KEY, MINUTE_TTL_SECS, MinuteWrite, SAMPLE_KEEP, SAMPLE_KEY, SAMPLE_TRIM_AT,
-    STATS_FLUSH, StatsWrite,
+    LAST_USED_KEY, MINUTE_TTL_SECS, MinuteWrite, SAMPLE_CHUNK, SAMPLE_KEEP, SAMPLE_KEY,
+    SAMPLE_TRIM_AT, STATS_FLUSH, StatsWrite,
 };
 use floodgate_tests::RedisServer;
 use floodgate_tests::cluster::RedisCluster;
@@ -142,9 +142,9 @@ fn set(args: &[String], i: usize, value: &str) -> Vec<String> {
     a
 }
 
-/// Flushes of 5,000 entries: the list grows past SAMPLE_KEEP to SAMPLE_TRIM_AT
-/// without a trim, the next push trims it back, once; readers' first SAMPLE_KEEP
-/// are the newest all along.
+/// Flushes of 5,000 entries (each in calls of SAMPLE_CHUNK): the list grows past
+/// SAMPLE_KEEP to SAMPLE_TRIM_AT without a trim, the next push trims it back,
+/// once; readers' first SAMPLE_KEEP are the newest all along.
 #[test]
 fn the_sample_is_trimmed_once_per_quarter_of_its_size_not_per_flush() {
     let server = RedisServer::start();
@@ -156,13 +156,19 @@ fn the_sample_is_trimmed_once_per_quarter_of_its_size_not_per_flush() {
     for _ in 0..6 {
         let sample: Vec<String> = (pushed..pushed + per_flush).map(entry).collect();
         pushed += per_flush;
-        let (keys, args) = write(&[], &sample, &[]).calls(true).remove(0);
-        lengths.push(eval(&mut c, &keys, &args).unwrap() as usize);
+        let mut length = 0;
+        for (keys, args) in write(&[], &sample, &[]).calls(true) {
+            length = eval(&mut c, &keys, &args).unwrap() as usize;
+        }
+        lengths.push(length);
     }
     assert_eq!(SAMPLE_TRIM_AT, 25_000);
+    // the sixth flush's first part found 26,000 and trimmed back; its other
+    // four parts came after
+    let after_trim = SAMPLE_KEEP + per_flush - SAMPLE_CHUNK;
     assert_eq!(
         lengths,
-        [5_000, 10_000, 15_000, 20_000, 25_000, SAMPLE_KEEP],
+        [5_000, 10_000, 15_000, 20_000, 25_000, after_trim],
         "trimmed back once past {SAMPLE_TRIM_AT}"
     );
     assert_eq!(
@@ -172,11 +178,11 @@ fn the_sample_is_trimmed_once_per_quarter_of_its_size_not_per_flush() {
     );
     assert_eq!(commands_run(&mut c, "lpush"), 6 * 5, "in parts of 1,000");
     let len: usize = c.llen(SAMPLE_KEY).unwrap();
-    assert_eq!(len, SAMPLE_KEEP);
+    assert_eq!(len, after_trim);
     let head: Vec<String> = c.lrange(SAMPLE_KEY, 0, 0).unwrap();
     assert_eq!(head, [entry(pushed - 1)], "the newest first");
     let tail: Vec<String> = c.lrange(SAMPLE_KEY, -1, -1).unwrap();
-    assert_eq!(tail, [entry(pushed - SAMPLE_KEEP)], "the oldest kept");
+    assert_eq!(tail, [entry(pushed - after_trim)], "the oldest kept");
 }
 
 /// Long lists of last-use pairs go in parts too (Lua's unpack has a limit).
