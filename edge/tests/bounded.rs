@@ -37,13 +37,7 @@ fn clock() -> &'static FakeClock {
 }
 
 fn leases_taken(store: &common::MemStore) -> usize {
-    store
-        .runs
-        .lock()
-        .unwrap()
-        .get(LEASE_TAKE.sha1)
-        .copied()
-        .unwrap_or(0)
+    store.runs_of(&LEASE_TAKE)
 }
 
 #[tokio::test]
@@ -206,15 +200,7 @@ async fn auto_turns_bounded_only_for_a_hot_key() {
     }
     assert!(p.health().leased >= 30, "{:?}", p.health());
     // 1/s: cool again, exact; the lease it held goes back to the global bucket
-    let returns = || {
-        store
-            .runs
-            .lock()
-            .unwrap()
-            .get(LEASE_RETURN.sha1)
-            .copied()
-            .unwrap_or(0)
-    };
+    let returns = || store.runs_of(&LEASE_RETURN);
     assert_eq!(returns(), 0);
     let leased = p.health().leased;
     for _ in 0..5 {
@@ -272,15 +258,7 @@ async fn a_region_decides_warm_requests_in_memory_from_sub_leases_of_its_pool() 
     let instances: Vec<_> = (0..3)
         .map(|_| Pipeline::new(global, clock, settings.clone()).with_regional(regional))
         .collect();
-    let pool_takes = || {
-        regional
-            .runs
-            .lock()
-            .unwrap()
-            .get(POOL_TAKE.sha1)
-            .copied()
-            .unwrap_or(0)
-    };
+    let pool_takes = || regional.runs_of(&POOL_TAKE);
     let mut waited = 0;
     for i in 0..300 {
         advance(clock, global, 60_000);
@@ -335,15 +313,7 @@ async fn a_cold_request_is_decided_when_its_records_arrived() {
         ..PipelineConfig::default()
     };
     let p = Pipeline::new(global, clock, settings).with_regional(regional);
-    let pool_takes = || {
-        regional
-            .runs
-            .lock()
-            .unwrap()
-            .get(POOL_TAKE.sha1)
-            .copied()
-            .unwrap_or(0)
-    };
+    let pool_takes = || regional.runs_of(&POOL_TAKE);
     // the first request reads its records (1.5 s), then takes from the pool on
     // credit; its refill brings the region a chunk
     assert_eq!(status(&settle(p.gate(head(&auth)).await).await), 200);

@@ -74,6 +74,16 @@ pub fn mem() -> &'static MemStore {
 }
 
 impl MemStore {
+    /// The calls of `script` so far.
+    pub fn runs_of(&self, script: &LuaScript) -> usize {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(script.sha1)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// The pure twin of each script the pipeline runs, replying with integers.
     fn run_ints_in_memory(
         &self,
