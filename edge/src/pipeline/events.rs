@@ -250,12 +250,20 @@ pub mod scope {
 #[cfg(feature = "native")]
 pub fn trace(event: &LogEvent<'_>) {
     use tracing::Level as L;
-    let enabled = match event {
-        LogEvent::Breaker { .. } => tracing::enabled!(target: "floodgate::breaker", L::INFO),
-        LogEvent::ConfigLoaded { .. } | LogEvent::ConfigRejected { .. } => {
-            tracing::enabled!(target: "floodgate::config", L::INFO)
-        }
-        LogEvent::Answered { .. } => tracing::enabled!(target: "floodgate::request", L::DEBUG),
+    // at the event's own target and level (a filter at `warn` keeps the warnings)
+    macro_rules! enabled {
+        ($target:expr) => {
+            match event.level() {
+                Level::Debug => tracing::enabled!(target: $target, L::DEBUG),
+                Level::Info => tracing::enabled!(target: $target, L::INFO),
+                Level::Warn => tracing::enabled!(target: $target, L::WARN),
+            }
+        };
+    }
+    let enabled = match event.target() {
+        BREAKER_TARGET => enabled!(BREAKER_TARGET),
+        CONFIG_TARGET => enabled!(CONFIG_TARGET),
+        _ => enabled!(REQUEST_TARGET),
     };
     if enabled {
         scope::logged(|| trace_now(event));
@@ -377,6 +385,70 @@ impl serde::Serialize for Fields<'_> {
 mod tests {
     use super::*;
     use crate::breaker::Phase;
+
+    /// What `trace` writes of `events` under a subscriber logging `max` and up.
+    #[cfg(feature = "native")]
+    fn traced(max: tracing::Level, events: &[LogEvent<'_>]) -> String {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(max)
+            .with_writer(move || out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || events.iter().for_each(trace));
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Each event is logged at its own level: at `warn`, the warnings (a breaker
+    /// that opens, a configuration refused) and nothing below.
+    #[cfg(feature = "native")]
+    #[test]
+    fn at_warn_the_warnings_are_logged_and_nothing_below() {
+        let change = |to| PhaseChange {
+            from: Phase::Closed,
+            to,
+            at: 1,
+            reason: "5 consecutive failures".into(),
+        };
+        let (opened, closed) = (change(Phase::Open), change(Phase::Closed));
+        let events = [
+            LogEvent::Breaker {
+                store: StoreRole::Global,
+                change: &opened,
+            },
+            LogEvent::ConfigRejected {
+                why: "bad json",
+                at: 2,
+            },
+            LogEvent::Breaker {
+                store: StoreRole::Global,
+                change: &closed,
+            },
+            LogEvent::ConfigLoaded {
+                policies: 1,
+                plans: 1,
+                routes: 0,
+                at: 3,
+            },
+        ];
+        let out = traced(tracing::Level::WARN, &events);
+        assert_eq!(out.lines().count(), 2, "{out}");
+        assert!(out.contains("open") && out.contains("bad json"), "{out}");
+        let out = traced(tracing::Level::INFO, &events);
+        assert_eq!(out.lines().count(), 4, "{out}");
+    }
 
     #[test]
     fn a_json_line_carries_the_level_target_message_and_fields() {
