@@ -99,16 +99,10 @@ pub async fn race<F: Future + Unpin>(mut fut: F, limit: Duration) -> Raced<F::Ou
 /// leader, the caller).
 pub const SETTLE_TURNS: usize = 3;
 
-/// Lets the other tasks ready now run first (natively; in the Worker the rest
-/// of the event loop's turn).
-pub async fn yield_now() {
-    next_turn().await;
-}
-
 /// Returns after the event loop has polled its I/O once more: natively tokio's
 /// `yield_now` (deferred until the driver was polled), in the Worker a
 /// `setTimeout(0)` (queued behind the I/O callbacks already due).
-async fn next_turn() {
+pub async fn next_turn() {
     #[cfg(not(target_arch = "wasm32"))]
     tokio::task::yield_now().await;
     #[cfg(target_arch = "wasm32")]

@@ -73,7 +73,7 @@ where
                     // riders (a wave of a busy key's requests), a few turns at most
                     let mut joined = 0;
                     for _ in 0..GATHER_TURNS {
-                        crate::timer::yield_now().await;
+                        crate::timer::next_turn().await;
                         let now = ticket.riders();
                         if now == joined {
                             break;
@@ -105,11 +105,8 @@ where
                             };
                             return Ok(self.checked(limits, credited, sent, owned, credit, later));
                         }
-                        Ok(Share::Failed(e)) => {
-                            // the leader settles a late reply for the group
-                            self.leases.global_answered(false);
-                            return Err(self.failure_mode(limits, &e));
-                        }
+                        // the leader settles a late reply for the group
+                        Ok(Share::Failed(e)) => return Err(self.group_failed(limits, vec![], &e)),
                         // the leader went away before calling: decide alone
                         Err(_) => return self.check_alone(limits, owned, credit, later).await,
                     }
@@ -219,8 +216,9 @@ where
         }
     }
 
-    /// A group's call could not decide: every rider is told, and the leader
-    /// answers by the group's failure mode.
+    /// A group's call could not decide: every rider in `riders` is told (the
+    /// leader's; none for a rider itself), and the request answers by the
+    /// group's failure mode.
     fn group_failed(
         &self,
         limits: &Limits<'_>,

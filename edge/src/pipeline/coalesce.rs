@@ -1,16 +1,17 @@
 //! Identical concurrent exact checks, decided by ONE store call: a busy key's
-//! requests that reach the check in the same turn of the event loop (the same
-//! buckets, quotas and costs) join the first one's group; it sends one call
+//! requests that reach the check while a group is open (the same buckets,
+//! quotas and costs) join the first one's group; it sends one call
 //! deciding all of them one after another at one instant
 //! ([`floodgate_shared::script::merge`]) and hands each its own verdict — what
 //! its own call would have answered. Each request then answers as if it had
 //! called alone; the store's work, and every rider's deadline, breaker and
 //! request path, are one call's (the riders skip it).
 //!
-//! A group is open from its leader's arrival to the end of one turn of the
-//! event loop (the leader yields once), at most [`MAX_OPEN`] at a time. Only
-//! natively: a Worker's requests are separate events, and one request's call
-//! cannot carry another's (see `PipelineConfig::coalesce`).
+//! A group is open from its leader's arrival while turns of the event loop
+//! bring riders (the leader yields a few turns at most, `check::GATHER_TURNS`),
+//! at most [`MAX_OPEN`] at a time. Only natively: a Worker's requests are
+//! separate events, and one request's call cannot carry another's (see
+//! `PipelineConfig::coalesce`).
 
 use std::sync::{Arc, Mutex};
 
