@@ -25,7 +25,7 @@ use floodgate_shared::apikeys::KeyRecord;
 use floodgate_shared::policy::FailureMode;
 use floodgate_shared::stats::{
     Counted, Endpoint, EndpointOf, KeyField, MinuteCounts, MinuteWrite, PolicyOutcome, SampleLine,
-    StatsWrite, instance_field, minute_key,
+    StatsWrite, instance_field, latency_index, minute_key,
 };
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 
@@ -259,14 +259,6 @@ impl Recent {
     }
 }
 
-/// The index of the histogram bucket holding a latency of `us`.
-fn latency_index(us: u64) -> u8 {
-    LATENCY_BOUNDS_US
-        .iter()
-        .position(|b| us <= *b)
-        .unwrap_or(LATENCY_BOUNDS_US.len() - 1) as u8
-}
-
 /// Counters waiting for the next flush.
 pub struct Stats {
     pending: Mutex<Pending>,
@@ -337,7 +329,7 @@ impl Stats {
             key: r.names.id(&key.id),
             route: route.map(|name| r.names.id(name)),
             outcome,
-            latency: store_latency_us.map(latency_index),
+            latency: store_latency_us.map(|us| latency_index(us) as u8),
         };
         let sum = r.decisions.entry(tally).or_default();
         sum.n += 1;
@@ -361,21 +353,12 @@ impl Stats {
         route: Option<&str>,
         outcomes: impl IntoIterator<Item = (&'a str, PolicyOutcome)>,
     ) {
-        let mut p = lock(&self.pending);
-        let r = &mut p.recent;
-        let route = route.map(|name| r.names.id(name));
-        let minute = now.div_euclid(MINUTE);
-        for (policy, outcome) in outcomes {
-            let tally = PolicyTally {
-                minute,
-                policy: r.names.id(policy),
-                count: PolicyCount::Decision(route, outcome),
-            };
-            *r.policies.entry(tally).or_default() += 1;
-        }
-        if r.full() {
-            p.settle();
-        }
+        self.count_each_policy(now, |names| {
+            let route = route.map(|name| names.id(name));
+            outcomes
+                .into_iter()
+                .map(move |(policy, outcome)| (policy, PolicyCount::Decision(route, outcome)))
+        });
     }
 
     /// Counts a request under each of its bounded policies: how it was decided.
@@ -389,14 +372,26 @@ impl Stats {
         if policies.peek().is_none() {
             return;
         }
+        self.count_each_policy(now, |_| {
+            policies.map(|policy| (policy, PolicyCount::Leasing(how)))
+        });
+    }
+
+    /// Adds one to each `(policy, count)` that `counts` gives (with the names
+    /// interned so far, for those it names itself), in `now`'s minute.
+    fn count_each_policy<'a, I: IntoIterator<Item = (&'a str, PolicyCount)>>(
+        &self,
+        now: Micros,
+        counts: impl FnOnce(&mut Names) -> I,
+    ) {
         let mut p = lock(&self.pending);
         let r = &mut p.recent;
         let minute = now.div_euclid(MINUTE);
-        for policy in policies {
+        for (policy, count) in counts(&mut r.names) {
             let tally = PolicyTally {
                 minute,
                 policy: r.names.id(policy),
-                count: PolicyCount::Leasing(how),
+                count,
             };
             *r.policies.entry(tally).or_default() += 1;
         }

@@ -250,11 +250,13 @@ pub const LATENCY_BOUNDS_US: [u64; 12] = [
 
 /// The histogram bucket (its upper bound, µs) holding a latency of `us`.
 pub fn latency_bound(us: u64) -> u64 {
-    LATENCY_BOUNDS_US
-        .iter()
-        .copied()
-        .find(|b| us <= *b)
-        .unwrap_or(u64::MAX)
+    LATENCY_BOUNDS_US[latency_index(us)]
+}
+
+/// The place in [`LATENCY_BOUNDS_US`] of the bucket holding a latency of `us`.
+pub fn latency_index(us: u64) -> usize {
+    // the last bound is u64::MAX: every latency has a bucket
+    LATENCY_BOUNDS_US.partition_point(|b| *b < us)
 }
 
 /// One counter of a per-minute or per-10-second hash.
@@ -875,6 +877,8 @@ mod tests {
         assert_eq!(latency_bound(250), 250);
         assert_eq!(latency_bound(251), 500);
         assert_eq!(latency_bound(20_000_000), u64::MAX);
+        assert_eq!(latency_bound(u64::MAX), u64::MAX);
+        assert_eq!(latency_index(251), 1);
     }
 
     #[test]
