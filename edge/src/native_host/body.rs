@@ -159,9 +159,7 @@ impl ProxyBody {
     }
 
     pub fn upstream(body: Incoming, mut lease: super::upstream::Lease, held: Held) -> Self {
-        if body.is_end_stream() {
-            lease.finished();
-        }
+        lease.finished_if_ended(&body);
         Self {
             kind: Kind::Upstream(body, lease),
             _held: held,
@@ -183,8 +181,10 @@ impl Body for ProxyBody {
                 let frame = Pin::new(&mut *b).poll_frame(cx).map_err(Into::into);
                 // the end: polled past, or known with the last frame (hyper's
                 // server polls a body no further once it says it ended)
-                if matches!(frame, Poll::Ready(None)) || b.is_end_stream() {
+                if matches!(frame, Poll::Ready(None)) {
                     lease.finished();
+                } else {
+                    lease.finished_if_ended(b);
                 }
                 frame
             }

@@ -628,9 +628,7 @@ async fn forward(
             out.headers.insert(CONTENT_LENGTH, len);
         }
         let mut lease = lease;
-        if hyper::body::Body::is_end_stream(&body) {
-            lease.finished();
-        }
+        lease.finished_if_ended(&body);
         ProxyBody::full(Bytes::new(), held)
     };
     Response::from_parts(out, body)
@@ -643,7 +641,8 @@ fn origin_form(base_path: &str, uri: &hyper::Uri) -> Option<hyper::Uri> {
     if base_path.is_empty() {
         return match uri.path_and_query() {
             Some(p) if p.as_str().starts_with('/') => Some(hyper::Uri::from(p.clone())),
-            _ => pq.parse().ok().filter(|_| pq.starts_with('/')),
+            Some(_) => None,
+            None => Some(hyper::Uri::from_static("/")),
         };
     }
     format!("{base_path}{pq}").parse().ok()
@@ -740,6 +739,23 @@ async fn upstream_request(
 mod tests {
     use super::*;
     use floodgate_shared::contract;
+
+    #[test]
+    fn the_upstream_target_is_the_base_path_then_the_requests() {
+        let uri = |s: &str| s.parse::<hyper::Uri>().unwrap();
+        let cases = [
+            ("", "/v1/items?q=1", Some("/v1/items?q=1")),
+            ("", "http://edge.example/v1?x", Some("/v1?x")),
+            ("", "http://edge.example", Some("/")),
+            ("", "*", None),
+            ("/api", "/v1/items?q=1", Some("/api/v1/items?q=1")),
+            ("/api", "/", Some("/api/")),
+        ];
+        for (base, request, target) in cases {
+            let got = origin_form(base, &uri(request)).map(|u| u.to_string());
+            assert_eq!(got.as_deref(), target, "{base} + {request}");
+        }
+    }
 
     #[test]
     fn the_names_set_on_every_answer_are_known_and_equal_to_parsed_ones() {

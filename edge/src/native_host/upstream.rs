@@ -146,6 +146,14 @@ impl Lease {
     pub fn finished(&mut self) {
         self.finished = true;
     }
+
+    /// [`Lease::finished`] when `body` says it has ended (with its last frame, or
+    /// a response without one).
+    pub fn finished_if_ended(&mut self, body: &Incoming) {
+        if body.is_end_stream() {
+            self.finished();
+        }
+    }
 }
 
 impl Drop for Lease {
