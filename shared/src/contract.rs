@@ -80,10 +80,7 @@ impl From<&Decision> for RateLimitHeaders {
 impl RateLimitHeaders {
     /// Header name/value pairs, in a stable order.
     pub fn pairs(&self) -> Vec<(&'static str, String)> {
-        // a few per request: without the formatting machinery
-        fn int(n: impl itoa::Integer) -> String {
-            itoa::Buffer::new().format(n).to_string()
-        }
+        use crate::script::int;
         let mut out = Vec::with_capacity(4);
         out.extend([
             (LIMIT, int(self.limit)),

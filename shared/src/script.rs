@@ -378,9 +378,9 @@ fn when_arg(when: When) -> Result<String, CallError> {
     }
 }
 
-/// An integer argument's text (a script call has a few: without the formatting
-/// machinery).
-fn int(n: impl itoa::Integer) -> String {
+/// An integer's text without the formatting machinery (a script call's
+/// arguments and a response's quota headers have a few per request).
+pub(crate) fn int(n: impl itoa::Integer) -> String {
     itoa::Buffer::new().format(n).to_string()
 }
 
