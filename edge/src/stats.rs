@@ -132,6 +132,9 @@ impl Pending {
             };
             self.count(now, field, *n);
         }
+        for (ten, n) in &recent.sample_dropped {
+            self.count(ten * TEN_SECONDS, StatsField::SampleDropped, *n);
+        }
         for (key, secs) in &recent.last_used {
             let room = self.last_used.len() < MAX_PENDING;
             match self.last_used.get_mut(name(*key)) {
@@ -245,6 +248,9 @@ struct Recent {
     policies: HashMap<PolicyTally, u64, FxBuildHasher>,
     /// Interned key id → Unix seconds of its latest decision.
     last_used: HashMap<u32, i64, FxBuildHasher>,
+    /// Decisions the sample had no room for, by 10-second slot (once the sample
+    /// is full, every further decision of the interval lands here).
+    sample_dropped: Vec<(i64, u64)>,
 }
 
 /// The most counters and names the request path keeps unsettled: past it the
@@ -256,6 +262,7 @@ impl Recent {
     fn full(&self) -> bool {
         self.decisions.len() + self.policies.len() >= MAX_RECENT
             || self.names.names.len() >= MAX_RECENT
+            || self.sample_dropped.len() >= MAX_RECENT
     }
 }
 
@@ -336,11 +343,14 @@ impl Stats {
         sum.latency_us += store_latency_us.unwrap_or(0);
         let last = r.last_used.entry(tally.key).or_insert(i64::MIN);
         *last = (*last).max(now.div_euclid(MICROS_PER_SEC));
-        let full = r.full();
         if !sampled {
-            p.count(now, StatsField::SampleDropped, 1);
+            let ten = now.div_euclid(TEN_SECONDS);
+            match r.sample_dropped.last_mut() {
+                Some((t, n)) if *t == ten => *n += 1,
+                _ => r.sample_dropped.push((ten, 1)),
+            }
         }
-        if full {
+        if r.full() {
             p.settle();
         }
     }
