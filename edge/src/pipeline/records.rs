@@ -23,6 +23,7 @@ use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::policy::Quota;
 use floodgate_shared::time::Micros;
+use rustc_hash::FxBuildHasher;
 
 use crate::sync::lock;
 
@@ -115,10 +116,15 @@ pub enum Observed {
     Syncing,
 }
 
+/// Key records (`None`: no such key) by the secret's SHA-256 (hex): uniform
+/// whatever secrets are sent, so a fast hash serves (no one can choose
+/// collisions).
+type KeyCache = HashMap<String, Cached<Option<Arc<KeyRecord>>>, FxBuildHasher>;
+
 /// The configuration and key records, cached.
 pub struct Records {
     config: Mutex<Option<Cached<Arc<EdgeConfig>>>>,
-    keys: Mutex<HashMap<String, Cached<Option<Arc<KeyRecord>>>>>,
+    keys: Mutex<KeyCache>,
     rev: Mutex<Rev>,
     ttl: Micros,
     negative_ttl: Micros,
@@ -133,7 +139,7 @@ impl Records {
     pub fn new(ttl: Micros, negative_ttl: Micros, max_age: Micros, max_keys: usize) -> Self {
         Self {
             config: Mutex::new(None),
-            keys: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::default()),
             rev: Mutex::new(Rev::default()),
             ttl,
             negative_ttl,
