@@ -32,6 +32,10 @@ pub trait HeaderList: Sized {
     fn retain(&mut self, keep: &mut dyn FnMut(&str) -> bool);
     /// Sets header `name` to `value`, replacing any it had.
     fn set(&mut self, name: &str, value: &str);
+    /// [`HeaderList::set`] with a value the list may keep as it is (no copy).
+    fn set_owned(&mut self, name: &str, value: String) {
+        self.set(name, &value);
+    }
 
     /// The values of header `name` that are text.
     fn texts(&self, name: &str) -> Vec<String> {
@@ -148,7 +152,7 @@ where
     }
 
     /// The client's response headers ([`response_headers`]).
-    pub fn response_headers<H: HeaderList>(&self, headers: &mut H, admit: &Admit) {
+    pub fn response_headers<H: HeaderList>(&self, headers: &mut H, admit: &mut Admit) {
         response_headers(self.rules, headers, admit);
     }
 
@@ -237,12 +241,13 @@ fn edge_set<H: HeaderList>(
 }
 
 /// The client's response headers from the upstream's: hop-by-hop ones (and those
-/// its `Connection` names) dropped, the quota headers set.
-pub fn response_headers<H: HeaderList>(rules: &ProxyRules, headers: &mut H, admit: &Admit) {
+/// its `Connection` names) dropped, the admission's headers (the quota headers)
+/// moved onto them.
+pub fn response_headers<H: HeaderList>(rules: &ProxyRules, headers: &mut H, admit: &mut Admit) {
     let named = connection_named(headers.texts("connection").iter().map(String::as_str));
     headers.retain(&mut |name| rules.forwards_response_header(name, &named));
-    for (k, v) in &admit.headers {
-        headers.set(k, v);
+    for (k, v) in admit.headers.drain(..) {
+        headers.set_owned(k, v);
     }
 }
 
@@ -435,13 +440,13 @@ mod tests {
             ("x-ratelimit-limit", "forged"),
         ]);
         let record = KeyRecord::new("k", "", "free", 0);
-        let admit = Admit::caller(
+        let mut admit = Admit::caller(
             &record,
             None,
             vec![("X-RateLimit-Limit", "10".into())],
             vec![],
         );
-        response_headers(&rules, &mut h, &admit);
+        response_headers(&rules, &mut h, &mut admit);
         let names: Vec<&str> = h.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, ["content-type", "x-ratelimit-limit"]);
         assert_eq!(h.first("x-ratelimit-limit").as_deref(), Some(&b"10"[..]));

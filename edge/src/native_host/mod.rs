@@ -213,6 +213,13 @@ impl HeaderList for HeaderMap {
         }
     }
 
+    fn set_owned(&mut self, name: &str, value: String) {
+        let value = HeaderValue::from_maybe_shared(Bytes::from(value));
+        if let (Some(k), Ok(v)) = (header_name(name), value) {
+            self.insert(k, v);
+        }
+    }
+
     fn texts(&self, name: &str) -> Vec<String> {
         match known_name(name) {
             Some(known) => self.get_all(known),
@@ -555,7 +562,10 @@ async fn proxied(
         return admitted_auth(&host, &admit, held);
     }
     let client_ip = req.client_ip;
-    forward(&host, &mut parts, body, client_ip, &admit, held, request_id).await
+    forward(
+        &host, &mut parts, body, client_ip, &mut admit, held, request_id,
+    )
+    .await
 }
 
 /// Forward-auth's admission: the gateway proxies, with the quota headers and the
@@ -586,7 +596,7 @@ async fn forward(
     parts: &mut Parts,
     body: Incoming,
     client_ip: Option<std::net::IpAddr>,
-    admit: &Admit,
+    admit: &mut Admit,
     held: Held,
     request_id: &str,
 ) -> Response<ProxyBody> {
@@ -817,6 +827,36 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    #[test]
+    fn an_owned_value_is_set_like_a_borrowed_one() {
+        let (mut owned, mut borrowed) = (HeaderMap::new(), HeaderMap::new());
+        for h in [&mut owned, &mut borrowed] {
+            h.append("x-ratelimit-limit", HeaderValue::from_static("forged"));
+            h.append("x-ratelimit-limit", HeaderValue::from_static("twice"));
+        }
+        for (name, value) in [
+            ("X-RateLimit-Limit", "100"),
+            ("X-Custom", "a b"),
+            ("X-Bad-Value", "line\nbreak"),
+            ("bad name", "1"),
+        ] {
+            owned.set_owned(name, value.to_string());
+            borrowed.set(name, value);
+        }
+        assert_eq!(owned, borrowed);
+        assert_eq!(
+            owned
+                .get_all("x-ratelimit-limit")
+                .iter()
+                .collect::<Vec<_>>(),
+            ["100"],
+            "replaces every value it had"
+        );
+        assert_eq!(owned.get("x-custom").unwrap(), "a b");
+        assert!(owned.get("x-bad-value").is_none(), "not a header value");
+        assert_eq!(owned.len(), 2);
     }
 
     #[test]

@@ -326,7 +326,7 @@ async fn serve(req: Request, env: Env, ctx: Context, id: Rc<str>) -> Result<Resp
             return answer(refusal.answer());
         }
     };
-    respond(&edge, &ctx, &id, resp, &req.method(), &admit, release)
+    respond(&edge, &ctx, &id, resp, &req.method(), &mut admit, release)
 }
 
 /// A request body bounded in bytes as it streams (the native host's 413 for a
@@ -461,7 +461,7 @@ fn respond(
     id: &Rc<str>,
     resp: Response,
     method: &Method,
-    admit: &Admit,
+    admit: &mut Admit,
     release: Option<Task>,
 ) -> Result<Response> {
     let status = resp.status_code();
