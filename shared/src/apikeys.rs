@@ -26,8 +26,6 @@
 //! never the secret. Anything that cannot be a secret (too long, wrong shape, a
 //! wrong checksum) is refused before any lookup, so absurd headers cost nothing.
 
-use sha2::{Digest, Sha256};
-
 /// The record of a key: defined in [`crate::keyrecord`], named here as before.
 pub use crate::keyrecord::{KeyRecord, KeyStatus};
 
@@ -49,16 +47,7 @@ pub fn record_key(hash_hex: &str) -> String {
 
 /// The lowercase hex SHA-256 of a secret.
 pub fn hash_secret(secret: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(secret.as_bytes());
-    // a table, not `format!` per byte, into bytes (not `char` by `char`): this
-    // runs on every request
-    let mut hex = vec![0u8; 2 * digest.len()];
-    for (pair, b) in hex.chunks_exact_mut(2).zip(digest) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0xf)];
-    }
-    String::from_utf8(hex).expect("hex digits are ASCII")
+    crate::hex::sha256_hex(secret.as_bytes())
 }
 
 fn base62(random: &[u8]) -> String {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod contract;
 pub mod credits;
 pub mod deny;
+pub mod hex;
 pub mod keychanges;
 pub mod keyrecord;
 pub mod keys;

@@ -17,8 +17,8 @@ pub use session::{SESSION_PREFIX, SESSION_TTL_SECS, Session, lookup_session, sig
 pub use sign_in::{LOGIN_ADDRESS_QUOTA, LOGIN_USER_QUOTA, SignedIn, TRUST_TTL_SECS, sign_in};
 
 use floodgate_edge::store::{NativeStore, SetOptions, Store, StoreError};
+use floodgate_shared::hex::sha256_hex;
 use rand::RngCore;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::model::AppError;
@@ -46,16 +46,10 @@ impl From<AuthError> for AppError {
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    let mut h = Sha256::new();
-    h.update(data);
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    floodgate_shared::hex::hex(&buf)
 }
 
 /// Compares secrets in time that does not depend on where they differ.
