@@ -208,9 +208,8 @@ impl HeaderList for HeaderMap {
     }
 
     fn set(&mut self, name: &str, value: &str) {
-        if let (Some(k), Ok(v)) = (header_name(name), HeaderValue::from_str(value)) {
-            self.insert(k, v);
-        }
+        // one copy either way: here, or `HeaderValue::from_str`'s
+        self.set_owned(name, value.to_owned());
     }
 
     fn set_owned(&mut self, name: &str, value: String) {
