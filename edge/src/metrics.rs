@@ -430,6 +430,9 @@ pub struct InstanceState {
     pub key_cache: (u64, u64),
     /// `false`: the limiter is off (`--no-limit`).
     pub limiter: bool,
+    /// Waves of store calls polled through until back, polled for the budget in
+    /// vain, slept through (`native_host::idle_poll`).
+    pub idle_poll: [u64; 3],
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -456,6 +459,11 @@ struct ExpiryLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CacheLabels {
     result: &'static str,
 }
@@ -469,6 +477,16 @@ impl InstanceState {
             "limiter_enabled",
             "0 when the instance proxies without limiting (--no-limit)",
             ConstGauge::new(i64::from(self.limiter)),
+        );
+        let [back, silent, asleep] = self.idle_poll;
+        r.register(
+            "idle_poll_waves",
+            "Waves of store calls (from a first call out to none) by how the host waited: back (polled until every reply came), silent (polled for the budget, no reply, then slept), asleep (slept through, backing off)",
+            Snapshot::counters(vec![
+                (OutcomeLabels { outcome: "back" }, back),
+                (OutcomeLabels { outcome: "silent" }, silent),
+                (OutcomeLabels { outcome: "asleep" }, asleep),
+            ]),
         );
     }
 

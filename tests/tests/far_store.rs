@@ -75,3 +75,60 @@ async fn a_far_global_store_is_waited_for_with_default_deadlines() {
         "the ceiling rose above the round trip: {health}"
     );
 }
+
+/// The waves of store calls a scrape of `url`'s metrics counts, by outcome:
+/// `[back, silent, asleep]`.
+async fn idle_poll_waves(c: &reqwest::Client, url: &str) -> [u64; 3] {
+    let text = c
+        .get(format!("{url}/__floodgate/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    ["back", "silent", "asleep"].map(|outcome| {
+        let series = format!("floodgate_idle_poll_waves_total{{outcome=\"{outcome}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series));
+        let value = line.and_then(|l| l[series.len()..].trim().parse::<u64>().ok());
+        value.unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    })
+}
+
+/// The native host polls while a store call is out rather than letting its CPU
+/// sleep (`native_host::idle_poll`), for at most its budget (200 µs) without a
+/// reply. A store farther away than that is never waited for by polling alone:
+/// each wave polled in vain is followed by a doubling number slept through, so
+/// polling costs a far store's edge a few budgets, not one per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_farther_than_the_poll_budget_is_waited_for_asleep() {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, CONFIG).await.secret;
+    let far = LatencyProxy::start(redis.port(), Duration::from_millis(3)).await;
+    let store = RespStore::connect(&far.url(), Duration::from_secs(2))
+        .await
+        .expect("connect");
+    let pipeline = Pipeline::new(
+        NativeStore::Resp(store),
+        floodgate_shared::time::SystemClock,
+        PipelineConfig::default(),
+    );
+    let upstream = RawUpstream::start().await;
+    let (url, _stop) = serve_native(pipeline, HostConfig::new(&upstream.url)).await;
+    let c = reqwest::Client::new();
+    let before = idle_poll_waves(&c, &url).await;
+    for _ in 0..40 {
+        let r = c.get(format!("{url}/far")).bearer_auth(&secret).send();
+        assert_eq!(r.await.unwrap().status(), 200);
+    }
+    let [back, silent, asleep] = idle_poll_waves(&c, &url).await;
+    assert_eq!(
+        back, before[0],
+        "no reply comes within 200 µs of a 6 ms round trip"
+    );
+    let (silent, asleep) = (silent - before[1], asleep - before[2]);
+    assert!(
+        silent >= 1 && asleep > 3 * silent,
+        "40 requests' waves: {silent} polled in vain, {asleep} slept through"
+    );
+}

@@ -304,6 +304,12 @@ async fn the_edge_counts_decisions_by_route_and_shows_an_outage() {
         after.get("floodgate_key_cache_lookups_total", &[("result", "hit")]),
         6.0
     );
+    // each store call waited for by polling or asleep (native_host::idle_poll)
+    let waves: f64 = ["back", "silent", "asleep"]
+        .iter()
+        .map(|o| after.get("floodgate_idle_poll_waves_total", &[("outcome", o)]))
+        .sum();
+    assert!(waves >= 1.0, "the calls' waves are counted: {waves}");
     let upstream_2xx = after.buckets("floodgate_upstream_latency_seconds");
     assert_eq!(upstream_2xx.last().map(|b| b.1), Some(5.0), "5 forwarded");
 

@@ -96,6 +96,12 @@ struct Args {
     /// on one thread).
     #[arg(long, env = "FLOODGATE_THREADS", value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
+    /// How long the event loop keeps polling while a store call is out and no
+    /// reply has come, before it lets the CPU sleep (0: at once). Polling spares a
+    /// CPU the nap and wake-up per call (costly on virtual machines); a store
+    /// farther away than this is waited for asleep (backing off).
+    #[arg(long, env = "FLOODGATE_IDLE_POLL_US", default_value_t = floodgate_edge::native_host::idle_poll::DEFAULT_BUDGET.as_micros() as u32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    idle_poll_us: u32,
     /// Proxy without limiting and without a store (a baseline for benchmarks).
     #[arg(long, env = "FLOODGATE_NO_LIMIT")]
     no_limit: bool,
@@ -150,6 +156,7 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     host.rules.timeouts.header = ms(a.header_timeout_ms);
     host.rules.timeouts.idle = ms(a.idle_timeout_ms);
     host.rules.timeouts.body = ms(a.body_timeout_ms);
+    host.idle_poll = Duration::from_micros(u64::from(a.idle_poll_us));
     host.server.header_timeout = host.rules.timeouts.header;
     host.server.idle_timeout = host.rules.timeouts.idle;
     // hyper's bound: its default (allocation-free) unless more lines are allowed,

@@ -8,6 +8,7 @@
 //! with the Worker; this module is only their I/O.
 
 pub mod body;
+pub mod idle_poll;
 pub mod server;
 pub mod upstream;
 
@@ -49,6 +50,9 @@ pub struct HostConfig {
     /// The request header giving the client's country (ISO 3166-1 alpha-2) to the
     /// block lists, such as `cf-ipcountry` behind Cloudflare (lower case).
     pub country_header: Option<String>,
+    /// How long the event loop polls without a store reply before it sleeps
+    /// ([`idle_poll`]; zero: it sleeps at once).
+    pub idle_poll: std::time::Duration,
 }
 
 impl HostConfig {
@@ -59,6 +63,7 @@ impl HostConfig {
             limiter: true,
             forward_auth: None,
             country_header: None,
+            idle_poll: idle_poll::DEFAULT_BUDGET,
         }
     }
 
@@ -249,6 +254,8 @@ pub struct Host {
     metrics: EdgeMetrics,
     /// The upstream request's `Host`, made once ([`host_header`]).
     upstream_host: Option<HeaderValue>,
+    /// How the host waited for its store calls ([`idle_poll`]).
+    polls: Arc<idle_poll::PollStats>,
 }
 
 /// The `Host` hyper's client gives a request to `uri` when it has none (the
@@ -311,6 +318,7 @@ impl Host {
         let base_path = base.map_or_else(String::new, |b| b.path().trim_end_matches('/').into());
         let host = Arc::new(Self {
             upstream_host,
+            polls: Arc::default(),
             country_header: config.country_header.as_deref().map(header).transpose()?,
             pipeline: pipeline.with_stats_sink(metrics.stats.clone()),
             metrics,
@@ -359,6 +367,7 @@ impl Host {
             breakers: self.pipeline.breakers(),
             key_cache: self.pipeline.key_cache(),
             limiter: self.config.limiter,
+            idle_poll: self.polls.counts(),
         })
     }
 }
@@ -371,6 +380,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let limits = host.config.server;
+    let calls = host.pipeline.calls_out();
+    let poll = idle_poll::run(calls, host.config.idle_poll, host.polls.clone());
+    let _poll = AbortOnDrop(tokio::spawn(poll));
     server::serve(
         listener,
         limits,
@@ -385,6 +397,15 @@ pub async fn serve(
         shutdown,
     )
     .await
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Holds the release of a request's in-flight slots; dropping it runs the release

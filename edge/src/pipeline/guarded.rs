@@ -187,10 +187,12 @@ where
         let mark = self.lane.mark();
         let sent = clock.now();
         let watch = Stopwatch::start();
+        let out = self.totals.calls_out.send();
         let (raced, waited) = match race(fut, limit).await {
             Raced::Late(still) => (self.wait_on(still, mark, limit, &watch).await, true),
             done => (done, false),
         };
+        drop(out);
         match raced {
             Raced::Done(Ok(v)) => {
                 let (now, latency) = (clock.now(), watch.elapsed().as_micros() as Micros);

@@ -38,6 +38,8 @@ pub struct Totals {
     pub config_digest: AtomicU64,
     /// Why the stored configuration was last not used (logged once per reason).
     pub config_problem: std::sync::Mutex<String>,
+    /// The store calls out now (the native host polls while there are).
+    pub calls_out: std::sync::Arc<super::calls_out::CallsOut>,
 }
 
 /// One instance's view of its store, served as JSON by the hosts

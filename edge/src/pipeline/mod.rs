@@ -38,6 +38,7 @@
 mod answer;
 pub mod blocklists;
 pub mod caller;
+pub mod calls_out;
 pub mod check;
 pub mod coalesce;
 pub mod counting;
@@ -233,6 +234,11 @@ where
     pub fn with_stats_sink(self, sink: Arc<dyn crate::stats::StatsSink>) -> Self {
         self.stats.set_sink(sink);
         self
+    }
+
+    /// The store calls out now (see [`calls_out`]).
+    pub fn calls_out(&self) -> Arc<calls_out::CallsOut> {
+        self.totals.calls_out.clone()
     }
 
     /// The global store.
