@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use floodgate_tests::process::{Daemon, listening};
+use floodgate_tests::scale::LatencyProxy;
 use floodgate_tests::{RedisServer, free_port, seed};
 
 /// `tight`: 3 requests a minute per key on /v1/tight; everything else 1000.
@@ -488,4 +489,49 @@ async fn floodgate_rest_counts_requests_on_its_metrics_listener() {
         down.text
     );
     drop(rest);
+}
+
+/// The native edge polls while a store call is out rather than letting its CPU
+/// sleep (`native_host::idle_poll`), for at most its budget (200 µs by default)
+/// without a reply. A store farther away than that is never waited for by
+/// polling alone: each wave polled in vain is followed by a doubling number
+/// slept through, so polling costs a far store's edge a few budgets, not one per
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_farther_than_the_poll_budget_is_waited_for_asleep() {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, CONFIG).await.secret;
+    let far = LatencyProxy::start(redis.port(), Duration::from_millis(3)).await;
+    let (_upstream, up_listen) = listening("floodgate-demo-upstream", &[], &[]);
+    let upstream = format!("http://{up_listen}");
+    let args = [
+        "--upstream",
+        &upstream,
+        "--redis",
+        &far.url(),
+        "--deadline-ms",
+        "500",
+    ];
+    let (_edge, listen) = listening("floodgate-edge", &args, &[]);
+    let metrics = format!("http://{listen}/__floodgate/metrics");
+    let waves = |m: &Scrape| {
+        ["back", "silent", "asleep"]
+            .map(|o| m.get("floodgate_idle_poll_waves_total", &[("outcome", o)]))
+    };
+    let before = waves(&scrape(&metrics).await);
+    let c = reqwest::Client::new();
+    for _ in 0..40 {
+        let r = c.get(format!("http://{listen}/far")).bearer_auth(&secret);
+        assert_eq!(r.send().await.unwrap().status(), 200);
+    }
+    let [back, silent, asleep] = waves(&scrape(&metrics).await);
+    assert_eq!(
+        back, before[0],
+        "no reply comes within 200 µs of a 6 ms round trip"
+    );
+    let (silent, asleep) = (silent - before[1], asleep - before[2]);
+    assert!(
+        silent >= 1.0 && asleep > 3.0 * silent,
+        "40 requests' waves: {silent} polled in vain, {asleep} slept through"
+    );
 }
