@@ -381,9 +381,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = host.config.server;
     let calls = host.pipeline.calls_out();
-    let poll = idle_poll::run(calls, host.config.idle_poll, host.polls.clone());
-    let _poll = AbortOnDrop(tokio::spawn(poll));
-    server::serve(
+    let poller = tokio::spawn(idle_poll::run(
+        calls,
+        host.config.idle_poll,
+        host.polls.clone(),
+    ));
+    let served = server::serve(
         listener,
         limits,
         move |peer, conn| {
@@ -396,16 +399,10 @@ pub async fn serve(
         },
         shutdown,
     )
-    .await
-}
-
-/// A task that ends with its owner.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    .await;
+    // as the server stops its connection reaper
+    poller.abort();
+    served
 }
 
 /// Holds the release of a request's in-flight slots; dropping it runs the release
