@@ -1,0 +1,56 @@
+//! Every cross-crate integration and end-to-end test, in ONE test binary: each
+//! file below is a module (its opening comment says what it tests). One binary,
+//! not one per file: each links the whole workspace (~250 MB with the dashboard's
+//! Leptos code), and 47 of them took about 12 GB of `target/` and a link each.
+//!
+//! One file's tests: `cargo test -p floodgate-tests --test integration -- NAME::`
+//! (after `cargo build --workspace --bins --locked`: the tests run the binaries as
+//! processes).
+
+mod adaptive_deadline;
+mod admin_api;
+mod bounded;
+mod cli_flags;
+mod cluster;
+mod code_shape;
+mod cost;
+mod credits_edge;
+mod credits_script;
+mod dashboard_api;
+mod dashboard_browser;
+mod dashboard_identities;
+mod dashboard_operator;
+mod deny;
+mod deploy_recipe;
+mod docs;
+mod edge_connections;
+mod edge_e2e;
+mod edge_hardening;
+mod exactness;
+mod far_store;
+mod fault;
+mod forward_auth;
+mod healthy_burst;
+mod identity_overrides;
+mod in_flight;
+mod keys_edge;
+mod lease_script;
+mod limiter_parity;
+mod logs;
+mod lua_parity;
+mod lua_script;
+mod merged_decisions;
+mod meta_headers;
+mod metrics;
+mod policy_depth;
+mod resp_store;
+mod rest_conformance;
+mod rest_hardening;
+mod scale;
+mod sentinel_auth;
+mod silent_peer;
+mod stale_and_refund;
+mod start_in_outage;
+mod stats_script;
+mod store_contract;
+mod tls_acl;
