@@ -1,7 +1,8 @@
 //! The shape the code keeps (issue 21): no non-test function longer than 80 lines
 //! in the production crates and the benchmark, counted from `fn` to its closing
 //! brace. Tests (`#[test]`, `#[tokio::test]`, `#[cfg(test)]` modules, the
-//! `tests/` directories) are not counted.
+//! `tests/` directories) are not counted. And every file of `tests/tests/` is a
+//! module of the one integration-test binary (`main.rs`), so none is left unrun.
 
 use std::path::{Path, PathBuf};
 
@@ -152,4 +153,47 @@ fn the_counter_counts_from_fn_to_its_closing_brace_and_skips_tests() {
         .collect();
     assert_eq!(names, ["long", "m"], "{found:?}");
     assert_eq!(found[0].1, 82);
+}
+
+/// The modules `tests/tests/main.rs` declares, by name.
+fn declared_modules(main_rs: &str) -> Vec<String> {
+    let file = syn::parse_file(main_rs).expect("main.rs parses");
+    let mut names: Vec<String> = file
+        .items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Mod(m) if m.content.is_none() => Some(m.ident.to_string()),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The integration tests are ONE binary (`autotests = false`): a file of
+/// `tests/tests/` that `main.rs` does not declare would never be compiled or run.
+#[test]
+fn every_integration_test_file_is_a_module_of_the_one_binary() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .filter_map(|p| Some(p.file_stem()?.to_str()?.to_owned()))
+        .filter(|stem| stem != "main")
+        .collect();
+    files.sort();
+    assert!(files.len() > 40, "the test files were found: {files:?}");
+    let main_rs = std::fs::read_to_string(dir.join("main.rs")).unwrap();
+    assert_eq!(
+        declared_modules(&main_rs),
+        files,
+        "tests/tests/main.rs declares exactly the files of tests/tests/"
+    );
+    assert_eq!(
+        declared_modules("mod a;\nmod b { }\nmod c;\n"),
+        ["a", "c"],
+        "inline modules are not files"
+    );
 }
