@@ -188,8 +188,11 @@ mod tests {
     }
 
     /// A store farther away than the budget: each polled wave runs out of budget,
-    /// and the host sleeps through a doubling number of waves after each.
-    #[tokio::test]
+    /// and the host sleeps through a doubling number of waves after each. On the
+    /// paused clock a call's millisecond passes only once the poller stops
+    /// (the runtime idles), so however slow the machine, no reply comes within
+    /// the (real) budget.
+    #[tokio::test(start_paused = true)]
     async fn a_far_store_is_mostly_waited_for_asleep() {
         let (calls, stats) = (
             Arc::new(CallsOut::default()),
