@@ -94,10 +94,11 @@ pub fn looks_like_secret(text: &str) -> bool {
     (text.len() == SECRET_LEN || text.len() == SECRET_V2_LEN)
         && text.starts_with(SECRET_PREFIX)
         && text.as_bytes()[SECRET_PREFIX.len() + ID_LEN] == b'_'
-        && text[SECRET_PREFIX.len()..]
-            .bytes()
-            .enumerate()
-            .all(|(i, b)| i == ID_LEN || b.is_ascii_alphanumeric())
+        && {
+            // the id, then the random part (and a v2's checksum), without the `_`
+            let (id, rest) = text.as_bytes()[SECRET_PREFIX.len()..].split_at(ID_LEN);
+            id.iter().chain(&rest[1..]).all(u8::is_ascii_alphanumeric)
+        }
 }
 
 /// The shape of a readable secret.
@@ -379,6 +380,28 @@ mod tests {
                     }
                 }
                 prop_assert!(tried >= SECRET_V2_LEN * 62);
+            }
+
+            /// The shape alone: a character that is not a letter or digit
+            /// anywhere after the prefix but in the `_`'s place is not a secret's
+            /// shape, and the `_` must be there (v1 and v2 lengths).
+            #[test]
+            fn the_shape_refuses_any_foreign_character(
+                random in randoms(),
+                foreign in prop::sample::select(b"_-.! ~/+=\x7f".to_vec()),
+                v1 in any::<bool>(),
+            ) {
+                let (_, s) = new_secret(&random);
+                let s = if v1 { &s[..SECRET_LEN] } else { s.as_str() };
+                prop_assert!(looks_like_secret(s));
+                let underscore = SECRET_PREFIX.len() + ID_LEN;
+                for at in 0..s.len() {
+                    let mut b = s.as_bytes().to_vec();
+                    b[at] = if at == underscore { b'a' } else { foreign };
+                    let changed = String::from_utf8(b).unwrap();
+                    // (the prefix's own `_` replaced by `_` is the secret unchanged)
+                    prop_assert_eq!(looks_like_secret(&changed), changed == s, "{}", changed);
+                }
             }
 
             #[test]
