@@ -382,9 +382,9 @@ mod tests {
                 prop_assert!(tried >= SECRET_V2_LEN * 62);
             }
 
-            /// The shape alone: a character that is not a letter or digit
-            /// anywhere after the prefix but in the `_`'s place is not a secret's
-            /// shape, and the `_` must be there (v1 and v2 lengths).
+            /// The shape alone, at every position of v1 and v2 secrets: a
+            /// foreign character in the prefix, the id or the rest is not a
+            /// secret's shape, and neither is a letter in the `_`'s place.
             #[test]
             fn the_shape_refuses_any_foreign_character(
                 random in randoms(),
