@@ -14,6 +14,7 @@
 --
 -- Returns {1, new version} when saved, {0, current version} when the stored
 -- configuration is not the one the change was based on (nothing is written).
+-- #include revision
 local current = redis.call('GET', KEYS[1])
 local version = ''
 if current then
@@ -30,15 +31,6 @@ redis.call('SET', KEYS[1], ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[3])
 redis.call('LTRIM', KEYS[2], 0, keep - 1)
 if #KEYS == 4 then
-  local rev = redis.pcall('INCR', KEYS[3])
-  if type(rev) == 'table' then
-    -- not a number: a value no instance has seen (see lua/changed.lua)
-    local t = redis.call('TIME')
-    rev = t[1] * 1000000 + t[2]
-    redis.call('SET', KEYS[3], string.format('%d', rev))
-    redis.call('DEL', KEYS[4])
-  end
-  redis.call('LPUSH', KEYS[4], rev .. ' config')
-  redis.call('LTRIM', KEYS[4], 0, (tonumber(ARGV[5]) or 1000) - 1)
+  bump_revision(KEYS[3], KEYS[4], 'config', tonumber(ARGV[5]) or 1000)
 end
 return {1, redis.sha1hex(ARGV[2])}

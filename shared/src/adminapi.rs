@@ -31,7 +31,7 @@ mod sha {
 /// `lua/key_cas.lua`: saves a key's record if the stored one is still the version
 /// the change was based on.
 pub const KEY_CAS: LuaScript = LuaScript {
-    source: include_str!("../../lua/key_cas.lua"),
+    source: sha::KEY_CAS_SOURCE,
     sha1: sha::KEY_CAS_SHA1,
 };
 

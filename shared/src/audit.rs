@@ -13,7 +13,7 @@ mod sha {
 /// `lua/config_cas.lua`: saves the configuration if the stored one is still the
 /// version the change was based on, and appends the audit record, atomically.
 pub const CONFIG_CAS: LuaScript = LuaScript {
-    source: include_str!("../../lua/config_cas.lua"),
+    source: sha::CONFIG_CAS_SOURCE,
     sha1: sha::CONFIG_CAS_SHA1,
 };
 

@@ -29,7 +29,7 @@ pub const LOG_KEEP: usize = 1_000;
 
 /// `lua/changed.lua`: bumps the revision and logs what changed.
 pub const CHANGED: LuaScript = LuaScript {
-    source: include_str!("../../lua/changed.lua"),
+    source: sha::CHANGED_SOURCE,
     sha1: sha::CHANGED_SHA1,
 };
 

@@ -25,25 +25,25 @@ mod sha {
 
 /// `lua/lease_take.lua`.
 pub const LEASE_TAKE: LuaScript = LuaScript {
-    source: include_str!("../../lua/lease_take.lua"),
+    source: sha::LEASE_TAKE_SOURCE,
     sha1: sha::LEASE_TAKE_SHA1,
 };
 
 /// `lua/lease_return.lua`.
 pub const LEASE_RETURN: LuaScript = LuaScript {
-    source: include_str!("../../lua/lease_return.lua"),
+    source: sha::LEASE_RETURN_SOURCE,
     sha1: sha::LEASE_RETURN_SHA1,
 };
 
 /// `lua/pool_take.lua` (a regional store).
 pub const POOL_TAKE: LuaScript = LuaScript {
-    source: include_str!("../../lua/pool_take.lua"),
+    source: sha::POOL_TAKE_SOURCE,
     sha1: sha::POOL_TAKE_SHA1,
 };
 
 /// `lua/pool_add.lua` (a regional store).
 pub const POOL_ADD: LuaScript = LuaScript {
-    source: include_str!("../../lua/pool_add.lua"),
+    source: sha::POOL_ADD_SOURCE,
     sha1: sha::POOL_ADD_SHA1,
 };
 

@@ -13,7 +13,7 @@ mod sha {
 /// `lua/stats_flush.lua`: an instance's counts, sample and last-use times, checked
 /// whole and then written; replies with the sample's length.
 pub const STATS_FLUSH: LuaScript = LuaScript {
-    source: include_str!("../../../lua/stats_flush.lua"),
+    source: sha::STATS_FLUSH_SOURCE,
     sha1: sha::STATS_FLUSH_SHA1,
 };
 
