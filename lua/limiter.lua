@@ -25,14 +25,17 @@
 -- Credits (shared/src/credits.rs): the code is k (no refill), kd:<amount> (set to
 -- amount at 00:00 UTC daily) or km<day>:<amount> (on day 1-31 of each month, the
 -- month's last day when shorter). The live count is a string "<remaining>:<as_of>";
--- absent or unreadable, it is the record's count as of the record's instant. Due
+-- absent or unreadable, it is the record's count as of the record's instant; "moved"
+-- (the key's identity changed, and its live count with it: edge/src/admin.rs) makes
+-- the call return {3, now}, deciding nothing: the caller's record is stale. Due
 -- refills are applied, then the request fits when cost <= remaining. Admitted:
 -- the count is spent and written, expiring at the next refill instant (when an
 -- absent count and the stored one are the same thing) or never without a refill.
 -- Calendar windows (shared/src/calendar.rs) count like a fixed window whose index is
 -- the UTC day its window starts on; the key expires a second after the reset.
 --
--- Returns {admitted, now, then three integers per bucket}, the state as read:
+-- Returns {admitted, now, then three integers per bucket}, the state as read
+-- ({2, now}: stale; {3, now}: the credits moved, see above):
 --   t: full_at (0 = absent), 0, 0
 --   f: the count of the current window, 0, 0
 --   l: the count within the window; the instant of the entry whose expiry makes
@@ -238,6 +241,11 @@ for i = 1, n do
     end
     v1, v2 = a, b
     local raw = redis.pcall('GET', KEYS[i])
+    if raw == 'moved' then
+      -- the key's credits moved to another identity's key (its identity changed):
+      -- the caller's record is stale; nothing is decided, nothing written
+      return {3, now}
+    end
     if type(raw) == 'string' then
       local rr, ra = string.match(raw, '^(%d+):(%d+)$')
       if rr and #rr <= 13 and #ra <= 16 and tonumber(rr) <= MAX_CREDITS and tonumber(ra) <= MAX_INSTANT then

@@ -8,7 +8,8 @@
 -- KEYS[i]           bucket i of the refunded call (only buckets it consumed)
 -- ARGV[1]           the instant the refunded call decided at (its reply's now, µs)
 -- ARGV[4i-2]        the algorithm of bucket i: t, f, l or c (shadow buckets alike)
--- ARGV[4i-1..4i+1]  t: cost µs, 0, 0
+-- ARGV[4i-1..4i+1]  t: cost µs, the bucket's full_at before the call consumed
+--                      (its decision's full_at less the cost; 0: unknown), 0
 --                   f, c: period µs, cost, 0
 --                   l: period µs, cost, the count the call read (its entries were
 --                      named "<now>:<count + j>", j = 1..cost)
@@ -16,7 +17,10 @@
 --                   k (credits): cost, the as_of the call wrote, 0
 --
 -- Returns {the number of buckets given something back}.
---   t: full_at moves back by the cost (GCRA consumptions commute); a bucket full
+--   t: full_at moves back by the cost (GCRA consumptions commute), less the
+--      refill the bucket would have wasted had the call not consumed: without
+--      it, the bucket was full from the base on, so every µs elapsed past the base
+--      is one fewer to give back (as lua/lease_return.lua reckons); a bucket full
 --      by then is deleted (an absent key is a full bucket).
 --   f, c: the window's count drops by the cost, if the window is still the one the
 --      call counted in (a later window never saw it).
@@ -67,12 +71,14 @@ for i = 1, n do
   local code = ARGV[4 * i - 2]
   local a, b, c = tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1])
   if code == 't' then
-    if not (whole(a, 1, MAX_WINDOW + 1)) then
-      return redis.error_reply('ERR floodgate: bad cost for KEYS[' .. i .. ']')
+    if not (whole(a, 1, MAX_WINDOW + 1) and whole(b, 0, MAX_INSTANT)) then
+      return redis.error_reply('ERR floodgate: bad cost or base for KEYS[' .. i .. ']')
     end
+    local owed = a
+    if b > 0 and b < now then owed = a - (now - b) end
     local raw = redis.pcall('GET', KEYS[i])
-    if type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
-      local full_at = tonumber(raw) - a
+    if owed > 0 and type(raw) == 'string' and #raw <= 16 and string.find(raw, '^%d+$') then
+      local full_at = tonumber(raw) - owed
       if full_at <= now then
         redis.call('DEL', KEYS[i])
       else

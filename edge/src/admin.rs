@@ -15,6 +15,7 @@ use floodgate_shared::apikeys::{
 use floodgate_shared::audit::{AUDIT_KEEP, AUDIT_KEY, AuditEntry, CONFIG_CAS, SaveOutcome};
 use floodgate_shared::changes::{CHANGED, Change, LOG_KEEP, LOG_KEY, REV_KEY};
 use floodgate_shared::config::{CONFIG_KEY, ConfigSpec, EdgeConfig};
+use floodgate_shared::credits::{MOVED, MOVED_TTL_MS};
 use floodgate_shared::deny::DenyList;
 use floodgate_shared::keychanges::KeyChanges;
 use floodgate_shared::keys::credits_key;
@@ -448,13 +449,21 @@ async fn save_key<S: Store>(
     now: i64,
 ) -> Result<Option<String>, AdminError> {
     let json = after.to_json();
-    let reply = store
-        .run(
-            &KEY_CAS,
-            &[&record_key(&key.hash)],
-            &[key.version.clone(), json],
-        )
-        .await?;
+    let record = record_key(&key.hash);
+    let change = Change::Key(key.hash.clone()).to_string();
+    // one atomic call saves and announces it where the store takes the records
+    // and the revision together; on Redis Cluster they are in other slots
+    let together = store.one_slot();
+    let reply = if together {
+        let args = [key.version.clone(), json, change, LOG_KEEP.to_string()];
+        store
+            .run(&KEY_CAS, &[&record, REV_KEY, LOG_KEY], &args)
+            .await?
+    } else {
+        store
+            .run(&KEY_CAS, &[&record], &[key.version.clone(), json])
+            .await?
+    };
     let version = match &reply {
         Value::Array(items) => match items.as_slice() {
             [Value::Int(1), version] => version.as_str().map(str::to_string),
@@ -465,7 +474,9 @@ async fn save_key<S: Store>(
     }
     .ok_or_else(|| StoreError::protocol(format!("unexpected key_cas reply {reply:?}")))?;
     write_previous(store, after, now).await?;
-    key_changed(store, &key.hash).await?;
+    if !together {
+        key_changed(store, &key.hash).await?;
+    }
     Ok(Some(version))
 }
 
@@ -523,7 +534,14 @@ pub async fn modify_key<S: Store>(
         after.id.clone_from(&key.record.id);
         after.created = key.record.created;
         after.validate()?;
-        if let Some(version) = save_key(store, &key, &after, now).await? {
+        // the live credits first (moved with the identity, or restarted), so
+        // no edge ever decides by the new record without them
+        let credits = LiveCredits::write(store, &key.record, &after).await?;
+        let saved = save_key(store, &key, &after, now).await;
+        if !matches!(saved, Ok(Some(_))) {
+            credits.undo(store).await?;
+        }
+        if let Some(version) = saved? {
             return Ok((key.record, after, version));
         }
         if let Some(v) = if_match {
@@ -622,7 +640,6 @@ pub async fn update_key<S: Store>(
         Ok(after)
     })
     .await?;
-    restart_credits(store, &before, &after).await?;
     Ok((before, after))
 }
 
@@ -636,26 +653,100 @@ pub async fn change_key<S: Store>(
     if_match: Option<&str>,
     now: i64,
 ) -> Result<(KeyRecord, KeyRecord, String), AdminError> {
-    let (before, after, version) = modify_key(store, id, if_match, now, |r| {
+    modify_key(store, id, if_match, now, |r| {
         refuse_revoked(r)?;
         Ok(changes.apply(r, now).map_err(PolicyError::from)?)
     })
-    .await?;
-    restart_credits(store, &before, &after).await?;
-    Ok((before, after, version))
+    .await
 }
 
-/// A change of a key's credits starts its live count again from the new
-/// record ([`set_live_credits`]); other changes leave the count alone.
-async fn restart_credits<S: Store>(
-    store: &S,
-    before: &KeyRecord,
-    after: &KeyRecord,
-) -> Result<(), AdminError> {
-    if before.credits != after.credits {
-        set_live_credits(store, after, redis_now(store).await?).await?;
+/// What a key change did to its live credits (`shared/src/credits.rs`), written
+/// before the record is saved and undone if the save does not happen:
+///
+/// - its credits changed: the live count starts again from the new record;
+/// - its identity changed (and with it the key the live count is under): the
+///   old key's count is taken and replaced by [`MOVED`] in ONE command (an edge
+///   still deciding by the old record spends no more there, and reads the record
+///   again), then written under the new key — spent credits are never given back.
+#[derive(Default)]
+struct LiveCredits {
+    /// What the old and the new key held before (`None`: absent), to put back.
+    undo: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl LiveCredits {
+    async fn write<S: Store>(
+        store: &S,
+        before: &KeyRecord,
+        after: &KeyRecord,
+    ) -> Result<Self, AdminError> {
+        let (old, new) = (credits_key_of(before), credits_key_of(after));
+        let moved = old != new && before.credits.is_some();
+        if !moved && before.credits == after.credits {
+            return Ok(Self::default());
+        }
+        let now_us = redis_now(store).await?;
+        let mut written = Self::default();
+        let mut count = after.credits.map(|c| c.start(now_us));
+        if moved {
+            let held = swap(store, &old, Some(MOVED.as_bytes()), Some(MOVED_TTL_MS)).await?;
+            if held.as_deref() == Some(MOVED.as_bytes()) {
+                // another change is moving them: nothing of ours to put back
+                return Err(AdminError::KeyConflict {
+                    id: before.id.clone(),
+                    based_on: "its credits".into(),
+                    current: "moving them already".into(),
+                });
+            }
+            written.undo.push((old, held.clone()));
+            if before.credits == after.credits
+                && let Some(c) = before.credits
+            {
+                let text = held.as_deref().and_then(|h| std::str::from_utf8(h).ok());
+                count = Some(c.live(text, before.credits_origin(), now_us));
+            }
+        }
+        let refill = after.credits.and_then(|c| c.refill);
+        let ttl = refill.map(|r| r.live_ttl_ms(now_us).max(1) as u64);
+        let text = count.map(|c| c.stored());
+        let held = swap(store, &new, text.as_deref().map(str::as_bytes), ttl).await?;
+        written.undo.insert(0, (new, held));
+        Ok(written)
     }
-    Ok(())
+
+    /// Puts back what [`LiveCredits::write`] replaced (the record was not saved).
+    async fn undo<S: Store>(self, store: &S) -> Result<(), AdminError> {
+        for (key, held) in self.undo {
+            swap(store, &key, held.as_deref(), None).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The key a record's live credits are under.
+fn credits_key_of(record: &KeyRecord) -> String {
+    credits_key(&record.id, record.identity.as_deref())
+}
+
+/// Sets `key` to `value` (`None`: deletes it), expiring after `ttl_ms`, in one
+/// command: what it held before.
+async fn swap<S: Store>(
+    store: &S,
+    key: &str,
+    value: Option<&[u8]>,
+    ttl_ms: Option<u64>,
+) -> Result<Option<Vec<u8>>, AdminError> {
+    let Some(value) = value else {
+        let held = store.command(&[b"GETDEL", key.as_bytes()]).await?;
+        return Ok(held.into_bytes()?);
+    };
+    let ttl = ttl_ms.map(|t| t.to_string());
+    let mut args: Vec<&[u8]> = vec![b"SET", key.as_bytes(), value];
+    if let Some(t) = &ttl {
+        args.extend([b"PX".as_slice(), t.as_bytes()]);
+    }
+    args.push(b"GET");
+    Ok(store.command(&args).await?.into_bytes()?)
 }
 
 /// Refuses a plan (of a new key or a change) that the stored configuration does

@@ -32,6 +32,13 @@
 //! amount); without a refill it never expires (it is the only record of what was
 //! spent) and goes with the key.
 //!
+//! **Moving credits.** A key's live count is in its identity's hash tag, so a
+//! change of identity moves it: the old key's count is taken and replaced by
+//! [`MOVED`] in one command, then written under the new key, then the record
+//! changes (`edge/src/admin.rs`, `change_key`). A request decided meanwhile by
+//! the old record finds [`MOVED`] and is decided again on the record as read
+//! anew; spent credits are never given back.
+//!
 //! **Changing credits later.** Setting new credits writes the live count:
 //! [`CreditState::stored`] of `{remaining, as_of: now}` (Redis' clock), with
 //! [`Refill::live_ttl_ms`]'s expiry (`edge/src/admin.rs`, `set_live_credits`);
@@ -42,6 +49,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::calendar::{day_window, monthly_window};
 use crate::time::Micros;
+
+/// What a live count's key holds once the count moved to another key (the key's
+/// identity changed, and the credits' key with it: `edge/src/admin.rs`). An edge
+/// still deciding by the old record finds it and decides nothing (the limiter
+/// answers [`crate::script::Moved`]); it reads the record again. Kept for a day:
+/// longer than any instance serves a record without reading it again, outages
+/// aside.
+pub const MOVED: &str = "moved";
+
+/// How long [`MOVED`] stays (ms).
+pub const MOVED_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// The most credits a key may hold or a refill set: every count stays exact in
 /// a Lua script's doubles (below 2^53).
@@ -115,6 +133,16 @@ impl Credits {
             remaining: self.remaining,
             as_of: now,
         }
+    }
+
+    /// The count in force at `now` of a key whose live count reads `stored`:
+    /// absent or unreadable, these credits as of `origin` (what the limiter
+    /// decides by, `lua/limiter.lua`), with the refills due since applied.
+    pub fn live(&self, stored: Option<&str>, origin: Micros, now: Micros) -> CreditState {
+        stored
+            .and_then(CreditState::parse_stored)
+            .unwrap_or_else(|| self.start(origin))
+            .at(self.refill.as_ref(), now)
     }
 }
 

@@ -320,6 +320,14 @@ impl KeyRecord {
         }
     }
 
+    /// The instant (µs) the record's credits stand as of while the store holds no
+    /// live count for them: the key's creation (`shared/src/credits.rs`).
+    pub fn credits_origin(&self) -> crate::time::Micros {
+        self.created
+            .saturating_mul(crate::time::MICROS_PER_SEC)
+            .clamp(0, crate::time::MAX_INSTANT)
+    }
+
     /// Every bound of a stored record (none depends on the time: a stored key
     /// may have expired).
     pub fn check(&self) -> Result<(), RecordError> {

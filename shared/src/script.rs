@@ -49,25 +49,25 @@ impl LuaScript {
 
 /// `lua/token_bucket.lua`.
 pub const TOKEN_BUCKET: LuaScript = LuaScript {
-    source: include_str!("../../lua/token_bucket.lua"),
+    source: sha::TOKEN_BUCKET_SOURCE,
     sha1: sha::TOKEN_BUCKET_SHA1,
 };
 
 /// `lua/limiter.lua`: every algorithm and shadow buckets, in one atomic call.
 pub const LIMITER: LuaScript = LuaScript {
-    source: include_str!("../../lua/limiter.lua"),
+    source: sha::LIMITER_SOURCE,
     sha1: sha::LIMITER_SHA1,
 };
 
 /// `lua/refund.lua`: gives back what an admitted call consumed (see [`refund_call`]).
 pub const REFUND: LuaScript = LuaScript {
-    source: include_str!("../../lua/refund.lua"),
+    source: sha::REFUND_SOURCE,
     sha1: sha::REFUND_SHA1,
 };
 
 /// `lua/in_flight.lua`: takes one in-flight slot (the concurrency limiter).
 pub const IN_FLIGHT: LuaScript = LuaScript {
-    source: include_str!("../../lua/in_flight.lua"),
+    source: sha::IN_FLIGHT_SOURCE,
     sha1: sha::IN_FLIGHT_SHA1,
 };
 
@@ -114,6 +114,18 @@ pub fn stale_reply(reply: &[i64]) -> Option<Stale> {
     }
 }
 
+/// The limiter found the key's live credits moved to another key (the key's
+/// identity changed since the record the call was built from, see
+/// [`crate::credits::MOVED`]): nothing was decided or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the key's credits moved to another identity: its record is stale")]
+pub struct Moved;
+
+/// The reply `{3, now}` of the limiter finding the key's credits moved.
+pub fn moved_reply(reply: &[i64]) -> Option<Moved> {
+    matches!(reply, [3, _]).then_some(Moved)
+}
+
 /// At most this many buckets are checked in one call.
 pub const MAX_CHECKS: usize = 16;
 
@@ -141,9 +153,14 @@ impl<'a> Check<'a> {
 
 /// Whether a call needs [`LIMITER`]: some bucket is not an enforced token bucket.
 pub fn needs_limiter(checks: &[Check<'_>]) -> bool {
-    checks
-        .iter()
-        .any(|c| c.shadow || c.quota.algorithm() != Algorithm::TokenBucket)
+    checks.iter().any(|c| needs_limiter_for(c.quota, c.shadow))
+}
+
+/// Whether one bucket of `quota` (`shadow` or not) takes [`LIMITER`] rather than
+/// [`TOKEN_BUCKET`], whose calls alone decide identical requests together
+/// ([`merge`]).
+pub fn needs_limiter_for(quota: &Quota, shadow: bool) -> bool {
+    shadow || quota.algorithm() != Algorithm::TokenBucket
 }
 
 /// A key's credits, decided in the same [`LIMITER`] call as its buckets (the
@@ -664,12 +681,17 @@ pub fn refund_call<'a>(
             continue;
         }
         match q.algorithm() {
-            Algorithm::TokenBucket => args.extend([
-                "t".into(),
-                q.cost_window(c.cost).to_string(),
-                "0".into(),
-                "0".into(),
-            ]),
+            Algorithm::TokenBucket => {
+                // full_at before the call consumed: the refund never gives back
+                // the refill the bucket would have wasted, full, since then
+                let window = q.cost_window(c.cost);
+                args.extend([
+                    "t".into(),
+                    window.to_string(),
+                    (d.full_at - window).max(0).to_string(),
+                    "0".into(),
+                ])
+            }
             Algorithm::FixedWindow | Algorithm::SlidingCounter => {
                 let code = if q.algorithm() == Algorithm::FixedWindow {
                     "f"

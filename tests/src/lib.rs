@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod dash;
 pub mod docs;
+pub mod faulty;
 pub mod gateway;
 pub mod http;
 pub mod process;

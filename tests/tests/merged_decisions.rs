@@ -298,3 +298,71 @@ async fn a_busy_keys_concurrent_requests_share_script_calls(kind: floodgate_test
         ),
     }
 }
+
+/// Issue 39, smell 3: only token buckets' checks are decided together. Two
+/// identical concurrent requests of a sliding-window policy (fail-closed) whose
+/// store breaks after its first script call: the one admitted is the only one
+/// charged. (Before: they joined one group, whose call made one round trip per
+/// request; the first admitted and consumed, the second failed, and both were
+/// refused 503 with the first's token never given back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_sliding_window_requests_are_not_merged_and_a_refusal_costs_nothing() {
+    use floodgate_edge::pipeline::{Pipeline, PipelineConfig};
+    use floodgate_tests::faulty::Faulty;
+    let redis = RedisServer::start();
+    let inner = RespStore::connect(&redis.url(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    let config = r#"{"policies":[{"name":"log","dimensions":["api_key"],
+      "quota":{"capacity":10,"period":"1h"},"algorithm":"sliding_log","failure_mode":"fail_closed"}],"plans":{"free":["log"]}}"#;
+    floodgate_edge::admin::set_config(&inner, config)
+        .await
+        .unwrap();
+    let (_, secret) = floodgate_edge::admin::create_key(&inner, "t", "free", 1_764_000_000)
+        .await
+        .unwrap();
+    let store: &'static Faulty<RespStore> = Box::leak(Box::new(Faulty::new(inner)));
+    let settings = PipelineConfig {
+        coalesce: true,
+        throttle_memory: false,
+        ..PipelineConfig::default()
+    };
+    let p = Pipeline::new(store, floodgate_shared::time::SystemClock, settings);
+    let auth = format!("Bearer {secret}");
+    let head = || floodgate_edge::pipeline::RequestHead {
+        path: "/v1/items",
+        credentials: Some(auth.as_bytes()),
+        client_ip: None,
+        country: None,
+        user_agent: None,
+    };
+    let remaining = |d: &floodgate_edge::pipeline::Decided| -> Option<u64> {
+        let admit = d.gate.as_ref().ok()?;
+        admit
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-ratelimit-remaining"))
+            .and_then(|(_, v)| v.parse().ok())
+    };
+    // warm: the records are cached, the script loaded
+    let first = p.gate(head()).await;
+    assert_eq!(remaining(&first), Some(9));
+    for t in first.background {
+        t.await;
+    }
+    // the next script call succeeds, the one after it fails
+    let from = store.calls() + 2;
+    store.fail(move |_, n| n >= from);
+    let (a, b) = tokio::join!(p.gate(head()), p.gate(head()));
+    let admitted = [&a, &b].iter().filter(|d| d.gate.is_ok()).count() as u64;
+    for t in a.background.into_iter().chain(b.background) {
+        t.await;
+    }
+    store.fail(|_, _| false);
+    let last = p.gate(head()).await;
+    assert_eq!(
+        remaining(&last),
+        Some(10 - 1 - admitted - 1),
+        "{admitted} of the two admitted: only they may have cost a token"
+    );
+}

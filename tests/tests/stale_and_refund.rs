@@ -187,3 +187,30 @@ fn malformed_refunds_get_a_clear_error_and_foreign_values_are_left_alone() {
     let v: String = redis::cmd("GET").arg("k").query(&mut c).unwrap();
     assert_eq!(v, "not a bucket");
 }
+
+/// Issue 39, smell 6: a refund never gives back the refill a bucket would have
+/// wasted. A call consumes a full bucket's one token (a token every 2 s); the
+/// bucket refills; another call consumes it again; then the first call is
+/// refunded. Without the first call the bucket would have been full (wasting
+/// its refill) until the second, which would still have taken the token: the
+/// refund owes nothing. (Before: it moved full_at back by a whole token and
+/// deleted the bucket — two admissions for the one token the bucket held.)
+#[tokio::test]
+async fn a_refund_never_gives_back_refill_the_bucket_would_have_wasted() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let q = Quota::new(1, 1, 2_000_000).unwrap();
+    let key = unique_key("wasted");
+    let checks = [Check::new(&key, &q, 1)];
+    let refunded = store.check(&checks, None).await.unwrap();
+    assert!(refunded.admitted);
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    let second = store.check(&checks, None).await.unwrap();
+    assert!(second.admitted, "refilled after 2 s");
+    store.refund(&checks, &refunded).await.unwrap();
+    assert_eq!(
+        remaining(&store, &key, &q).await,
+        0,
+        "the second call's token stays taken"
+    );
+}

@@ -20,7 +20,7 @@ use super::guarded::{Called, drain};
 use super::limits::{Limits, OwnedCheck, OwnedCredit, as_checks};
 use super::{Admit, BoxFuture, DEGRADED_HEADER, Pipeline, Reply, Task, boxed};
 use crate::stats::Outcome;
-use crate::store::{MaybeSend, MaybeSync, Store, StoreError};
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
 
 /// What the exact check found.
 pub struct Checked {
@@ -33,6 +33,22 @@ pub struct Checked {
     pub owned: Arc<Vec<OwnedCheck>>,
     /// The key's credits, for a refund too.
     pub credit: Option<Arc<OwnedCredit>>,
+}
+
+/// Why the exact check did not decide.
+pub(super) enum Undecided {
+    /// The store could not decide: the failure mode answered.
+    Answered(Result<Admit, Reply>),
+    /// The key's credits moved to another identity's key since its record was
+    /// read (`floodgate_shared::credits::MOVED`): nothing was decided; the
+    /// record is stale.
+    Moved,
+}
+
+impl From<Result<Admit, Reply>> for Undecided {
+    fn from(answer: Result<Admit, Reply>) -> Self {
+        Undecided::Answered(answer)
+    }
 }
 
 /// The most turns of the event loop a group's leader waits for riders.
@@ -60,12 +76,17 @@ where
         &self,
         limits: &Limits<'_>,
         later: &mut Vec<Task>,
-    ) -> Result<Checked, Result<Admit, Reply>> {
+    ) -> Result<Checked, Undecided> {
         let credit = limits.credit().map(Arc::new);
         let mode = limits.mode();
-        // a key with credits is decided alone (its credits are its own), and a
-        // local share is each request's own
-        if self.settings.coalesce && credit.is_none() && mode != FailureMode::LocalFallback {
+        // a key with credits is decided alone (its credits are its own), a local
+        // share is each request's own, and only the token bucket script decides
+        // several requests in one call
+        if self.settings.coalesce
+            && credit.is_none()
+            && mode != FailureMode::LocalFallback
+            && limits.mergeable()
+        {
             let owned = || Arc::new(limits.checks());
             match self.coalescer.join(|g| limits.checks_are(g), owned, mode) {
                 Role::Leader(ticket) => {
@@ -106,7 +127,9 @@ where
                             return Ok(self.checked(limits, credited, sent, owned, credit, later));
                         }
                         // the leader settles a late reply for the group
-                        Ok(Share::Failed(e)) => return Err(self.group_failed(limits, vec![], &e)),
+                        Ok(Share::Failed(e)) => {
+                            return Err(self.group_failed(limits, vec![], &e).into());
+                        }
                         // the leader went away before calling: decide alone
                         Err(_) => return self.check_alone(limits, owned, credit, later).await,
                     }
@@ -125,7 +148,7 @@ where
         owned: Arc<Vec<OwnedCheck>>,
         credit: Option<Arc<OwnedCredit>>,
         later: &mut Vec<Task>,
-    ) -> Result<Checked, Result<Admit, Reply>> {
+    ) -> Result<Checked, Undecided> {
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
         // a busy store's call is waited for up to the ceiling (Guarded::call): the
@@ -144,6 +167,9 @@ where
             Called::Done(credited) => {
                 Ok(self.checked(limits, credited, sent, owned, credit, later))
             }
+            // nothing decided, the store fine: the request is decided again on
+            // its key's record as read anew
+            Called::Failed(e, _) if e.kind == StoreErrorKind::Moved => Err(Undecided::Moved),
             Called::Failed(e, late) => {
                 self.leases.global_answered(false);
                 let answer = self.failure_mode(limits, &e);
@@ -154,7 +180,7 @@ where
                     }
                     late => later.extend(late.map(drain)),
                 }
-                Err(answer)
+                Err(answer.into())
             }
         }
     }
@@ -169,7 +195,7 @@ where
         owned: Arc<Vec<OwnedCheck>>,
         riders: Vec<futures_channel::oneshot::Sender<Share>>,
         later: &mut Vec<Task>,
-    ) -> Result<Checked, Result<Admit, Reply>> {
+    ) -> Result<Checked, Undecided> {
         let n = riders.len() + 1;
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
@@ -201,7 +227,7 @@ where
             Called::Done(verdicts) => {
                 let e =
                     StoreError::protocol(format!("{} verdicts for {n} requests", verdicts.len()));
-                Err(self.group_failed(limits, riders, &e))
+                Err(self.group_failed(limits, riders, &e).into())
             }
             Called::Failed(e, late) => {
                 let answer = self.group_failed(limits, riders, &e);
@@ -211,7 +237,7 @@ where
                     Some(late) if answer.is_err() => later.push(self.refund_late_many(late, owned)),
                     late => later.extend(late.map(drain)),
                 }
-                Err(answer)
+                Err(answer.into())
             }
         }
     }

@@ -15,8 +15,8 @@ use floodgate_shared::credits::{CreditDecision, Credits};
 use floodgate_shared::keys::credits_key;
 use floodgate_shared::policy::{FailureMode, Policy, Quota};
 use floodgate_shared::routes::Route;
-use floodgate_shared::script::{Check, CreditCheck, Verdict};
-use floodgate_shared::time::{Clock, MAX_INSTANT, MICROS_PER_SEC, Micros};
+use floodgate_shared::script::{Check, CreditCheck, Verdict, needs_limiter_for};
+use floodgate_shared::time::{Clock, Micros};
 
 use super::{Pipeline, Reply, RequestHead};
 use crate::store::{MaybeSend, MaybeSync, Store};
@@ -59,11 +59,7 @@ impl Limits<'_> {
         Some(OwnedCredit {
             key: credits_key(&self.record.id, self.record.identity.as_deref()),
             credits,
-            origin: self
-                .record
-                .created
-                .saturating_mul(MICROS_PER_SEC)
-                .clamp(0, MAX_INSTANT),
+            origin: self.record.credits_origin(),
             cost: 1,
         })
     }
@@ -107,6 +103,15 @@ impl Limits<'_> {
             }
             Err(reply) => Err(reply.with_headers(extra)),
         }
+    }
+
+    /// Whether identical requests' checks can share one call: the token bucket
+    /// script decides several at one instant in one call
+    /// ([`floodgate_shared::script::merge`]); no other script can.
+    pub fn mergeable(&self) -> bool {
+        self.policies
+            .iter()
+            .all(|(_, p)| !needs_limiter_for(p.quota(), p.shadow()))
     }
 
     /// Whether `owned` are this request's bucket checks (without making them).

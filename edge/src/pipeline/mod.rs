@@ -63,6 +63,7 @@ use std::sync::{Arc, Mutex};
 use floodgate_shared::time::{Clock, Micros};
 
 pub use self::answer::{Admit, DEGRADED_HEADER, Reply, Slot};
+use self::check::Undecided;
 pub use self::events::{LogEvent, StoreRole};
 use self::guarded::Guarded;
 pub use self::health::Health;
@@ -253,12 +254,19 @@ where
     /// Decides what happens to one request.
     pub async fn gate(&self, req: RequestHead<'_>) -> Decided {
         let mut background = vec![];
-        let gate = self.phases(&req, &mut background).await;
+        let gate = self.phases(&req, &mut background, true).await;
         Decided { gate, background }
     }
 
-    /// The request's way through the edge, phase by phase.
-    async fn phases(&self, req: &RequestHead<'_>, later: &mut Vec<Task>) -> Result<Admit, Reply> {
+    /// The request's way through the edge, phase by phase. `again`: a check that
+    /// finds the key's record stale (its credits moved, [`check::Undecided::Moved`])
+    /// reads the record anew and decides once more.
+    async fn phases(
+        &self,
+        req: &RequestHead<'_>,
+        later: &mut Vec<Task>,
+        again: bool,
+    ) -> Result<Admit, Reply> {
         let secret = caller::credentials(req, self.settings.bearer)?;
         let caller = match self.caller(secret, req, later).await {
             Ok(c) => c,
@@ -285,7 +293,8 @@ where
         self.recently_throttled(&limits)?;
         let checked = match self.check(&limits, later).await {
             Ok(checked) => checked,
-            Err(failure_mode) => return failure_mode,
+            Err(Undecided::Answered(failure_mode)) => return failure_mode,
+            Err(Undecided::Moved) => return Box::pin(self.moved(secret, req, later, again)).await,
         };
         let headers = limits.answer_credited(&checked.verdict, checked.credits.as_ref())?;
         let latency = checked.latency;
@@ -299,5 +308,29 @@ where
             Held::Slots(slots) => admit(slots),
             Held::Unlimited => admit(vec![]).with_header(DEGRADED_HEADER, "fail-open"),
         })
+    }
+
+    /// The key's credits moved while this instance held its record (an operator
+    /// changed its identity): the record is read anew and the request decided
+    /// once more. A second move in a row (the change still under way) is
+    /// refused like any call that could not decide a key with credits: 503,
+    /// nothing spent.
+    async fn moved(
+        &self,
+        secret: &str,
+        req: &RequestHead<'_>,
+        later: &mut Vec<Task>,
+        again: bool,
+    ) -> Result<Admit, Reply> {
+        self.records
+            .forget_key(&floodgate_shared::apikeys::hash_secret(secret));
+        if again {
+            return self.phases(req, later, false).await;
+        }
+        Err(self.degraded_refusal(
+            None,
+            None,
+            "the key's credits are moving to another identity",
+        ))
     }
 }

@@ -236,6 +236,11 @@ impl Records {
         self.look(lock(&self.keys).get(hash), now)
     }
 
+    /// Drops the key record of `hash`: the next request reads it on its path.
+    pub fn forget_key(&self, hash: &str) {
+        lock(&self.keys).remove(hash);
+    }
+
     /// Caches the key record of `hash` (`None`: no such key) read at `now` with
     /// revision `rev`.
     pub fn set_key(

@@ -6,13 +6,20 @@
 //! never admits a request the store would have denied, and it stops no later than
 //! the instant the store would admit again (anchored at the call's start on this
 //! instance's clock, so at most one round trip early, never late).
+//!
+//! A denial holds only for the policy that made it: each is remembered with the
+//! quota and cost it was decided by, and a request whose policy reads otherwise
+//! now (the operator raised the quota, changed the algorithm or the route's
+//! cost) is decided by the store again. Bucket keys name the policy, not its
+//! quota, so the key alone would answer from the old decision until its
+//! Retry-After ran out (a daily quota: for hours).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use floodgate_shared::bucket::{Admission, Decision};
 use floodgate_shared::contract::{PolicyState, RateLimitHeaders, ietf_fields, jittered};
-use floodgate_shared::policy::Policy;
+use floodgate_shared::policy::{Policy, Quota};
 use floodgate_shared::script::Verdict;
 use floodgate_shared::stats::PolicyOutcome;
 use floodgate_shared::time::{Clock, Micros, ceil_secs};
@@ -31,6 +38,16 @@ pub struct Throttled {
     /// Local instant at which the bucket is full again (`X-RateLimit-Reset`).
     pub full_at: Micros,
     pub limit: u64,
+    /// The quota and cost the store decided by: the memory holds only for them.
+    pub quota: Quota,
+    pub cost: u32,
+}
+
+impl Throttled {
+    /// Whether this denial was decided by `policy` as it reads now.
+    fn holds_for(&self, policy: &Policy) -> bool {
+        self.quota == *policy.quota() && self.cost == policy.cost()
+    }
 }
 
 /// The buckets throttled recently, until they admit again.
@@ -43,19 +60,25 @@ pub struct ThrottleMemory {
 const MAX_REMEMBERED: usize = 100_000;
 
 impl ThrottleMemory {
-    /// The buckets still throttled at `now` among `keys`, with each one's index.
+    /// The buckets still throttled at `now` among `buckets` (key, policy as it
+    /// reads now), with each one's index: only denials its policy made.
     pub fn lookup<'a>(
         &self,
-        keys: impl IntoIterator<Item = &'a str>,
+        buckets: impl IntoIterator<Item = (&'a str, &'a Policy)>,
         now: Micros,
     ) -> Vec<(usize, Throttled)> {
         let map = lock(&self.until);
         if map.is_empty() {
             return vec![];
         }
-        keys.into_iter()
+        buckets
+            .into_iter()
             .enumerate()
-            .filter_map(|(i, k)| map.get(k).filter(|d| d.until > now).map(|d| (i, *d)))
+            .filter_map(|(i, (k, p))| {
+                map.get(k)
+                    .filter(|d| d.until > now && d.holds_for(p))
+                    .map(|d| (i, *d))
+            })
             .collect()
     }
 
@@ -86,7 +109,7 @@ where
         let now = limits.started;
         let hits = self
             .throttled
-            .lookup(limits.enforced().map(|(k, _)| k.as_str()), now);
+            .lookup(limits.enforced().map(|(k, p)| (k.as_str(), *p)), now);
         let Some((_, worst)) = hits.iter().max_by_key(|(_, d)| d.until) else {
             return Ok(());
         };
@@ -124,7 +147,7 @@ where
         sent: Micros,
         finished: Micros,
     ) {
-        for ((key, _), d) in limits
+        for ((key, policy), d) in limits
             .policies
             .iter()
             .zip(&verdict.decisions)
@@ -141,6 +164,8 @@ where
                     until: sent + wait,
                     full_at: sent + (d.full_at - d.now),
                     limit: d.limit,
+                    quota: *policy.quota(),
+                    cost: policy.cost(),
                 };
                 self.throttled.remember(key, throttled, finished);
             }

@@ -20,9 +20,9 @@ use floodgate_shared::Micros;
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, Taken, leases_key};
 use floodgate_shared::script::merge::{self, SharedClock};
 use floodgate_shared::script::{
-    CallError, Check, CreditCheck, Credited, IN_FLIGHT, LuaScript, ProtocolError, REFUND, Stale,
-    TOKEN_BUCKET, Verdict, When, can_watch, credited_call, credited_refund_call, interpret,
-    interpret_credited, refund_call, script_call, stale_reply, watched_reply,
+    CallError, Check, CreditCheck, Credited, IN_FLIGHT, LuaScript, Moved, ProtocolError, REFUND,
+    Stale, TOKEN_BUCKET, Verdict, When, can_watch, credited_call, credited_refund_call, interpret,
+    interpret_credited, moved_reply, refund_call, script_call, stale_reply, watched_reply,
 };
 use floodgate_shared::stats::{STATS_FLUSH, StatsWrite};
 
@@ -60,6 +60,10 @@ pub enum StoreErrorKind {
     Redis(RedisErrorKind),
     /// The reply did not have the agreed shape, or the call was malformed.
     Protocol,
+    /// The key's credits moved to another identity's key since the record the
+    /// call was built from ([`Moved`]): nothing was decided. The store is fine;
+    /// the caller reads the record again.
+    Moved,
 }
 
 impl StoreErrorKind {
@@ -72,6 +76,7 @@ impl StoreErrorKind {
             StoreErrorKind::Redis(_) => "redis",
             StoreErrorKind::Protocol => "protocol",
             StoreErrorKind::Stale => "stale",
+            StoreErrorKind::Moved => "moved",
         }
     }
 }
@@ -197,7 +202,7 @@ impl StoreError {
         match self.kind {
             StoreErrorKind::Timeout | StoreErrorKind::Stale | StoreErrorKind::Connect => true,
             StoreErrorKind::Redis(k) => k.is_transient(),
-            StoreErrorKind::Auth | StoreErrorKind::Protocol => false,
+            StoreErrorKind::Auth | StoreErrorKind::Protocol | StoreErrorKind::Moved => false,
         }
     }
 
@@ -222,6 +227,12 @@ impl From<CallError> for StoreError {
 impl From<ProtocolError> for StoreError {
     fn from(e: ProtocolError) -> Self {
         Self::protocol(e.to_string())
+    }
+}
+
+impl From<Moved> for StoreError {
+    fn from(e: Moved) -> Self {
+        Self::new(StoreErrorKind::Moved, e.to_string())
     }
 }
 
@@ -472,6 +483,8 @@ pub trait Store: MaybeSync {
     /// decided one after another at one instant
     /// ([`floodgate_shared::script::merge`]): each request's verdict, in order —
     /// what its own call would have answered (a stale call is stale for all).
+    /// Only the token bucket script merges: other checks are refused, never
+    /// made one call after another within one call's deadline.
     fn check_many(
         &self,
         checks: &[Check<'_>],
@@ -485,12 +498,13 @@ pub trait Store: MaybeSync {
                 .ok()
                 .filter(|(script, _)| script.sha1 == TOKEN_BUCKET.sha1)
                 .and_then(|(_, args)| SharedClock::parse(&args[0]).map(|c| (c, args)));
-            let Some((clock, mut args)) = clock.filter(|_| count > 1) else {
-                let mut verdicts = Vec::with_capacity(count);
-                for _ in 0..count {
-                    verdicts.push(self.check_watching(checks, when, rev_key).await?);
-                }
-                return Ok(verdicts);
+            if count == 1 {
+                return Ok(vec![self.check_watching(checks, when, rev_key).await?]);
+            }
+            let Some((clock, mut args)) = clock else {
+                return Err(StoreError::protocol(format!(
+                    "{count} requests in one call: only token buckets' checks merge"
+                )));
             };
             args[0] = clock.counted(count);
             let watch = self.one_slot();
@@ -541,6 +555,9 @@ pub trait Store: MaybeSync {
             let reply = self.run_ints(script, &keys, &args).await?;
             if let Some(stale) = stale_reply(&reply) {
                 return Err(stale.into());
+            }
+            if let Some(moved) = moved_reply(&reply) {
+                return Err(moved.into());
             }
             Ok(interpret_credited(checks, Some(credit), &reply)?)
         }
