@@ -568,3 +568,84 @@ async fn a_bounded_policy_counts_its_local_share_refills_and_outstanding_tokens(
         "exact policies are not counted"
     );
 }
+
+/// Issue 39, smell 2: a lease refill claimed by a request whose background
+/// tasks never ran (the request dropped before the host spawned them, an
+/// evicted isolate) is taken as lost after a while, as record claims are: the
+/// key's refills resume. (Before: the claim stayed for good, and every later
+/// request of the key on that instance took the exact path.)
+#[tokio::test]
+async fn a_lost_lease_refill_does_not_stop_the_keys_refills_for_good() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    advance(clock, store, 60_000);
+    // the first request claims the key's first lease; its tasks never run
+    let dropped = p.gate(head(&auth)).await;
+    assert!(!dropped.background.is_empty(), "a refill was due");
+    drop(dropped);
+    assert_eq!(leases_taken(store), 0);
+    // 12 s of requests below the quota's rate
+    for i in 0..100 {
+        advance(clock, store, 120_000);
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "request {i}");
+    }
+    assert!(
+        leases_taken(store) >= 1,
+        "the key's refills resumed once the lost claim expired"
+    );
+    assert!(p.health().leased >= 10, "{:?}", p.health());
+}
+
+/// Issue 39: tokens leased under a policy's old terms are not spent once the
+/// operator changed them (a raised quota with a lowered bound here): the
+/// instance's leases of the bucket go (retired: a shortfall, never an
+/// overshoot), and the first request under the new terms is decided by the
+/// global store. (Before: the instance spent its old leases, taken under a bound
+/// of 8, against a bound of 2.)
+#[tokio::test]
+async fn leases_taken_under_a_policys_old_terms_are_not_spent_after_it_changed() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "bounded");
+    let clock = clock();
+    let p = pipeline(store, clock);
+    for i in 0..40 {
+        advance(clock, store, 60_000);
+        assert_eq!(
+            status(&settle(p.gate(head(&auth)).await).await),
+            200,
+            "request {i}"
+        );
+    }
+    assert!(p.health().leased >= 20, "{:?}", p.health());
+    let changed_config = CONFIG.replace(
+        r#""capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8"#,
+        r#""capacity":40,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":2"#,
+    );
+    assert_ne!(changed_config, CONFIG);
+    store.records.lock().unwrap().insert(
+        floodgate_shared::config::CONFIG_KEY.into(),
+        changed_config.into_bytes(),
+    );
+    common::changed(store, floodgate_shared::changes::Change::Config);
+    // the instance learns of the change (a revision check, then the read)
+    let mut seen = false;
+    for _ in 0..200 {
+        advance(clock, store, 60_000);
+        let checks = store.checks.load(Ordering::SeqCst);
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200);
+        if header(&g, "X-RateLimit-Limit") == Some("40") {
+            assert_eq!(
+                store.checks.load(Ordering::SeqCst),
+                checks + 1,
+                "the first request under the new terms is decided by the global bucket"
+            );
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "the change reached the instance");
+}

@@ -1072,3 +1072,34 @@ async fn one_silent_round_trip_alone_never_opens_the_breaker() {
     assert_eq!(second, [503; 12]);
     assert_eq!(p.breaker_phase(), Phase::Open, "two in a row are");
 }
+
+/// Issue 39, smell 4: an in-flight slot's take is guarded as long as its caller
+/// waits for it — to the ceiling, as the bucket check is — so a busy store that
+/// answers after the deadline (but within the ceiling) gives the request its
+/// slot. (Before: the take's stale guard was the deadline, the store refused to
+/// run it that late, and the fail-closed policy answered 503.)
+#[tokio::test]
+async fn a_slot_taken_by_a_busy_store_within_the_ceiling_admits() {
+    let store = mem();
+    let auth = seed(store, CONFIG, "single");
+    let clock: &'static FakeClock = Box::leak(Box::new(FakeClock::at(T0)));
+    *store.now.lock().unwrap() = T0;
+    let p = Pipeline::new(store, clock, PipelineConfig::default());
+    // requests teach Redis' clock (the guard needs it) and a fast store's
+    // deadline: the floor, 3 ms, once learned
+    for i in 0..20 {
+        advance(clock, store, 20 * MICROS_PER_SEC);
+        let g = settle(p.gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "request {i}");
+        let Ok(Admit { slots, .. }) = &g else {
+            panic!("{g:?}")
+        };
+        p.release_later(slots.clone()).expect("a slot").await;
+    }
+    advance(clock, store, 20 * MICROS_PER_SEC);
+    // a take that answers 20 ms later: past the deadline (3 ms), within the
+    // ceiling (100 ms)
+    *store.slot_takes.lock().unwrap() = Some((clock, 20_000));
+    let g = settle(p.gate(head(&auth)).await).await;
+    assert_eq!(status(&g), 200, "{g:?}");
+}

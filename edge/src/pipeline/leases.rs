@@ -152,7 +152,10 @@ struct GlobalView {
 #[derive(Debug, Default)]
 struct Held {
     leases: Vec<LocalLease>,
-    refilling: bool,
+    /// When the refill in flight was claimed: its task may never run (a request
+    /// dropped before its background tasks were spawned, an isolate evicted), so
+    /// a claim older than [`REFILL_LOST_AFTER`] is taken as lost.
+    refilling: Option<Micros>,
     /// Members of leases spent to the last token: retired by the next take.
     retire: Vec<String>,
     /// Sub-leases this instance is done with (chunk member, tokens granted):
@@ -172,6 +175,9 @@ struct Held {
     /// Tokens out on leases, all holders, as the last take reported.
     outstanding: u64,
     used: Micros,
+    /// The quota and bound the tokens held were leased under: a policy that
+    /// reads otherwise now (an operator's change) holds none of them.
+    terms: Option<(Quota, Option<u64>)>,
 }
 
 impl Held {
@@ -221,13 +227,38 @@ impl Held {
     }
 
     /// Whether a refill is due — less than `size` tokens last until `soon` and
-    /// none is in flight — and if so, marks one in flight.
-    fn claim_refill(&mut self, soon: Micros, size: u64) -> bool {
-        if self.refilling || self.at_hand(soon) >= size {
+    /// none is in flight (claimed less than [`REFILL_LOST_AFTER`] before `now`) —
+    /// and if so, marks one in flight.
+    fn claim_refill(&mut self, now: Micros, soon: Micros, size: u64) -> bool {
+        let in_flight = self
+            .refilling
+            .is_some_and(|at| now - at < REFILL_LOST_AFTER);
+        if in_flight || self.at_hand(soon) >= size {
             return false;
         }
-        self.refilling = true;
+        self.refilling = Some(now);
         true
+    }
+
+    /// Drops every lease held when `policy` reads otherwise than when they were
+    /// leased (its quota or bound changed): a lowered bound must not be passed
+    /// by tokens leased under the old one. A sub-lease is reported done, a lease
+    /// retired (its tokens are lost: a shortfall, never an overshoot).
+    fn keep_terms(&mut self, policy: &Policy, sub: bool) {
+        let terms = Some((*policy.quota(), policy.max_overshoot()));
+        if self.terms == terms {
+            return;
+        }
+        if self.terms.is_some() {
+            let gone = std::mem::take(&mut self.leases);
+            if sub {
+                self.done
+                    .extend(gone.into_iter().map(|l| (l.member, l.granted)));
+            } else {
+                self.retire.extend(gone.into_iter().map(|l| l.member));
+            }
+        }
+        self.terms = terms;
     }
 
     /// Drops the leases it can spend no more (expired on this instance's clock):
@@ -297,6 +328,11 @@ const FIRST_SUB_LEASE: Micros = 5 * MICROS_PER_SEC;
 
 /// The chunks a region's pool may hold at once ([`LeaseSettings::pool_target`]).
 pub const CHUNKS_PER_REGION: u64 = 3;
+
+/// A refill claimed this long ago without an answer is taken as lost (its task
+/// never ran): the store's own deadline for a call is at most 10 s
+/// (`pipeline::store_deadline`), so a refill still in flight has ended by then.
+const REFILL_LOST_AFTER: Micros = 10 * MICROS_PER_SEC;
 
 /// Most buckets tracked at once (the least recently used go first).
 const MAX_HELD: usize = 100_000;
@@ -442,7 +478,9 @@ impl Leases {
         match policy.consistency() {
             Consistency::Exact => false,
             Consistency::Bounded => {
+                let regional = self.regional;
                 self.with(key, now, |h| {
+                    h.keep_terms(policy, regional);
                     h.seen += u64::from(policy.cost());
                     h.switch.meter.record(now, u64::from(policy.cost()))
                 });
@@ -450,16 +488,25 @@ impl Leases {
             }
             Consistency::Auto => {
                 let cfg = self.settings.for_policy(policy, 0);
+                let regional = self.regional;
                 let (mode, gave_up) = self.with(key, now, |h| {
+                    h.keep_terms(policy, regional);
                     h.seen += u64::from(policy.cost());
                     let was = h.switch.mode;
                     let mode = h.switch.observe(&cfg, now, u64::from(policy.cost()));
-                    let gave_up = if was == Mode::Leased && mode == Mode::Exact {
-                        std::mem::take(&mut h.leases)
-                    } else {
-                        vec![]
-                    };
-                    (mode, gave_up)
+                    if was != Mode::Leased || mode != Mode::Exact {
+                        return (mode, vec![]);
+                    }
+                    let gone = std::mem::take(&mut h.leases);
+                    if regional {
+                        // sub-leases of the pool's chunks: reported done to the
+                        // pool with the next take (the global book holds the
+                        // chunk, which the pool may still spend)
+                        h.done
+                            .extend(gone.into_iter().map(|l| (l.member, l.granted)));
+                        return (mode, vec![]);
+                    }
+                    (mode, gone)
                 });
                 let emission = policy.quota().emission_interval();
                 let mut given_back = lock(&self.given_back);
@@ -537,7 +584,7 @@ impl Leases {
             let refill = self.with(k, now, |h| {
                 let want = cfg.lease_size(h.switch.meter.per_sec(now));
                 // ahead: as soon as less than one lease's worth is left
-                if !h.claim_refill(now + self.settings.lifetime / 4, want.max(1)) {
+                if !h.claim_refill(now, now + self.settings.lifetime / 4, want.max(1)) {
                     return None;
                 }
                 Some((want, std::mem::take(&mut h.retire).join(" ")))
@@ -613,7 +660,7 @@ impl Leases {
         self.with(key, now, |h| {
             let size = h.sub_size(&self.settings, policy, regions, now);
             let size = ((size as f64 * share).ceil() as u64).max(1);
-            now >= h.sub_retry_at && h.claim_refill(now + self.settings.lifetime / 4, size)
+            now >= h.sub_retry_at && h.claim_refill(now, now + self.settings.lifetime / 4, size)
         })
     }
 
@@ -670,7 +717,7 @@ impl Leases {
         let ahead = self.settings.lifetime / 4;
         let longest = parts.iter().map(|p| p.life).max();
         self.with(key, sent, |h| {
-            h.refilling = false;
+            h.refilling = None;
             match longest {
                 None => h.sub_retry_at = sent + pause,
                 Some(life) if life <= ahead => h.sub_retry_at = sent + life,
@@ -720,7 +767,7 @@ impl Leases {
         self.global_answered(taken.is_some());
         self.with(&refill.key, sent, |h| {
             if install {
-                h.refilling = false;
+                h.refilling = None;
             }
             let Some(t) = taken else {
                 // the retirements go with the next take
@@ -896,5 +943,57 @@ mod tests {
         )
         .unwrap();
         assert!(!l.leased("k", &exact, now));
+    }
+
+    /// Issue 39, smell 1: an `auto` key that cools on an instance of a region
+    /// holds sub-leases of its pool's chunks, not leases of the global bucket:
+    /// they are reported done to the pool (with the next pool take), never given
+    /// back through the global give-back (`lua/lease_return.lua`), which would
+    /// take the pool's chunk off the global book while the pool keeps spending
+    /// it. Instance leases of a cooled key go back as before. (Before: the
+    /// sub-lease went to the global give-back with its chunk's member.)
+    #[test]
+    fn a_cooled_auto_key_gives_back_leases_but_reports_sub_leases_to_its_pool() {
+        for regional in [false, true] {
+            let settings = LeaseSettings {
+                lifetime: 10 * MICROS_PER_SEC,
+                ..LeaseSettings::default()
+            };
+            let l = Leases::new(settings, 7, regional);
+            let p = policy("auto", 40);
+            let mut now = T0;
+            while !l.leased("k", &p, now) {
+                now += 5_000; // 200/s: turns hot
+                assert!(now < T0 + 10 * MICROS_PER_SEC, "never turned hot");
+            }
+            let chunk = "chunk-1:10:0".to_string();
+            if regional {
+                let part = SubLease {
+                    chunk: chunk.clone(),
+                    tokens: 10,
+                    life: 30 * MICROS_PER_SEC,
+                };
+                l.sub_leased("k", &[part], now);
+            } else {
+                let due = l.refills_due(&[("k", &p)], 0, now);
+                l.refilled(&due[0], Some(&taken(10, now)), now, None, true);
+            }
+            // 4 requests/s for 3 s: cools while the lease (10 s) still lives
+            for _ in 0..12 {
+                now += 250_000;
+                l.leased("k", &p, now);
+            }
+            let given = l.take_given_back();
+            if regional {
+                assert!(
+                    given.is_empty(),
+                    "a sub-lease given back globally: {given:?}"
+                );
+                let (_, done) = l.sub_ask("k", &p, 1, now);
+                assert_eq!(done, [(chunk, 10)], "reported done to the pool");
+            } else {
+                assert_eq!(given.len(), 1, "the instance lease goes back");
+            }
+        }
     }
 }

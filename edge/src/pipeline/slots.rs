@@ -155,7 +155,9 @@ where
         let ttl_ms = (self.settings.in_flight_ttl / 1_000).max(1) as u64;
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
-        let until = match self.until(sent, deadline) {
+        // a busy store's take is waited for up to the ceiling, as the check is:
+        // guarded as long
+        let until = match self.until(sent, self.global.ceiling().max(deadline)) {
             When::RedisUntil(t) => Some(t),
             _ => None,
         };

@@ -73,11 +73,20 @@ type Reply = futures_channel::oneshot::Sender<Result<Value, StoreError>>;
 /// The queue of calls waiting for the next round trip.
 #[derive(Default)]
 pub(crate) struct Batcher {
+    /// A batch's first caller never waits for others to queue: every round trip
+    /// carries its own caller's calls only. In a Worker, each request is its own
+    /// event, and workerd forbids one request's I/O on behalf of another: a
+    /// request's call riding another's fetch would be lost with that request.
+    alone: bool,
     queue: Mutex<Vec<(ScriptCall, Reply)>>,
     /// Batches sent and not answered yet.
     in_flight: std::sync::atomic::AtomicUsize,
     /// Calls in the last batch taken.
     last_size: std::sync::atomic::AtomicUsize,
+    /// The scripts (SHA-1) the server answered by SHA-1: the first call of any
+    /// other goes with its source (`EVAL`), so a fresh instance never pays a
+    /// `NOSCRIPT` round trip on its first requests.
+    loaded: Mutex<Vec<&'static str>>,
 }
 
 /// Counts a batch as on its way while it lives.
@@ -114,6 +123,30 @@ fn abandoned() -> StoreError {
 }
 
 impl Batcher {
+    /// A batcher whose round trips carry only their first caller's calls (see
+    /// [`Batcher::alone`]): what a Worker's requests need.
+    pub fn alone() -> Self {
+        Self {
+            alone: true,
+            ..Self::default()
+        }
+    }
+
+    /// The first call of each script not known to be loaded goes with its source
+    /// (`EVAL`: one round trip, where `EVALSHA` would be answered `NOSCRIPT` and
+    /// sent again); the calls behind it in the same pipeline go by SHA-1.
+    fn by_source_first(&self, batch: &mut [Unit]) {
+        let loaded = lock(&self.loaded);
+        let mut first: Vec<&str> = vec![];
+        for u in batch.iter_mut() {
+            let sha = u.call.script.sha1;
+            if !loaded.contains(&sha) && !first.contains(&sha) {
+                first.push(sha);
+                u.call.by_source = true;
+            }
+        }
+    }
+
     /// Runs `call` with the others queued meanwhile, within `deadline`.
     pub async fn run(
         &self,
@@ -133,7 +166,8 @@ impl Batcher {
                 armed: true,
             };
             use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
-            if self.in_flight.load(Acquire) > 0 || self.last_size.load(Acquire) > 1 {
+            let busy = self.in_flight.load(Acquire) > 0 || self.last_size.load(Acquire) > 1;
+            if busy && !self.alone {
                 // others are calling: let them queue behind this one
                 yield_once().await;
             }
@@ -147,7 +181,8 @@ impl Batcher {
             let mut batch = merged(taken);
             while !batch.is_empty() {
                 let rest = batch.split_off(batch.len().min(MAX_BATCH));
-                flush(sender, deadline, batch, &started).await;
+                self.by_source_first(&mut batch);
+                flush(sender, deadline, batch, &started, &self.loaded).await;
                 batch = rest;
             }
         }
@@ -260,6 +295,7 @@ async fn flush(
     deadline: Duration,
     mut batch: Vec<Unit>,
     started: &Stopwatch,
+    loaded: &Mutex<Vec<&'static str>>,
 ) {
     for attempt in 0..3 {
         let left = deadline.saturating_sub(started.elapsed());
@@ -308,6 +344,7 @@ async fn flush(
         let mut loading: Vec<&str> = vec![];
         for ((call, unit), outcome) in calls.into_iter().zip(batch).zip(outcomes) {
             let unit = Unit { call, ..unit };
+            note_loaded(loaded, unit.call.script.sha1, &outcome);
             match outcome {
                 Err(e) if attempt < 2 && e.redis() == Some(super::RedisErrorKind::NoScript) => {
                     let sha = unit.call.script.sha1;
@@ -330,6 +367,23 @@ async fn flush(
             return;
         }
         batch = again;
+    }
+}
+
+/// What a reply says of its script: answered (by source or SHA-1), the server
+/// holds it; `NOSCRIPT`, it does not (flushed, restarted, another replica).
+fn note_loaded(
+    loaded: &Mutex<Vec<&'static str>>,
+    sha: &'static str,
+    outcome: &Result<Value, StoreError>,
+) {
+    let missing = matches!(outcome, Err(e) if e.redis() == Some(super::RedisErrorKind::NoScript));
+    let mut loaded = lock(loaded);
+    let known = loaded.contains(&sha);
+    if missing && known {
+        loaded.retain(|s| *s != sha);
+    } else if !missing && !known && outcome.is_ok() {
+        loaded.push(sha);
     }
 }
 
@@ -358,5 +412,75 @@ impl Future for YieldOnce {
         self.0 = true;
         cx.waker().wake_by_ref();
         std::task::Poll::Pending
+    }
+}
+
+#[cfg(all(test, feature = "native"))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::Mutex as StdMutex;
+
+    use super::*;
+
+    /// Records each round trip's size; the first one waits until released.
+    #[derive(Default)]
+    struct Recorder {
+        sizes: StdMutex<Vec<usize>>,
+        gate: tokio::sync::Notify,
+        held: std::sync::atomic::AtomicBool,
+    }
+
+    impl SendScripts for Recorder {
+        async fn send_scripts(
+            &self,
+            calls: &[ScriptCall],
+            _limit: Duration,
+        ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+            self.sizes.lock().unwrap().push(calls.len());
+            if !self.held.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                self.gate.notified().await;
+            }
+            Ok(calls.iter().map(|_| Ok(Value::Int(1))).collect())
+        }
+    }
+
+    /// Issue 39, smell 5: callers that come while a round trip is on its way
+    /// each send their own with [`Batcher::alone`] (a Worker's requests), and
+    /// ride one together otherwise (natively). (Before: the Worker's store
+    /// gathered them too, so one request's call could ride another's fetch.)
+    async fn round_trips(batcher: Batcher) -> Vec<usize> {
+        let (batcher, sender) = (Arc::new(batcher), Arc::new(Recorder::default()));
+        let call = || ScriptCall::new(&floodgate_shared::script::IN_FLIGHT, &["k"], &[]);
+        let first = {
+            let (b, s) = (batcher.clone(), sender.clone());
+            tokio::spawn(async move { b.run(&*s, Duration::from_secs(5), call()).await })
+        };
+        while sender.sizes.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let others: Vec<_> = (0..3)
+            .map(|_| {
+                let (b, s) = (batcher.clone(), sender.clone());
+                tokio::spawn(async move { b.run(&*s, Duration::from_secs(5), call()).await })
+            })
+            .collect();
+        for o in others {
+            o.await.unwrap().unwrap();
+        }
+        sender.gate.notify_one();
+        first.await.unwrap().unwrap();
+        sender.sizes.lock().unwrap().clone()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_batcher_alone_never_carries_another_callers_call() {
+        assert_eq!(round_trips(Batcher::alone()).await, [1, 1, 1, 1]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_shared_batcher_gathers_callers_behind_a_round_trip_on_its_way() {
+        let sizes = round_trips(Batcher::default()).await;
+        assert_eq!(sizes.iter().sum::<usize>(), 4);
+        assert!(sizes.len() < 4, "{sizes:?}");
     }
 }

@@ -145,7 +145,13 @@ impl RestStore {
             base,
             auth: format!("Bearer {token}"),
             deadline,
-            batch: Default::default(),
+            // a Worker's requests are separate events: one's call never rides
+            // another's fetch (`Batcher::alone`)
+            batch: std::sync::Arc::new(if cfg!(target_arch = "wasm32") {
+                Batcher::alone()
+            } else {
+                Batcher::default()
+            }),
         })
     }
 

@@ -65,6 +65,10 @@ pub struct MemStore {
     /// How long a read of several records takes, on the pipeline's clock (moved
     /// forward by that much when it answers: a far store).
     pub read_takes: Mutex<Option<(&'static FakeClock, Micros)>>,
+    /// How long an in-flight slot's take takes, on the pipeline's clock and the
+    /// store's (a busy store); a take run after its stale guard changes nothing
+    /// and fails as stale, as `lua/in_flight.lua` does.
+    pub slot_takes: Mutex<Option<(&'static FakeClock, Micros)>>,
 }
 
 /// A store that lives as long as the test process (the pipeline's background
@@ -411,8 +415,18 @@ impl Store for &MemStore {
         _id: &str,
         limit: u32,
         _ttl_ms: u64,
-        _until: Option<Micros>,
+        until: Option<Micros>,
     ) -> Result<bool, StoreError> {
+        if let Some((clock, takes)) = *self.slot_takes.lock().unwrap() {
+            clock.advance(takes);
+            *self.now.lock().unwrap() += takes;
+        }
+        if until.is_some_and(|t| *self.now.lock().unwrap() > t) {
+            return Err(StoreError::new(
+                StoreErrorKind::Stale,
+                "ran after its guard",
+            ));
+        }
         let mut slots = self.slots.lock().unwrap();
         let held = slots.entry(key.to_string()).or_default();
         if *held >= limit {
