@@ -30,6 +30,11 @@
 //!   the ceiling rises to the smallest of them × factor, at most [`FAR_CEILING`].
 //!   A store that never answers never raises it, so a dead one is still found
 //!   out at the floor.
+//! - **The first reply**: a store's very first reply (the start-up read of a
+//!   fresh instance, waited for longer than a deadline) that took longer than
+//!   the ceiling is a far store already: the ceiling rises to it × factor at
+//!   once (at most [`FAR_CEILING`]), so a fresh instance's first decisions are
+//!   not cut short by a ceiling set for a store next door.
 //! - A fixed deadline is floor = ceiling ([`DeadlineSettings::fixed`]); it never
 //!   moves.
 
@@ -170,6 +175,12 @@ impl Estimator {
         if self.settings.is_fixed() {
             return;
         }
+        let s = &mut self.settings;
+        if self.seen == 0 && latency > s.ceiling && s.ceiling < FAR_CEILING {
+            let raised = (latency as f64 * s.factor).ceil() as Micros;
+            s.ceiling = raised.clamp(s.ceiling, FAR_CEILING);
+            self.cached = None;
+        }
         let sample = (now, latency.max(0));
         if self.ring.len() < RING {
             self.ring.push(sample);
@@ -280,6 +291,25 @@ mod tests {
     use proptest::prelude::*;
 
     const MS: Micros = 1_000;
+
+    /// Issue 38: a fresh instance's first reply from a store 100 ms away (its
+    /// start-up read, waited for longer than a deadline) raises the ceiling at
+    /// once: the next call, still learning, waits for it. A later slow reply
+    /// alone never does.
+    #[test]
+    fn a_first_reply_past_the_ceiling_raises_it_at_once() {
+        let mut e = Estimator::new(DeadlineSettings::RESP);
+        e.observe(105 * MS, 1_000_000);
+        assert_eq!(
+            e.deadline(1_000_001),
+            315 * MS,
+            "three times the first reply"
+        );
+        let mut near = Estimator::new(DeadlineSettings::RESP);
+        near.observe(MS, 1_000_000);
+        near.observe(150 * MS, 1_000_001);
+        assert_eq!(near.deadline(1_000_002), 100 * MS, "the ceiling stays");
+    }
 
     fn fed(latencies: &[Micros], every: Micros) -> (Estimator, Micros) {
         let mut e = Estimator::new(DeadlineSettings::RESP);
@@ -450,6 +480,7 @@ mod tests {
             for (gap, latency, late) in events {
                 now += gap;
                 let before = e.settings().ceiling;
+                let first = e.seen == 0;
                 if late {
                     run = if latency > before { run + 1 } else { 0 };
                     e.late(latency, now);
@@ -459,7 +490,9 @@ mod tests {
                 }
                 let ceiling = e.settings().ceiling;
                 if ceiling != before {
-                    prop_assert!(run >= FAR_AFTER && ceiling > before && ceiling <= FAR_CEILING);
+                    // a far store's run of late replies, or the first reply of all
+                    let why = run >= FAR_AFTER || (first && latency > before);
+                    prop_assert!(why && ceiling > before && ceiling <= FAR_CEILING);
                     run = 0;
                 }
                 let d = e.deadline(now);

@@ -75,3 +75,79 @@ async fn a_far_global_store_is_waited_for_with_default_deadlines() {
         "the ceiling rose above the round trip: {health}"
     );
 }
+
+/// Issue 38, item 2: a fresh instance's first concurrent requests, to a healthy
+/// store 50 ms away one way that has not loaded the scripts yet, are all
+/// answered — on both hosts, with their default deadlines. A script's first call
+/// goes with its source (`EVAL`): it never pays a `NOSCRIPT` round trip and then
+/// `EVAL` within one round trip's deadline. (Before: 20 concurrent first
+/// requests of a native instance got 503s: "no reply within 100ms".)
+async fn a_fresh_instances_first_requests_to_a_far_store_are_answered(
+    kind: floodgate_tests::EdgeKind,
+) {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, CONFIG).await.secret;
+    let far = LatencyProxy::start(redis.port(), Duration::from_millis(50)).await;
+    let upstream = RawUpstream::start().await;
+    let mut guards: Vec<Box<dyn std::any::Any>> = vec![];
+    let url = match kind {
+        floodgate_tests::EdgeKind::Native => {
+            let deadline = DeadlineSettings::RESP;
+            let transport = store_deadline(Duration::from_micros(deadline.ceiling as u64));
+            let store = RespStore::connect(&far.url(), transport)
+                .await
+                .expect("connect");
+            let settings = PipelineConfig {
+                deadline,
+                ..PipelineConfig::default()
+            };
+            let store = NativeStore::Resp(store);
+            let pipeline = Pipeline::new(store, floodgate_shared::time::SystemClock, settings);
+            let (url, stop) = serve_native(pipeline, HostConfig::new(&upstream.url)).await;
+            guards.push(Box::new(stop));
+            url
+        }
+        floodgate_tests::EdgeKind::Worker => {
+            let token = "far-token";
+            let config = floodgate_rest::EndpointConfig::new(far.url(), token);
+            let endpoint = floodgate_tests::Endpoint::start_with(config).await;
+            let options = floodgate_tests::EdgeOptions {
+                deadline_ms: None,
+                ..Default::default()
+            };
+            let worker =
+                floodgate_tests::start_worker(&endpoint.url, token, &upstream.url, &options).await;
+            let url = worker.url.clone();
+            guards.push(Box::new(worker));
+            guards.push(Box::new(endpoint));
+            url
+        }
+    };
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let asked = (0..20).map(|i| {
+        let c = c.clone();
+        let (url, secret) = (url.clone(), secret.clone());
+        tokio::spawn(async move {
+            let r = c
+                .get(format!("{url}/first/{i}"))
+                .bearer_auth(&secret)
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        })
+    });
+    let mut statuses = vec![];
+    for a in asked.collect::<Vec<_>>() {
+        statuses.push(a.await.unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "{kind:?}: the first 20 concurrent requests answered {statuses:?}"
+    );
+}
+
+floodgate_tests::on_both_hosts!(a_fresh_instances_first_requests_to_a_far_store_are_answered);

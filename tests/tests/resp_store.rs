@@ -86,6 +86,31 @@ async fn the_store_reconnects_after_a_server_restart() {
     );
 }
 
+/// A server restarted while the store had nothing to ask it: the first call
+/// after finds the old connection closed, opens another and is answered — not
+/// failed (issue 41 item 4: the REST endpoint's first calls after such a
+/// restart were refused, and the Worker behind it answered 503s).
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_replaced_within_the_first_call() {
+    let mut server = RedisServer::start();
+    let store = RespStore::connect(&server.url(), Duration::from_millis(500))
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    server.signal("KILL");
+    server.restart();
+    // the client's connection closes while it is idle
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store
+        .ping()
+        .await
+        .expect("the first call after the restart");
+    let q = Quota::per_minute(10).unwrap();
+    let key = unique_key("idle-restart");
+    let checks = [Check::new(&key, &q, 1)];
+    assert!(store.check(&checks, None).await.unwrap().admitted);
+}
+
 #[tokio::test]
 async fn the_url_selects_the_database() {
     let server = RedisServer::start();

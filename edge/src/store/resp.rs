@@ -243,27 +243,37 @@ impl RespStore {
     }
 
     /// Runs `op` on the live connection within `limit`, keeping track of the
-    /// connection's health.
+    /// connection's health. A connection found closed (the server restarted or
+    /// failed over while it was idle: the client learns it only when it sends)
+    /// is replaced and `op` sent once more on the new one, within the same
+    /// limit — at least once, as Redis clients that reconnect do: a server that
+    /// died after running the call and before its reply could run it twice.
     async fn exchange<T, F, Fut>(&self, limit: Duration, op: F) -> Result<T, StoreError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let sent = self.now_us();
         let mut used: Option<Arc<Live>> = None;
         let work = async {
-            let live = self.live().await?;
-            used = Some(live.clone());
-            match op(live.conn.clone()).await {
-                Ok(v) => {
-                    live.heard.store(self.now_us(), Ordering::Release);
-                    Ok(v)
-                }
-                Err(e) => {
-                    if connection_lost(&e) {
-                        live.dead.store(true, Ordering::Release);
+            let mut again = true;
+            loop {
+                let live = self.live().await?;
+                used = Some(live.clone());
+                match op(live.conn.clone()).await {
+                    Ok(v) => {
+                        live.heard.store(self.now_us(), Ordering::Release);
+                        return Ok(v);
                     }
-                    Err(error(e))
+                    Err(e) if connection_lost(&e) => {
+                        live.dead.store(true, Ordering::Release);
+                        // closed or reset, not a timeout or a refused connect
+                        if std::mem::take(&mut again) && e.is_connection_dropped() {
+                            continue;
+                        }
+                        return Err(error(e));
+                    }
+                    Err(e) => return Err(error(e)),
                 }
             }
         };
@@ -327,10 +337,10 @@ impl RespStore {
             }
             pipe.add_command(cmd);
         }
-        let n = commands.len();
+        let (n, pipe) = (commands.len(), &pipe);
         let replies = self
             .exchange(limit, |mut conn| async move {
-                conn.req_packed_commands(&pipe, 0, n).await
+                conn.req_packed_commands(pipe, 0, n).await
             })
             .await?;
         let replies: Vec<Value> = replies.into_iter().map(value).collect();
@@ -358,10 +368,10 @@ impl SendScripts for RespStore {
     ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
         let replies: Vec<Value> = if let [one] = calls {
             // one call alone: a plain request, no pipeline bookkeeping
-            let cmd = script_cmd(one);
+            let cmd = &script_cmd(one);
             let reply = self
                 .exchange(limit, |mut conn| async move {
-                    conn.req_packed_command(&cmd).await
+                    conn.req_packed_command(cmd).await
                 })
                 .await
                 .map(value)?;
@@ -371,9 +381,9 @@ impl SendScripts for RespStore {
             for c in calls {
                 pipe.add_command(script_cmd(c));
             }
-            let n = calls.len();
+            let (n, pipe) = (calls.len(), &pipe);
             self.exchange(limit, |mut conn| async move {
-                conn.req_packed_commands(&pipe, 0, n).await
+                conn.req_packed_commands(pipe, 0, n).await
             })
             .await?
             .into_iter()
@@ -406,9 +416,10 @@ impl Store for RespStore {
         for a in args {
             cmd.arg(*a);
         }
+        let cmd = &cmd;
         let reply = self
             .exchange(self.inner.deadline, |mut conn| async move {
-                conn.req_packed_command(&cmd).await
+                conn.req_packed_command(cmd).await
             })
             .await
             .map(value)?;
