@@ -25,6 +25,7 @@ pub mod keyrecord;
 pub mod keys;
 pub mod lease;
 pub mod policy;
+pub mod reference;
 pub mod routes;
 pub mod script;
 pub mod simulate;
