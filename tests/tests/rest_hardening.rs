@@ -328,8 +328,8 @@ async fn a_malformed_chunked_body_is_a_400() {
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
 }
 
-/// A body far over the limit is read to its end and answered 413: the client
-/// sees the answer, not a reset while it is still sending.
+/// A body far over the limit is answered 413 and read out behind the answer:
+/// the client sees the answer, not a reset while it is still sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_body_is_read_and_answered_413() {
     let redis = RedisServer::start();
@@ -358,6 +358,84 @@ async fn an_oversized_body_is_read_and_answered_413() {
     assert_eq!(r.status, 413);
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     assert!(v["error"].as_str().unwrap().contains("larger than"), "{v}");
+}
+
+/// A body that grows past the limit is answered 413 as soon as it passes it, as
+/// nginx does, not when it ends (issue 41: a chunked one waited, unanswered,
+/// until the client ended it or the body timeout). What the client sends after
+/// the answer is read and dropped, so it sees the answer and not a reset, and
+/// the connection then closes cleanly. The same for a declared length over the
+/// limit; with `Expect: 100-continue` the client is not asked to send it at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_the_limit_is_answered_413_before_it_ends() {
+    let redis = RedisServer::start();
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    // the old answer, a 408, came at this timeout: the status tells them apart
+    config.body_timeout = Duration::from_secs(4);
+    let ep = Endpoint::start_with(config).await;
+    let url = ep.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let head = |framing: &str| {
+            format!("POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n{framing}\r\n")
+        };
+        let chunk = [
+            format!("{:x}\r\n", 64 * 1024).into_bytes(),
+            vec![b'x'; 64 * 1024],
+            b"\r\n".to_vec(),
+        ]
+        .concat();
+        // chunked: 17 chunks of 64 KiB (past 1 MiB), and no end yet
+        let mut s = connect(&url);
+        let started = std::time::Instant::now();
+        s.write_all(head("Transfer-Encoding: chunked\r\n").as_bytes())
+            .unwrap();
+        for _ in 0..17 {
+            s.write_all(&chunk).unwrap();
+        }
+        let r = read_response(&mut s).expect("an answer before the body ends");
+        eprintln!("chunked: {} after {:?}", r.status, started.elapsed());
+        assert_eq!(r.status, 413, "{}", String::from_utf8_lossy(&r.body));
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert!(v["error"].as_str().unwrap().contains("larger than"), "{v}");
+        assert!(
+            r.head.to_ascii_lowercase().contains("connection: close"),
+            "{}",
+            r.head
+        );
+        // the rest is read (and dropped), then the connection closes
+        for _ in 0..8 {
+            s.write_all(&chunk)
+                .expect("the rest of the body is read, not reset");
+        }
+        s.write_all(b"0\r\n\r\n").unwrap();
+        assert!(
+            closed_within(&mut s, Duration::from_secs(10)).is_some(),
+            "closed after the body"
+        );
+        // a declared length over the limit: answered before the body is sent
+        let mut s = connect(&url);
+        s.write_all(head(&format!("Content-Length: {}\r\n", 2 * 1024 * 1024)).as_bytes())
+            .unwrap();
+        s.write_all(&[b'x'; 64 * 1024]).unwrap();
+        let r = read_response(&mut s).expect("an answer before the body ends");
+        assert_eq!(
+            r.status,
+            413,
+            "Content-Length: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        // ... and with Expect: 100-continue, 413 instead of 100 Continue
+        let mut s = connect(&url);
+        let framing = format!(
+            "Content-Length: {}\r\nExpect: 100-continue\r\n",
+            2 * 1024 * 1024
+        );
+        s.write_all(head(&framing).as_bytes()).unwrap();
+        let r = read_response(&mut s).expect("an answer to the head");
+        assert_eq!(r.status, 413, "Expect: 100-continue: {}", r.head);
+    })
+    .await
+    .unwrap();
 }
 
 /// The auth scheme is case-insensitive (RFC 9110): `bearer`, `BEARER`, `Bearer`.

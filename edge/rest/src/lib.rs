@@ -27,9 +27,10 @@
 //! - replies larger than the configured bound ([`EndpointConfig::max_reply`])
 //!   fail their own request only (400); the Redis client parses any valid reply,
 //!   so no reply ever breaks a connection other requests share;
-//! - bodies over the limit are read to their end (up to 64 MiB, within the body
-//!   timeout) and answered 413, so the client sees the answer instead of a reset;
-//!   a malformed body (bad chunking) is a 400 (`body.rs`);
+//! - a body is answered 413 the moment it passes the limit (a declared length
+//!   over it at once), and what the client still sends is read out behind the
+//!   answer (up to 64 MiB), so it sees the answer instead of a reset; a malformed
+//!   body (bad chunking) is a 400 (`body.rs`);
 //! - the native host's hardened HTTP/1.1 server ([`serve`]): a header-read
 //!   timeout, idle keep-alive connections closed after it too, a cap on open
 //!   connections (more wait in the listen backlog);
