@@ -438,6 +438,82 @@ async fn a_body_past_the_limit_is_answered_413_before_it_ends() {
     .unwrap();
 }
 
+/// A read-only script that loops is stopped by the endpoint once it runs past
+/// the endpoint's deadline (`SCRIPT KILL` on the endpoint's own connection):
+/// its caller gets an error saying so, and Redis serves everyone again (issue
+/// 41: the caller got a plain 504 and every other caller `BUSY`, until the
+/// script ended by itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_past_the_deadline_is_killed_by_the_endpoint() {
+    // Redis takes other clients' commands (SCRIPT KILL too) after this
+    let redis = RedisServer::start_with(&["--busy-reply-threshold", "200"]);
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.redis.deadline = Duration::from_millis(1000);
+    let ep = Endpoint::start_with(config).await;
+    // bounded: it ends by itself after 30 s
+    let endless = "local t = tonumber(redis.call('TIME')[1]) \
+        while tonumber(redis.call('TIME')[1]) < t + 30 do end return 1";
+    let (status, v) = post(&ep, "", json!(["EVAL", endless, 0]).to_string()).await;
+    assert_eq!(status, 504, "{v}");
+    let message = v["error"].as_str().unwrap_or_default();
+    assert!(message.contains("SCRIPT KILL"), "{v}");
+    assert!(message.contains("1000 ms"), "{v}");
+    // Redis is free again at once: the script was stopped, not waited out
+    let (status, v) = post(&ep, "", r#"["PING"]"#).await;
+    assert_eq!((status, &v), (200, &json!({"result": "PONG"})));
+    // in a pipeline too
+    let k = unique_key("after-kill");
+    let batch = json!([["SET", &k, "1"], ["EVAL", endless, 0]]).to_string();
+    let (status, v) = post(&ep, "/pipeline", batch).await;
+    assert_eq!(status, 504, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("SCRIPT KILL"),
+        "{v}"
+    );
+    let (status, v) = post(&ep, "", json!(["GET", &k]).to_string()).await;
+    assert_eq!((status, &v), (200, &json!({"result": "1"})));
+}
+
+/// A script that has written cannot be stopped (Redis answers `UNKILLABLE`):
+/// its caller is told so, and once it ends by itself Redis serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_that_wrote_is_reported_unkillable() {
+    let redis = RedisServer::start_with(&["--busy-reply-threshold", "200"]);
+    let mut config = EndpointConfig::new(redis.url(), TOKEN);
+    config.redis.deadline = Duration::from_millis(1000);
+    let ep = Endpoint::start_with(config).await;
+    let k = unique_key("unkillable");
+    // writes, then loops for 3 s
+    let writer = "redis.call('SET', KEYS[1], '1') local t = tonumber(redis.call('TIME')[1]) \
+        while tonumber(redis.call('TIME')[1]) < t + 3 do end return 1";
+    let (status, v) = post(&ep, "", json!(["EVAL", writer, 1, &k]).to_string()).await;
+    assert_eq!(status, 504, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("UNKILLABLE"),
+        "{v}"
+    );
+    let mut served = None;
+    for _ in 0..100 {
+        let (status, v) = post(&ep, "", json!(["GET", &k]).to_string()).await;
+        if status == 200 {
+            served = Some(v);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        served,
+        Some(json!({"result": "1"})),
+        "served once the script ended"
+    );
+}
+
 /// The auth scheme is case-insensitive (RFC 9110): `bearer`, `BEARER`, `Bearer`.
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {

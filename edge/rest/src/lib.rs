@@ -34,6 +34,9 @@
 //! - the native host's hardened HTTP/1.1 server ([`serve`]): a header-read
 //!   timeout, idle keep-alive connections closed after it too, a cap on open
 //!   connections (more wait in the listen backlog);
+//! - a script call past the deadline is stopped by the endpoint (`SCRIPT KILL`
+//!   on a connection of its own), and its caller told so, or told that Redis
+//!   cannot stop it (`UNKILLABLE`: it has written) (`kill.rs`);
 //! - `HEAD` answers like `GET` without running the command;
 //! - a bounded pool of Redis connections (TLS and ACL users as every store),
 //!   graceful shutdown, loopback by default.
@@ -41,6 +44,7 @@
 mod auth;
 mod body;
 mod hardened;
+mod kill;
 mod metrics;
 mod parse;
 mod policy;
@@ -116,6 +120,8 @@ pub struct Endpoint {
     body_timeout: Duration,
     policy: CommandPolicy,
     scripts: scripts::ScriptShas,
+    /// Stops a script call that runs past the deadline (`None`: no Redis, tests).
+    killer: Option<kill::Killer>,
 }
 
 impl Endpoint {
@@ -124,13 +130,19 @@ impl Endpoint {
         &self.pool[self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len()]
     }
 
-    /// Sends `cmds` as one pipeline, timed and counted.
-    async fn run(&self, cmds: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+    /// Sends `cmds` as one pipeline, timed and counted; a script among them
+    /// that runs past the deadline is stopped ([`kill`]).
+    async fn run(&self, cmds: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, kill::CallFailure> {
         let started = std::time::Instant::now();
-        let replies = self.store().pipeline(cmds).await;
+        let store = self.store();
+        let replies = store.pipeline(cmds).await;
         self.metrics
             .redis_round_trip(started.elapsed(), replies.as_ref().err());
-        replies
+        match (replies, &self.killer) {
+            (Ok(replies), _) => Ok(replies),
+            (Err(e), Some(killer)) => Err(killer.after(cmds, e, store.deadline()).await),
+            (Err(e), None) => Err(kill::CallFailure::Store(e)),
+        }
     }
 }
 
@@ -153,6 +165,7 @@ pub async fn endpoint(config: &EndpointConfig) -> Result<Arc<Endpoint>, StoreErr
     for _ in 0..config.pool.max(1) {
         pool.push(RespStore::connect_with(&config.redis).await?);
     }
+    let killer = Some(kill::Killer::connect(&config.redis).await?);
     Ok(Arc::new(Endpoint {
         pool,
         next: AtomicUsize::new(0),
@@ -163,6 +176,7 @@ pub async fn endpoint(config: &EndpointConfig) -> Result<Arc<Endpoint>, StoreErr
         body_timeout: config.body_timeout,
         policy: CommandPolicy::new(&config.allow),
         scripts: scripts::ScriptShas::default(),
+        killer,
     }))
 }
 
@@ -186,6 +200,7 @@ impl Endpoint {
             body_timeout: Duration::from_secs(1),
             policy: CommandPolicy::new(&allow.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
             scripts: scripts::ScriptShas::default(),
+            killer: None,
         }
     }
 }
