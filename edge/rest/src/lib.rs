@@ -33,7 +33,7 @@
 //!   body (bad chunking) is a 400 (`body.rs`);
 //! - the native host's hardened HTTP/1.1 server ([`serve`]): a header-read
 //!   timeout, idle keep-alive connections closed after it too, a cap on open
-//!   connections (more wait in the listen backlog);
+//!   connections (past it, `503` with `Retry-After: 1` at once);
 //! - a script call past the deadline is stopped by the endpoint (`SCRIPT KILL`
 //!   on a connection of its own), and its caller told so, or told that Redis
 //!   cannot stop it (`UNKILLABLE`: it has written) (`kill.rs`);
@@ -86,7 +86,8 @@ pub struct EndpointConfig {
     pub header_timeout: Duration,
     /// A client must send a request's body within this long.
     pub body_timeout: Duration,
-    /// Open client connections at most; more wait in the listen backlog.
+    /// Open client connections at most; past it a new one is answered `503`
+    /// with `Retry-After: 1` at once.
     pub max_connections: usize,
 }
 
