@@ -6,8 +6,8 @@
 //! written — not stoppable (`UNKILLABLE`: Redis answers `BUSY` until it ends).
 //!
 //! Redis takes the kill only once the script has run past its own
-//! `busy-reply-threshold` (5 s by default), so the kill waits up to
-//! [`KILL_WAIT`] for its answer, and as long again for the script to end.
+//! `busy-reply-threshold` (5 s by default), so the kill waits for its answer
+//! (and for the script to end), [`KILL_WAIT`] at most.
 
 use std::time::Duration;
 
@@ -99,20 +99,17 @@ impl Killer {
         })
     }
 
-    /// Sends the kill; once Redis took it, waits (within [`KILL_WAIT`]) for the
-    /// script to end, so that Redis serves again when the caller is answered:
-    /// the kill only flags the script, which stops at its next check.
+    /// Sends the kill; once Redis took it, waits for the script to end, so that
+    /// Redis serves again when the caller is answered: the kill only flags the
+    /// script, which stops at its next check.
     async fn kill(&self, runner: Runner) -> Result<(), StoreError> {
         self.conn.command(&runner.kill()).await?;
-        let ended = async {
-            while let Err(e) = self.conn.command(&[b"PING"]).await {
-                if e.kind != StoreErrorKind::Redis(RedisErrorKind::Busy) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+        while let Err(e) = self.conn.command(&[b"PING"]).await {
+            if e.kind != StoreErrorKind::Redis(RedisErrorKind::Busy) {
+                break;
             }
-        };
-        let _ = tokio::time::timeout(KILL_WAIT, ended).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(())
     }
 
@@ -128,10 +125,19 @@ impl Killer {
             Some(r) if e.kind == StoreErrorKind::Timeout => r,
             _ => return CallFailure::Store(e),
         };
-        let killed = {
+        // bounded whole, waiting for another caller's kill included (a Redis that
+        // answers nothing at all must not queue the callers up behind each other)
+        let killed = tokio::time::timeout(KILL_WAIT, async {
             let _one = self.one.lock().await;
             self.kill(runner).await
-        };
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {KILL_WAIT:?}"),
+            ))
+        });
         match killed {
             Ok(_) => CallFailure::Stopped { deadline, runner },
             Err(k) if k.kind == StoreErrorKind::Redis(RedisErrorKind::Unkillable) => {
