@@ -1,7 +1,9 @@
-//! A request's body, taken whole before its command runs: bodies over the limit
-//! are read to their end (up to [`DRAIN_LIMIT`], within the body timeout) and
-//! answered 413, so the client sees the answer rather than a reset while it still
-//! sends; a malformed body (bad chunking) is a 400, a slow one a 408.
+//! A request's body, taken whole before its command runs. A body past the limit
+//! is answered 413 as soon as it passes it (a declared `Content-Length` over it
+//! at once, before any of the body is read), as nginx does; what the client
+//! still sends is read out behind the answer (up to [`DRAIN_LIMIT`], nginx's
+//! lingering close) so the client sees the 413 rather than a reset while it
+//! sends. A malformed body (bad chunking) is a 400, a slow one a 408.
 
 use std::sync::Arc;
 
@@ -14,8 +16,8 @@ use http_body_util::BodyExt;
 use crate::Endpoint;
 use crate::reply::{error, error_closing};
 
-/// Bodies over the limit are read and dropped up to this size (so the client
-/// gets its 413); beyond it the connection is closed.
+/// Bodies past the limit are read out and dropped up to this size (so the
+/// client gets its 413); beyond it the connection is closed.
 pub const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
 
 /// What a command route takes from its request: the body, read whole within the
@@ -45,10 +47,19 @@ impl FromRequest<Arc<Endpoint>> for Sent {
             .get("upstash-encoding")
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"base64"));
         let declared = declared_length(headers);
-        let read = read_body(req.into_body(), declared, ep.max_body);
-        match tokio::time::timeout(ep.body_timeout, read).await {
+        let expects_continue = headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let body = req.into_body();
+        if declared.is_some_and(|n| n > ep.max_body as u64) {
+            // not asked for yet (100-continue), or too much to read out: not read
+            let rest =
+                (!expects_continue && declared.is_some_and(|n| n <= DRAIN_LIMIT)).then_some(body);
+            return Err(BodyRefusal::TooLarge(rest).answer(ep));
+        }
+        match tokio::time::timeout(ep.body_timeout, read_body(body, ep.max_body)).await {
             Ok(Ok(body)) => Ok(Sent { body, base64 }),
-            Ok(Err(refusal)) => Err(refusal.answer(ep.max_body)),
+            Ok(Err(refusal)) => Err(refusal.answer(ep)),
             Err(_) => Err(error_closing(
                 StatusCode::REQUEST_TIMEOUT,
                 format!("ERR request body not received within {:?}", ep.body_timeout),
@@ -65,21 +76,27 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Why a body could not be taken.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum BodyRefusal {
-    /// Over [`DRAIN_LIMIT`]: not read on (the connection closes).
-    TooLarge,
-    /// Read to its end, but over the limit.
-    TooLargeDrained,
+    /// Past the limit: what is left of the body, to be read out behind the
+    /// answer (`None`: not to be read, the connection closes).
+    TooLarge(Option<Body>),
     Malformed(String),
 }
 
 impl BodyRefusal {
-    fn answer(self, max_body: usize) -> Response {
-        let too_large = || format!("ERR request body larger than {max_body} bytes");
+    /// The answer; the connection closes after it (the body was not read whole).
+    fn answer(self, ep: &Endpoint) -> Response {
         match self {
-            BodyRefusal::TooLargeDrained => error(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
-            BodyRefusal::TooLarge => error_closing(StatusCode::PAYLOAD_TOO_LARGE, too_large()),
+            BodyRefusal::TooLarge(rest) => {
+                if let Some(rest) = rest {
+                    floodgate_edge::native_host::linger(rest, ep.body_timeout);
+                }
+                error_closing(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("ERR request body larger than {} bytes", ep.max_body),
+                )
+            }
             BodyRefusal::Malformed(why) => error_closing(
                 StatusCode::BAD_REQUEST,
                 format!("ERR malformed request body: {why}"),
@@ -88,50 +105,48 @@ impl BodyRefusal {
     }
 }
 
-/// Reads the body whole, up to `max`; over it, reads on (discarding) to the end
-/// so the client sees the 413 rather than a reset while it sends.
-async fn read_body(body: Body, declared: Option<u64>, max: usize) -> Result<Bytes, BodyRefusal> {
-    if declared.is_some_and(|n| n > DRAIN_LIMIT) {
-        return Err(BodyRefusal::TooLarge);
-    }
-    let mut body = body;
+/// Reads the body whole, up to `max` bytes; the moment it passes `max`, stops
+/// with what is left of it.
+async fn read_body(mut body: Body, max: usize) -> Result<Bytes, BodyRefusal> {
     let mut kept: Vec<u8> = Vec::new();
-    let mut seen: u64 = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| BodyRefusal::Malformed(e.to_string()))?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers
         };
-        seen += data.len() as u64;
-        if seen > DRAIN_LIMIT {
-            return Err(BodyRefusal::TooLarge);
+        if kept.len() + data.len() > max {
+            return Err(BodyRefusal::TooLarge(Some(body)));
         }
-        if seen <= max as u64 {
-            kept.extend_from_slice(&data);
-        }
-    }
-    if seen > max as u64 {
-        return Err(BodyRefusal::TooLargeDrained);
+        kept.extend_from_slice(&data);
     }
     Ok(Bytes::from(kept))
 }
 
 #[cfg(test)]
 mod tests {
+    use futures_util::StreamExt as _;
+
     use super::*;
 
     #[tokio::test]
-    async fn bodies_are_kept_up_to_the_limit_and_drained_beyond_it() {
-        let read = |body: &'static [u8], declared| read_body(Body::from(body), declared, 4);
-        assert_eq!(read(b"abcd", Some(4)).await.unwrap(), &b"abcd"[..]);
-        assert_eq!(read(b"", None).await.unwrap(), &b""[..]);
-        assert_eq!(
-            read(b"abcde", None).await.unwrap_err(),
-            BodyRefusal::TooLargeDrained
-        );
-        assert_eq!(
-            read(b"", Some(DRAIN_LIMIT + 1)).await.unwrap_err(),
-            BodyRefusal::TooLarge
-        );
+    async fn bodies_are_kept_up_to_the_limit_and_refused_the_moment_they_pass_it() {
+        let read = |body: &'static [u8]| read_body(Body::from(body), 4);
+        assert_eq!(read(b"abcd").await.unwrap(), &b"abcd"[..]);
+        assert_eq!(read(b"").await.unwrap(), &b""[..]);
+        assert!(matches!(
+            read(b"abcde").await,
+            Err(BodyRefusal::TooLarge(Some(_)))
+        ));
+        // a body that never ends: refused once past the limit, the rest left
+        let parts = futures_util::stream::iter([b"ab", b"cd", b"ef", b"gh"])
+            .map(|p| Ok::<_, std::io::Error>(Bytes::from_static(p)))
+            .chain(futures_util::stream::pending());
+        let Err(BodyRefusal::TooLarge(Some(mut rest))) =
+            read_body(Body::from_stream(parts), 4).await
+        else {
+            panic!("refused past the limit");
+        };
+        let next = rest.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(next, &b"gh"[..]);
     }
 }

@@ -1,6 +1,9 @@
 //! Serving the routes through the native host's hardened HTTP/1.1 server
 //! (`floodgate_edge::native_host::server`): its header and idle timeouts and its
-//! connection cap, with the endpoint's settings.
+//! connection cap, with the endpoint's settings. Past the cap a new connection is
+//! answered `503` with `Retry-After: 1` at once ([`AtCapacity::Refuse`]): a
+//! client never waits unanswered in the listen backlog, and no connection in use
+//! is closed to make room.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -22,7 +25,7 @@ const MAX_BUF: usize = 8192 + 4096 * 100;
 
 /// The server's limits for `config`: a request's headers within the header
 /// timeout, idle connections closed after it too, at most `max_connections` open
-/// and more waiting in the listen backlog.
+/// and more answered `503` at once.
 pub fn limits(config: &EndpointConfig) -> ServerLimits {
     ServerLimits {
         max_connections: config.max_connections.max(1),
@@ -30,7 +33,7 @@ pub fn limits(config: &EndpointConfig) -> ServerLimits {
         idle_timeout: config.header_timeout,
         max_headers: MAX_HEADERS,
         max_buf: MAX_BUF,
-        at_capacity: AtCapacity::Wait,
+        at_capacity: AtCapacity::Refuse,
     }
 }
 

@@ -27,12 +27,16 @@
 //! - replies larger than the configured bound ([`EndpointConfig::max_reply`])
 //!   fail their own request only (400); the Redis client parses any valid reply,
 //!   so no reply ever breaks a connection other requests share;
-//! - bodies over the limit are read to their end (up to 64 MiB, within the body
-//!   timeout) and answered 413, so the client sees the answer instead of a reset;
-//!   a malformed body (bad chunking) is a 400 (`body.rs`);
+//! - a body is answered 413 the moment it passes the limit (a declared length
+//!   over it at once), and what the client still sends is read out behind the
+//!   answer (up to 64 MiB), so it sees the answer instead of a reset; a malformed
+//!   body (bad chunking) is a 400 (`body.rs`);
 //! - the native host's hardened HTTP/1.1 server ([`serve`]): a header-read
 //!   timeout, idle keep-alive connections closed after it too, a cap on open
-//!   connections (more wait in the listen backlog);
+//!   connections (past it, `503` with `Retry-After: 1` at once);
+//! - a script call past the deadline is stopped by the endpoint (`SCRIPT KILL`
+//!   on a connection of its own), and its caller told so, or told that Redis
+//!   cannot stop it (`UNKILLABLE`: it has written) (`kill.rs`);
 //! - `HEAD` answers like `GET` without running the command;
 //! - a bounded pool of Redis connections (TLS and ACL users as every store),
 //!   graceful shutdown, loopback by default.
@@ -40,6 +44,7 @@
 mod auth;
 mod body;
 mod hardened;
+mod kill;
 mod metrics;
 mod parse;
 mod policy;
@@ -81,7 +86,8 @@ pub struct EndpointConfig {
     pub header_timeout: Duration,
     /// A client must send a request's body within this long.
     pub body_timeout: Duration,
-    /// Open client connections at most; more wait in the listen backlog.
+    /// Open client connections at most; past it a new one is answered `503`
+    /// with `Retry-After: 1` at once.
     pub max_connections: usize,
 }
 
@@ -115,6 +121,8 @@ pub struct Endpoint {
     body_timeout: Duration,
     policy: CommandPolicy,
     scripts: scripts::ScriptShas,
+    /// Stops a script call that runs past the deadline (`None`: no Redis, tests).
+    killer: Option<kill::Killer>,
 }
 
 impl Endpoint {
@@ -123,13 +131,19 @@ impl Endpoint {
         &self.pool[self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len()]
     }
 
-    /// Sends `cmds` as one pipeline, timed and counted.
-    async fn run(&self, cmds: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+    /// Sends `cmds` as one pipeline, timed and counted; a script among them
+    /// that runs past the deadline is stopped ([`kill`]).
+    async fn run(&self, cmds: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, kill::CallFailure> {
         let started = std::time::Instant::now();
-        let replies = self.store().pipeline(cmds).await;
+        let store = self.store();
+        let replies = store.pipeline(cmds).await;
         self.metrics
             .redis_round_trip(started.elapsed(), replies.as_ref().err());
-        replies
+        match (replies, &self.killer) {
+            (Ok(replies), _) => Ok(replies),
+            (Err(e), Some(killer)) => Err(killer.after(cmds, e, store.deadline()).await),
+            (Err(e), None) => Err(kill::CallFailure::Store(e)),
+        }
     }
 }
 
@@ -152,6 +166,7 @@ pub async fn endpoint(config: &EndpointConfig) -> Result<Arc<Endpoint>, StoreErr
     for _ in 0..config.pool.max(1) {
         pool.push(RespStore::connect_with(&config.redis).await?);
     }
+    let killer = Some(kill::Killer::connect(&config.redis).await?);
     Ok(Arc::new(Endpoint {
         pool,
         next: AtomicUsize::new(0),
@@ -162,6 +177,7 @@ pub async fn endpoint(config: &EndpointConfig) -> Result<Arc<Endpoint>, StoreErr
         body_timeout: config.body_timeout,
         policy: CommandPolicy::new(&config.allow),
         scripts: scripts::ScriptShas::default(),
+        killer,
     }))
 }
 
@@ -185,6 +201,7 @@ impl Endpoint {
             body_timeout: Duration::from_secs(1),
             policy: CommandPolicy::new(&allow.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
             scripts: scripts::ScriptShas::default(),
+            killer: None,
         }
     }
 }

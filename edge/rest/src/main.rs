@@ -71,7 +71,9 @@ struct Args {
     /// grants every Redis command, a scraper should not hold it). Off by default.
     #[arg(long, env = "FLOODGATE_REST_METRICS_LISTEN", value_parser = socket_addr)]
     metrics_listen: Option<SocketAddr>,
-    /// Open client connections at most; more wait in the listen backlog.
+    /// Open client connections at most (each takes a file descriptor: keep the
+    /// descriptor limit, ulimit -n, above twice this); past it a new connection is
+    /// answered 503 with Retry-After: 1 at once.
     #[arg(long, env = "FLOODGATE_REST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
     #[command(flatten)]

@@ -7,8 +7,10 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use floodgate_edge::store::{StoreError, StoreErrorKind, Value};
+use floodgate_edge::store::{StoreErrorKind, Value};
 use serde::{Serialize, Serializer};
+
+use crate::kill::CallFailure;
 
 /// One command's outcome, as its object in the answer.
 #[derive(Serialize)]
@@ -87,15 +89,19 @@ pub fn error_closing(status: StatusCode, message: impl AsRef<str>) -> Response {
     r
 }
 
-/// Redis could not be asked: 504 when it did not answer in time, 502 when it
-/// cannot be reached, 500 otherwise.
-pub fn store_failure(e: StoreError) -> Response {
-    let status = match e.kind {
-        StoreErrorKind::Timeout | StoreErrorKind::Stale => StatusCode::GATEWAY_TIMEOUT,
-        StoreErrorKind::Connect => StatusCode::BAD_GATEWAY,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+/// Redis gave no reply: 504 when it did not answer in time (a script past the
+/// deadline, stopped or not, included), 502 when it cannot be reached, 500
+/// otherwise.
+pub(crate) fn failure(f: CallFailure) -> Response {
+    let status = match &f {
+        CallFailure::Store(e) => match e.kind {
+            StoreErrorKind::Timeout | StoreErrorKind::Stale => StatusCode::GATEWAY_TIMEOUT,
+            StoreErrorKind::Connect => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        CallFailure::Stopped { .. } | CallFailure::Unkillable { .. } => StatusCode::GATEWAY_TIMEOUT,
     };
-    error(status, format!("ERR redis unavailable: {}", e.message))
+    error(status, f.to_string())
 }
 
 /// The answer instead of a reply over `max_reply` bytes (which fails its own
@@ -141,6 +147,9 @@ fn reply_size(v: &Value, limit: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use floodgate_edge::store::StoreError;
     use serde_json::{Value as Json, json};
 
     use super::*;
@@ -202,5 +211,26 @@ mod tests {
         assert_eq!(reply_size(&Value::Int(1), 1024), 16);
         assert!(over_bound(&big, 1024).is_some());
         assert!(over_bound(&Value::Int(1), 1024).is_none());
+    }
+
+    #[test]
+    fn failures_are_504_502_or_500_and_say_what_became_of_a_script() {
+        let status = |f| failure(f).status().as_u16();
+        let store = |kind| CallFailure::Store(StoreError::new(kind, "x"));
+        assert_eq!(status(store(StoreErrorKind::Timeout)), 504);
+        assert_eq!(status(store(StoreErrorKind::Connect)), 502);
+        assert_eq!(status(store(StoreErrorKind::Protocol)), 500);
+        let deadline = Duration::from_millis(1500);
+        let runner = crate::kill::Runner::Script;
+        let stopped = CallFailure::Stopped { deadline, runner };
+        assert!(stopped.to_string().contains("1500 ms"), "{stopped}");
+        assert!(stopped.to_string().contains("SCRIPT KILL"), "{stopped}");
+        assert_eq!(status(stopped), 504);
+        let unkillable = CallFailure::Unkillable { deadline, runner };
+        assert!(
+            unkillable.to_string().contains("UNKILLABLE"),
+            "{unkillable}"
+        );
+        assert_eq!(status(unkillable), 504);
     }
 }

@@ -34,7 +34,7 @@ use crate::auth::RequireToken;
 use crate::body::Sent;
 use crate::metrics::{Kind, scrape};
 use crate::parse::{Command, command_from_json, command_from_path, commands_from_json};
-use crate::reply::{error, outcomes, over_bound, store_failure, success};
+use crate::reply::{error, failure, outcomes, over_bound, success};
 use crate::scripts::with_clients_sha;
 
 /// The path the endpoint answers itself, without a token: whether its Redis
@@ -169,7 +169,7 @@ async fn pipeline(State(ep): State<Arc<Endpoint>>, sent: Sent) -> Response {
     let (cmds, shas): (Vec<_>, Vec<_>) = cmds.into_iter().map(|c| ep.scripts.prepare(c)).unzip();
     match ep.run(&cmds).await {
         Ok(replies) => answer_each(&ep, replies, shas, sent.base64),
-        Err(e) => store_failure(e),
+        Err(f) => failure(f),
     }
 }
 
@@ -197,7 +197,7 @@ async fn multi_exec(State(ep): State<Arc<Endpoint>>, sent: Sent) -> Response {
                 format!("ERR unexpected EXEC reply {other:?}"),
             ),
         },
-        Err(e) => store_failure(e),
+        Err(f) => failure(f),
     }
 }
 
@@ -206,7 +206,7 @@ async fn single(ep: &Endpoint, args: Command, base64: bool) -> Response {
     let (args, sha) = ep.scripts.prepare(args);
     let reply = match ep.run(&[args]).await {
         Ok(mut replies) => replies.pop().map(|r| with_clients_sha(r, sha)),
-        Err(e) => return store_failure(e),
+        Err(f) => return failure(f),
     };
     match reply {
         Some(Value::Error(e)) => error(StatusCode::BAD_REQUEST, e.message),

@@ -491,7 +491,13 @@ const LINGER_MAX: u64 = 64 * 1024 * 1024;
 /// Reads out a request body nobody will use, in the background, bounded in bytes
 /// and by `pause` between its parts (nginx's lingering close): closing a
 /// connection with unread data resets it, and the client may lose the answer.
-pub(crate) fn linger(body: Incoming, pause: Duration) {
+/// (floodgate-rest's answers behind an early 413 too.)
+pub fn linger<B>(body: B, pause: Duration)
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Send,
+{
     if hyper::body::Body::is_end_stream(&body) {
         return;
     }
@@ -505,7 +511,9 @@ pub(crate) fn linger(body: Incoming, pause: Duration) {
             )
             .await
             {
-                Ok(Some(Ok(f))) => read += f.data_ref().map_or(0, |d| d.len() as u64),
+                Ok(Some(Ok(f))) => {
+                    read += f.data_ref().map_or(0, |d| bytes::Buf::remaining(d) as u64)
+                }
                 _ => return,
             }
         }

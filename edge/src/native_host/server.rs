@@ -9,7 +9,8 @@
 //!   `503 {"error":"Too many connections"}`. So clients that hold connections
 //!   without finishing requests can never lock normal clients out. (Or, with
 //!   [`AtCapacity::Wait`], new connections wait in the listen backlog until one
-//!   closes: floodgate-rest's choice.)
+//!   closes; or, with [`AtCapacity::Refuse`], a new connection gets the `503` at
+//!   once and no other is closed: floodgate-rest's choice.)
 //! - **Header timeout**: a request head must be complete within
 //!   [`ServerLimits::header_timeout`] of its first byte: `408` JSON, then closed.
 //! - **Idle timeout**: a connection with no request in progress is closed after
@@ -75,7 +76,17 @@ pub enum AtCapacity {
     MakeRoom,
     /// Accept none until one closes: new connections wait in the listen backlog.
     Wait,
+    /// Accept it and answer `503` with `Retry-After: 1` at once, closing no other
+    /// connection. The refused connection is then read (what arrives dropped)
+    /// until its client closes it, for [`REFUSED_LINGER`] at most, so the client
+    /// reads the answer rather than a reset; at most half the cap of refused
+    /// connections linger at once (more are closed right after the answer).
+    Refuse,
 }
+
+/// How long a connection refused with [`AtCapacity::Refuse`] is read after its
+/// `503` at most (nginx's lingering close).
+pub const REFUSED_LINGER: Duration = Duration::from_secs(2);
 
 impl Default for ServerLimits {
     fn default() -> Self {
@@ -402,6 +413,7 @@ where
     let (done_tx, mut done_rx) = tokio::sync::watch::channel(());
     let room = (limits.at_capacity == AtCapacity::Wait)
         .then(|| Arc::new(Semaphore::new(limits.max_connections.max(1))));
+    let refused = Refused::new(&limits, epoch);
     loop {
         let (permit, accepted) = tokio::select! {
             biased;
@@ -415,10 +427,7 @@ where
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-        let state = Arc::new(ConnState::new(epoch.ms(), fd));
-        let Some((stream, id)) = register(&registry, &limits, stream, &state, epoch) else {
+        let Some((stream, state, id)) = register(&registry, &limits, stream, &refused) else {
             continue;
         };
         let io = TokioIo::new(Watched {
@@ -485,30 +494,79 @@ fn http1_builder(limits: &ServerLimits) -> http1::Builder {
     builder
 }
 
-/// Registers a new connection under its id, or refuses it (`None`: 503 and
-/// close) when the server is at capacity and no idle connection can make room.
+/// What refusing a connection takes.
+struct Refused {
+    epoch: Epoch,
+    /// Places for refused connections lingering after their `503`.
+    lingering: Arc<Semaphore>,
+}
+
+impl Refused {
+    /// Half the cap of refused connections may linger at once.
+    fn new(limits: &ServerLimits, epoch: Epoch) -> Self {
+        Self {
+            epoch,
+            lingering: Arc::new(Semaphore::new((limits.max_connections / 2).max(1))),
+        }
+    }
+}
+
+/// Registers a new connection (its state, under its id), or refuses it (`None`:
+/// 503 and close) when the server is at capacity and no idle connection can
+/// make room (with [`AtCapacity::Refuse`], none is asked to).
 fn register(
     registry: &Mutex<Registry>,
     limits: &ServerLimits,
     stream: TcpStream,
-    state: &Arc<ConnState>,
-    epoch: Epoch,
-) -> Option<(TcpStream, u64)> {
+    refused: &Refused,
+) -> Option<(TcpStream, Arc<ConnState>, u64)> {
+    let _ = stream.set_nodelay(true);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let state = Arc::new(ConnState::new(refused.epoch.ms(), fd));
     let mut reg = lock(registry);
-    if reg.conns.len() >= limits.max_connections && !reg.make_room() {
-        state.shut(CLOSE_503);
+    if reg.conns.len() >= limits.max_connections
+        && (limits.at_capacity == AtCapacity::Refuse || !reg.make_room())
+    {
         drop(reg);
-        drop(Watched {
-            stream,
-            state: state.clone(),
-            epoch,
-        });
+        let lingering = (limits.at_capacity == AtCapacity::Refuse)
+            .then(|| refused.lingering.clone().try_acquire_owned().ok())
+            .flatten();
+        match lingering {
+            Some(place) => {
+                tokio::spawn(linger_refused(stream, place));
+            }
+            None => {
+                state.shut(CLOSE_503);
+                drop(Watched {
+                    stream,
+                    state,
+                    epoch: refused.epoch,
+                });
+            }
+        }
         return None;
     }
     let id = reg.next;
     reg.next += 1;
     reg.conns.insert(id, state.clone());
-    Some((stream, id))
+    Some((stream, state, id))
+}
+
+/// Answers a refused connection `503`, then reads (and drops) what its client
+/// sends until it closes, within [`REFUSED_LINGER`]: closing with unread data
+/// would reset the connection, and the client could lose the answer.
+async fn linger_refused(mut stream: TcpStream, _place: OwnedSemaphorePermit) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let answered = async {
+        stream
+            .write_all(&Refusal::Overloaded.raw_response())
+            .await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    };
+    let _ = tokio::time::timeout(REFUSED_LINGER, answered).await;
 }
 
 /// The next connection, once there is room for it: with [`AtCapacity::Wait`],

@@ -102,6 +102,11 @@ pub enum RedisErrorKind {
     WrongType,
     /// `BUSY`: a script or function is running.
     Busy,
+    /// `UNKILLABLE`: `SCRIPT KILL` or `FUNCTION KILL` refused, the running
+    /// script has written (or came from the primary).
+    Unkillable,
+    /// `NOTBUSY`: `SCRIPT KILL` or `FUNCTION KILL` found nothing running.
+    NotBusy,
     /// `LOADING`: the server is loading its dataset.
     Loading,
     /// `MASTERDOWN`: a replica lost its primary.
@@ -128,6 +133,8 @@ impl RedisErrorKind {
             "CROSSSLOT" => Self::CrossSlot,
             "WRONGTYPE" => Self::WrongType,
             "BUSY" => Self::Busy,
+            "UNKILLABLE" => Self::Unkillable,
+            "NOTBUSY" => Self::NotBusy,
             "LOADING" => Self::Loading,
             "MASTERDOWN" => Self::MasterDown,
             "OOM" => Self::Oom,
@@ -962,6 +969,14 @@ mod tests {
             (
                 "BUSY Redis is busy running a script.",
                 StoreErrorKind::Redis(RedisErrorKind::Busy),
+            ),
+            (
+                "UNKILLABLE Sorry the script already executed write commands against the dataset.",
+                StoreErrorKind::Redis(RedisErrorKind::Unkillable),
+            ),
+            (
+                "NOTBUSY No scripts in execution right now.",
+                StoreErrorKind::Redis(RedisErrorKind::NotBusy),
             ),
             (
                 "LOADING Redis is loading the dataset in memory",
