@@ -31,6 +31,8 @@ pub fn limits(config: &EndpointConfig) -> ServerLimits {
         max_headers: MAX_HEADERS,
         max_buf: MAX_BUF,
         at_capacity: AtCapacity::Wait,
+        // as before the edge's drain: its idle connections close at once
+        drain: std::time::Duration::ZERO,
     }
 }
 

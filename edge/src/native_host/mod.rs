@@ -372,8 +372,9 @@ impl Host {
     }
 }
 
-/// Serves `host` on `listener` until `shutdown` completes (then lets requests in
-/// progress finish).
+/// Serves `host` on `listener` until `shutdown` completes, then drains (see
+/// [`server::serve`]: every answer then says `Connection: close`, and the health
+/// answer says `draining`) and stops.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     host: Arc<Host>,
@@ -386,11 +387,22 @@ pub async fn serve(
         host.config.idle_poll,
         host.polls.clone(),
     ));
+    let stopping = host.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.pipeline.start_draining();
+        tracing::info!(
+            drain_ms = limits.drain.as_millis() as u64,
+            "floodgate-edge: stopping: no new connections; requests on open ones are answered for {} ms, with Connection: close",
+            limits.drain.as_millis()
+        );
+    };
+    let serving = host.clone();
     let served = server::serve(
         listener,
         limits,
         move |peer, conn| {
-            let host = host.clone();
+            let host = serving.clone();
             hyper::service::service_fn(move |req| {
                 let host = host.clone();
                 let conn = conn.clone();
