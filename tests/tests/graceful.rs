@@ -5,7 +5,9 @@
 //! connection within the drain period, is answered (`200`, `Connection: close`),
 //! no connection is reset, a new connection is refused once the listener is
 //! closed, the health answer says `draining`, and the process exits after the
-//! drain period. (The Worker has no SIGTERM: docs/deploy.md.)
+//! drain period. Also what the stopping edge gives back: its pending traffic
+//! counts, its leases and its sub-leases. (The Worker has no SIGTERM:
+//! docs/deploy.md.)
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use floodgate_tests::process::{Daemon, listening};
-use floodgate_tests::{RedisServer, seed, serve};
+use floodgate_tests::{RedisServer, seed, serve, stats_counted};
 
 const CONFIG: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
   "quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed"}],"plans":{"free":["default"]}}"#;
@@ -264,4 +266,134 @@ async fn sigterm_answers_every_request_on_open_connections_then_exits() {
         "an idle connection held it for the drain period ({DRAIN_MS} ms), it exited after {took:?}"
     );
     assert_eq!(idle_end, Ok(()), "the idle connection is closed, not reset");
+}
+
+/// `n` requests, each on its own connection, all answered 200.
+fn requests(port: u16, secret: &str, n: usize) {
+    for i in 0..n {
+        let mut c = Conn::open(port);
+        c.send(&format!("/v1/{i}"), secret);
+        let a = c.answer().expect("an answer");
+        assert_eq!(a.status, 200, "{a:?}");
+    }
+}
+
+/// Stops `edge` with SIGTERM and waits for it to exit.
+fn stop(mut edge: Daemon) {
+    edge.signal("TERM");
+    let status = edge
+        .wait_exit(Duration::from_secs(30))
+        .expect("the edge exits");
+    assert!(status.success(), "exit status {status}: {}", edge.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_edge_writes_its_pending_counts() {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, CONFIG).await.secret;
+    let (upstream, _stop) = serve(upstream(Arc::default())).await;
+    // counts are due every 10 minutes: only the stop writes them within the test
+    let flush = ["--stats-flush-ms", "600000"];
+    let (edge, port) = edge(&redis, &upstream, &flush, &[("FLOODGATE_DRAIN_MS", "100")]);
+    tokio::task::spawn_blocking(move || {
+        requests(port, &secret, 5);
+        stop(edge);
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        stats_counted(&redis, "unmatched|allowed"),
+        5,
+        "every admission of the stopped edge is counted"
+    );
+}
+
+/// A bounded policy: 100 an hour, 40 tokens of overshoot leased out at most.
+const BOUNDED: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
+  "quota":{"capacity":100,"refill":1,"period":"1h"},"failure_mode":"fail_closed",
+  "consistency":"bounded","max_overshoot":40}],"plans":{"free":["default"]}}"#;
+
+/// The keys of the Redis at `url` matching `pattern`, with their string values.
+fn strings(url: &str, pattern: &str) -> Vec<(String, String)> {
+    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut c).unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let v: Option<String> = redis::cmd("GET").arg(&k).query(&mut c).unwrap();
+            (k, v.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Sends requests one at a time until `held()` (bounded).
+fn until(port: u16, secret: &str, what: &str, held: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !held() {
+        assert!(Instant::now() < deadline, "{what} within 20 s");
+        requests(port, secret, 1);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_edge_hands_its_leases_back() {
+    let redis = RedisServer::start();
+    let secret = seed(&redis, BOUNDED).await.secret;
+    let (upstream, _stop) = serve(upstream(Arc::default())).await;
+    // leases that outlive the stop (the default 2 s would lapse during a drain)
+    let life = ["--lease-lifetime-ms", "60000"];
+    let (edge, port) = edge(&redis, &upstream, &life, &[("FLOODGATE_DRAIN_MS", "100")]);
+    let url = redis.url();
+    let books = tokio::task::spawn_blocking(move || {
+        until(port, &secret, "a lease is taken", || {
+            !strings(&url, "*:lease").is_empty()
+        });
+        stop(edge);
+        strings(&url, "*:lease")
+    })
+    .await
+    .unwrap();
+    assert!(
+        books.is_empty(),
+        "the stopped edge's leases are given back: {books:?}"
+    );
+}
+
+/// The tokens out on instances' sub-leases, over every pool of the Redis at `url`
+/// (`"<used>:<uncharged>|<lock>|<member>=<free>,<out>,<expires> ...|<spent> ..."`).
+fn sub_leased_out(url: &str) -> u64 {
+    strings(url, "*:rpool")
+        .iter()
+        .filter_map(|(_, pool)| pool.split('|').nth(2).map(str::to_string))
+        .flat_map(|chunks| {
+            chunks
+                .split_whitespace()
+                .filter_map(|c| c.split_once('=')?.1.split(',').nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_edge_reports_its_sub_leases_done() {
+    let global = RedisServer::start();
+    let regional = RedisServer::start();
+    let secret = seed(&global, BOUNDED).await.secret;
+    let (upstream, _stop) = serve(upstream(Arc::default())).await;
+    let region = regional.url();
+    let args = ["--regional-redis", region.as_str()];
+    let (edge, port) = edge(&global, &upstream, &args, &[("FLOODGATE_DRAIN_MS", "100")]);
+    let out = tokio::task::spawn_blocking(move || {
+        until(port, &secret, "a sub-lease is drawn", || {
+            sub_leased_out(&region) > 0
+        });
+        stop(edge);
+        sub_leased_out(&region)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        out, 0,
+        "the stopped edge reports its sub-leases done (their chunks can retire)"
+    );
 }

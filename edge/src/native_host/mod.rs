@@ -374,7 +374,8 @@ impl Host {
 
 /// Serves `host` on `listener` until `shutdown` completes, then drains (see
 /// [`server::serve`]: every answer then says `Connection: close`, and the health
-/// answer says `draining`) and stops.
+/// answer says `draining`) and stops: the pipeline hands its leases back and
+/// writes its pending counts ([`Pipeline::stop`], within [`STOP_LIMIT`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     host: Arc<Host>,
@@ -414,8 +415,15 @@ pub async fn serve(
     .await;
     // as the server stops its connection reaper
     poller.abort();
+    if host.config.limiter {
+        host.pipeline.stop(STOP_LIMIT).await;
+    }
     served
 }
+
+/// The longest a stopping host waits for its last store calls (its leases handed
+/// back, its pending counts written).
+pub const STOP_LIMIT: Duration = Duration::from_secs(2);
 
 /// Holds the release of a request's in-flight slots; dropping it runs the release
 /// (in a spawned task). It lives as long as the response: until its body is

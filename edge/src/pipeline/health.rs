@@ -208,6 +208,18 @@ where
         self.totals.draining.store(true, Ordering::Relaxed);
     }
 
+    /// What a host does last as it stops, once no request will be decided any
+    /// more: hands its leases back ([`Pipeline::hand_back`]) and writes the
+    /// traffic counts still pending, within `limit` (a store that does not
+    /// answer must not hold the stop).
+    pub async fn stop(&self, limit: std::time::Duration) {
+        let last = async {
+            self.hand_back().await;
+            let _ = self.flush_pending().await;
+        };
+        let _ = crate::timer::race(Box::pin(last), limit).await;
+    }
+
     /// Writes whatever is pending now, due or not (tests, and a host stopping).
     pub async fn flush_pending(&self) -> Result<(), StoreError> {
         self.flush_if(0).await
