@@ -698,18 +698,33 @@ fn origin_form(base_path: &str, uri: &hyper::Uri) -> Option<hyper::Uri> {
 /// The upstream's response head, or what to answer instead (the client's body
 /// failed the request, the upstream failed or did not answer in time); counted
 /// in the metrics. `None`: the client of a request without a body (`watched`)
-/// left while the upstream had not answered — watched for from
-/// [`server::WATCH_AFTER`] into the wait on, by the same timer that bounds the
-/// wait (one timer per request).
+/// left while the upstream had not answered.
 async fn upstream_request(
+    host: &Host,
+    parts: &Parts,
+    uri: hyper::Uri,
+    headers: HeaderMap,
+    body: Incoming,
+    fault: &Arc<BodyFault>,
+    watched: Option<&server::InFlight>,
+) -> Option<Result<(Response<Incoming>, upstream::Lease), Refusal>> {
+    let up = upstream_message(host, parts, uri, headers, body, fault);
+    let sent_at = tokio::time::Instant::now();
+    let sent = awaited(host, host.upstream.send(up), sent_at, watched).await?;
+    Some(upstream_outcome(host, sent, fault, sent_at.elapsed()))
+}
+
+/// The request the upstream is sent: the client's method, the target, the
+/// headers made for it (with the upstream's `Host`), and the client's body read
+/// within the limits (or none).
+fn upstream_message(
     host: &Host,
     parts: &Parts,
     uri: hyper::Uri,
     mut headers: HeaderMap,
     body: Incoming,
     fault: &Arc<BodyFault>,
-    watched: Option<&server::InFlight>,
-) -> Option<Result<(Response<Incoming>, upstream::Lease), Refusal>> {
+) -> Request<UpBody> {
     let rules = &host.config.rules;
     if let Some(h) = &host.upstream_host {
         headers.insert(hyper::header::HOST, h.clone());
@@ -728,32 +743,53 @@ async fn upstream_request(
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = uri;
     *up.headers_mut() = headers;
-    let sent_at = tokio::time::Instant::now();
-    let deadline = sent_at + rules.timeouts.upstream;
+    up
+}
+
+/// Waits for the upstream's answer `send`, sent at `sent_at`, until the upstream
+/// deadline (`Some(None)`: it passed). `None`: the client of a request without a
+/// body (`watched`) left first — watched for from [`server::WATCH_AFTER`] into
+/// the wait on, by the same timer that bounds the wait (one timer per request).
+async fn awaited<T>(
+    host: &Host,
+    send: impl Future<Output = T>,
+    sent_at: tokio::time::Instant,
+    watched: Option<&server::InFlight>,
+) -> Option<Option<T>> {
+    let deadline = sent_at + host.config.rules.timeouts.upstream;
     let watch_at = sent_at + server::WATCH_AFTER;
     let timer = tokio::time::sleep_until(match watched {
         Some(_) => watch_at.min(deadline),
         None => deadline,
     });
     tokio::pin!(timer);
-    let send = host.upstream.send(up);
     tokio::pin!(send);
     let mut gone = None;
-    let sent = loop {
+    loop {
         tokio::select! {
-            r = &mut send => break Some(r),
+            r = &mut send => return Some(Some(r)),
             () = &mut timer => match watched {
                 Some(f) if gone.is_none() && tokio::time::Instant::now() < deadline => {
                     gone = Some(Box::pin(f.gone()));
                     timer.as_mut().reset(deadline);
                 }
-                _ => break None,
+                _ => return Some(None),
             },
             () = async { gone.as_mut().expect("watching").await }, if gone.is_some() => return None,
         }
-    };
-    let took = sent_at.elapsed().as_secs_f64();
-    Some(match sent {
+    }
+}
+
+/// What the upstream's answer (`None`: none within the deadline) means for the
+/// client, counted in the metrics and logged when the upstream failed.
+fn upstream_outcome(
+    host: &Host,
+    sent: Option<Result<(Response<Incoming>, upstream::Lease), upstream::UpstreamError>>,
+    fault: &BodyFault,
+    took: Duration,
+) -> Result<(Response<Incoming>, upstream::Lease), Refusal> {
+    let took = took.as_secs_f64();
+    match sent {
         Some(Ok(r)) => {
             host.metrics
                 .upstream(UpstreamAnswer::Status(r.0.status().as_u16()), took);
@@ -773,13 +809,13 @@ async fn upstream_request(
             crate::pipeline::events::scope::logged(|| {
                 tracing::warn!(
                     target: "floodgate::request",
-                    timeout_ms = rules.timeouts.upstream.as_millis() as u64,
+                    timeout_ms = host.config.rules.timeouts.upstream.as_millis() as u64,
                     "upstream timeout"
                 )
             });
             Err(Refusal::UpstreamTimeout)
         }
-    })
+    }
 }
 
 #[cfg(test)]
