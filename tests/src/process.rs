@@ -107,6 +107,29 @@ impl Daemon {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
+    /// Sends it `sig` (`TERM`, `KILL`, ...) without waiting.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {} failed", self.child.id());
+    }
+
+    /// Waits (bounded) for it to exit: its exit status, or `None` (still running).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Stops it with SIGTERM (a graceful stop), waits, and returns its stderr.
     pub fn stop(mut self) -> String {
         let _ = Command::new("kill")

@@ -31,6 +31,7 @@ mod exactness;
 mod far_store;
 mod fault;
 mod forward_auth;
+mod graceful;
 mod healthy_burst;
 mod identity_overrides;
 mod in_flight;

@@ -34,6 +34,8 @@ pub fn limits(config: &EndpointConfig) -> ServerLimits {
         max_headers: MAX_HEADERS,
         max_buf: MAX_BUF,
         at_capacity: AtCapacity::Refuse,
+        // as before the edge's drain: its idle connections close at once
+        drain: std::time::Duration::ZERO,
     }
 }
 

@@ -11,7 +11,9 @@
 //! `--breaker-cool-down-ms`, then one `PING` decides whether it closes. Breaker
 //! transitions and configuration reloads are logged to stderr (`--log-format`
 //! text or json; request-scoped events carry the request's id). Ctrl-C or SIGTERM
-//! stops it after requests in flight.
+//! stops it gracefully: no new connections, requests on open ones answered with
+//! `Connection: close` for `--drain-ms`, then leases handed back and pending
+//! counts written.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -77,6 +79,13 @@ struct Args {
     /// The longest pause inside a request body (then 408).
     #[arg(long, env = "FLOODGATE_BODY_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u32).range(1..))]
     body_timeout_ms: u32,
+    /// After SIGTERM or Ctrl-C: how long requests on open connections are still
+    /// answered (each with Connection: close, then the connection closes) while
+    /// no new connection is accepted and the health answer says draining; then
+    /// idle connections are closed and the edge exits once the requests in
+    /// progress are done (sooner when every connection has closed; 0: at once).
+    #[arg(long, env = "FLOODGATE_DRAIN_MS", default_value_t = floodgate_edge::native_host::server::DEFAULT_DRAIN.as_millis() as u32, value_parser = clap::value_parser!(u32).range(0..=600_000))]
+    drain_ms: u32,
     /// Most client connections held at once (default: from the descriptor limit).
     #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: Option<u32>,
@@ -159,6 +168,7 @@ fn host_config(a: &Args) -> Result<HostConfig, String> {
     host.idle_poll = Duration::from_micros(u64::from(a.idle_poll_us));
     host.server.header_timeout = host.rules.timeouts.header;
     host.server.idle_timeout = host.rules.timeouts.idle;
+    host.server.drain = ms(a.drain_ms);
     // hyper's bound: its default (allocation-free) unless more lines are allowed,
     // then room above them for the proxy's JSON 431 (see ServerLimits)
     host.server.max_headers = match a.edge.max_headers {

@@ -372,8 +372,10 @@ impl Host {
     }
 }
 
-/// Serves `host` on `listener` until `shutdown` completes (then lets requests in
-/// progress finish).
+/// Serves `host` on `listener` until `shutdown` completes, then drains (see
+/// [`server::serve`]: every answer then says `Connection: close`, and the health
+/// answer says `draining`) and stops: the pipeline hands its leases back and
+/// writes its pending counts ([`Pipeline::stop`], within [`STOP_LIMIT`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     host: Arc<Host>,
@@ -386,11 +388,22 @@ pub async fn serve(
         host.config.idle_poll,
         host.polls.clone(),
     ));
+    let stopping = host.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.pipeline.start_draining();
+        tracing::info!(
+            drain_ms = limits.drain.as_millis() as u64,
+            "floodgate-edge: stopping: no new connections; requests on open ones are answered for {} ms, with Connection: close",
+            limits.drain.as_millis()
+        );
+    };
+    let serving = host.clone();
     let served = server::serve(
         listener,
         limits,
         move |peer, conn| {
-            let host = host.clone();
+            let host = serving.clone();
             hyper::service::service_fn(move |req| {
                 let host = host.clone();
                 let conn = conn.clone();
@@ -402,8 +415,15 @@ pub async fn serve(
     .await;
     // as the server stops its connection reaper
     poller.abort();
+    if host.config.limiter {
+        host.pipeline.stop(STOP_LIMIT).await;
+    }
     served
 }
+
+/// The longest a stopping host waits for its last store calls (its leases handed
+/// back, its pending counts written).
+pub const STOP_LIMIT: Duration = Duration::from_secs(2);
 
 /// Holds the release of a request's in-flight slots; dropping it runs the release
 /// (in a spawned task). It lives as long as the response: until its body is
@@ -686,18 +706,33 @@ fn origin_form(base_path: &str, uri: &hyper::Uri) -> Option<hyper::Uri> {
 /// The upstream's response head, or what to answer instead (the client's body
 /// failed the request, the upstream failed or did not answer in time); counted
 /// in the metrics. `None`: the client of a request without a body (`watched`)
-/// left while the upstream had not answered — watched for from
-/// [`server::WATCH_AFTER`] into the wait on, by the same timer that bounds the
-/// wait (one timer per request).
+/// left while the upstream had not answered.
 async fn upstream_request(
+    host: &Host,
+    parts: &Parts,
+    uri: hyper::Uri,
+    headers: HeaderMap,
+    body: Incoming,
+    fault: &Arc<BodyFault>,
+    watched: Option<&server::InFlight>,
+) -> Option<Result<(Response<Incoming>, upstream::Lease), Refusal>> {
+    let up = upstream_message(host, parts, uri, headers, body, fault);
+    let sent_at = tokio::time::Instant::now();
+    let sent = awaited(host, host.upstream.send(up), sent_at, watched).await?;
+    Some(upstream_outcome(host, sent, fault, sent_at.elapsed()))
+}
+
+/// The request the upstream is sent: the client's method, the target, the
+/// headers made for it (with the upstream's `Host`), and the client's body read
+/// within the limits (or none).
+fn upstream_message(
     host: &Host,
     parts: &Parts,
     uri: hyper::Uri,
     mut headers: HeaderMap,
     body: Incoming,
     fault: &Arc<BodyFault>,
-    watched: Option<&server::InFlight>,
-) -> Option<Result<(Response<Incoming>, upstream::Lease), Refusal>> {
+) -> Request<UpBody> {
     let rules = &host.config.rules;
     if let Some(h) = &host.upstream_host {
         headers.insert(hyper::header::HOST, h.clone());
@@ -716,32 +751,53 @@ async fn upstream_request(
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = uri;
     *up.headers_mut() = headers;
-    let sent_at = tokio::time::Instant::now();
-    let deadline = sent_at + rules.timeouts.upstream;
+    up
+}
+
+/// Waits for the upstream's answer `send`, sent at `sent_at`, until the upstream
+/// deadline (`Some(None)`: it passed). `None`: the client of a request without a
+/// body (`watched`) left first — watched for from [`server::WATCH_AFTER`] into
+/// the wait on, by the same timer that bounds the wait (one timer per request).
+async fn awaited<T>(
+    host: &Host,
+    send: impl Future<Output = T>,
+    sent_at: tokio::time::Instant,
+    watched: Option<&server::InFlight>,
+) -> Option<Option<T>> {
+    let deadline = sent_at + host.config.rules.timeouts.upstream;
     let watch_at = sent_at + server::WATCH_AFTER;
     let timer = tokio::time::sleep_until(match watched {
         Some(_) => watch_at.min(deadline),
         None => deadline,
     });
     tokio::pin!(timer);
-    let send = host.upstream.send(up);
     tokio::pin!(send);
     let mut gone = None;
-    let sent = loop {
+    loop {
         tokio::select! {
-            r = &mut send => break Some(r),
+            r = &mut send => return Some(Some(r)),
             () = &mut timer => match watched {
                 Some(f) if gone.is_none() && tokio::time::Instant::now() < deadline => {
                     gone = Some(Box::pin(f.gone()));
                     timer.as_mut().reset(deadline);
                 }
-                _ => break None,
+                _ => return Some(None),
             },
             () = async { gone.as_mut().expect("watching").await }, if gone.is_some() => return None,
         }
-    };
-    let took = sent_at.elapsed().as_secs_f64();
-    Some(match sent {
+    }
+}
+
+/// What the upstream's answer (`None`: none within the deadline) means for the
+/// client, counted in the metrics and logged when the upstream failed.
+fn upstream_outcome(
+    host: &Host,
+    sent: Option<Result<(Response<Incoming>, upstream::Lease), upstream::UpstreamError>>,
+    fault: &BodyFault,
+    took: Duration,
+) -> Result<(Response<Incoming>, upstream::Lease), Refusal> {
+    let took = took.as_secs_f64();
+    match sent {
         Some(Ok(r)) => {
             host.metrics
                 .upstream(UpstreamAnswer::Status(r.0.status().as_u16()), took);
@@ -761,13 +817,13 @@ async fn upstream_request(
             crate::pipeline::events::scope::logged(|| {
                 tracing::warn!(
                     target: "floodgate::request",
-                    timeout_ms = rules.timeouts.upstream.as_millis() as u64,
+                    timeout_ms = host.config.rules.timeouts.upstream.as_millis() as u64,
                     "upstream timeout"
                 )
             });
             Err(Refusal::UpstreamTimeout)
         }
-    })
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,13 @@
 //!   is one whose client stops reading a response for that long.
 //! - Running out of descriptors at `accept` closes an idle connection and backs off
 //!   instead of spinning.
+//! - **Graceful stop**: when its shutdown signal completes, the server stops
+//!   accepting (the connections already in the listen backlog are served), and
+//!   for [`ServerLimits::drain`] answers every request on the open connections
+//!   with `Connection: close` (those in progress too), closing each after its
+//!   answer; then hyper's graceful shutdown closes the idle ones. So a client
+//!   whose request was on its way when the process was told to stop gets its
+//!   answer, not a reset.
 //!
 //! One reaper task scans the connections every [`REAP_EVERY`]; each connection's
 //! state is a few atomics its socket wrapper and its requests update.
@@ -25,7 +32,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -34,6 +41,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -43,6 +51,11 @@ use crate::sync::lock;
 
 /// How often the reaper looks at every connection.
 pub const REAP_EVERY: Duration = Duration::from_millis(100);
+
+/// The drain period by default ([`ServerLimits::drain`]): long enough for a
+/// client with a request on its way to get its answer, short enough for a
+/// rolling replacement (systemd waits 90 s for a stop, Kubernetes 30 s).
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 
 /// The header lines hyper takes by default (and parses without allocating).
 pub const HYPER_MAX_HEADERS: usize = 100;
@@ -64,6 +77,10 @@ pub struct ServerLimits {
     pub max_buf: usize,
     /// What a new connection meets while `max_connections` are open.
     pub at_capacity: AtCapacity,
+    /// After the shutdown signal, how long open connections may still send
+    /// requests (each answered with `Connection: close`) before the idle ones
+    /// are closed; the server stops sooner once every connection has closed.
+    pub drain: Duration,
 }
 
 /// What the server does with a new connection while it holds
@@ -97,6 +114,7 @@ impl Default for ServerLimits {
             max_headers: HYPER_MAX_HEADERS,
             max_buf: 64 * 1024,
             at_capacity: AtCapacity::MakeRoom,
+            drain: DEFAULT_DRAIN,
         }
     }
 }
@@ -388,8 +406,11 @@ impl Registry {
 }
 
 /// Serves HTTP/1.1 on `listener` with `make_service(peer)` per connection until
-/// `shutdown` completes, then lets requests in progress finish (bounded by the
-/// idle timeout).
+/// `shutdown` completes; then drains ([`ServerLimits::drain`]): no new
+/// connections, every answer says `Connection: close`, and once the open
+/// connections have all closed or the drain period is over, hyper's graceful
+/// shutdown closes the idle ones and lets requests in progress finish (bounded
+/// by the idle timeout).
 pub async fn serve<F, S, B>(
     listener: TcpListener,
     limits: ServerLimits,
@@ -405,68 +426,210 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let epoch = Epoch(Instant::now());
-    let registry = Arc::new(Mutex::new(Registry::default()));
-    let reaper = tokio::spawn(reap(registry.clone(), limits, epoch));
-    let builder = http1_builder(&limits);
+    let server = Server::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
-    let (done_tx, mut done_rx) = tokio::sync::watch::channel(());
-    let room = (limits.at_capacity == AtCapacity::Wait)
-        .then(|| Arc::new(Semaphore::new(limits.max_connections.max(1))));
-    let refused = Refused::new(&limits, epoch);
     loop {
         let (permit, accepted) = tokio::select! {
             biased;
             _ = &mut shutdown => break,
-            a = admit(room.as_ref(), &listener) => a,
+            a = admit(server.room.as_ref(), &listener) => a,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                accept_failed(&registry, &e).await;
-                continue;
-            }
-        };
-        let Some((stream, state, id)) = register(&registry, &limits, stream, &refused) else {
-            continue;
+        match accepted {
+            Ok((stream, peer)) => server.start(stream, peer, permit, &make_service),
+            Err(e) => accept_failed(&server.registry, &e).await,
+        }
+    }
+    server.draining.store(true, Ordering::SeqCst);
+    // the connections already waiting in the backlog are served too (closing the
+    // listener would reset them), then the listener is closed
+    while let Some((stream, peer, permit)) = waiting(server.room.as_ref(), &listener) {
+        server.start(stream, peer, permit, &make_service);
+    }
+    drop(listener);
+    server.drain().await;
+    Ok(())
+}
+
+/// What the accept loop shares with the connections it starts.
+struct Server {
+    limits: ServerLimits,
+    epoch: Epoch,
+    registry: Arc<Mutex<Registry>>,
+    reaper: tokio::task::JoinHandle<()>,
+    builder: http1::Builder,
+    /// With [`AtCapacity::Wait`]: a place per connection.
+    room: Option<Arc<Semaphore>>,
+    /// Every connection, for hyper's graceful shutdown at the end of the drain.
+    graceful: GracefulShutdown,
+    /// Set once the server drains: every answer then says `Connection: close`.
+    draining: Arc<AtomicBool>,
+    /// With [`AtCapacity::Refuse`]: the refused connections lingering.
+    refused: Refused,
+}
+
+impl Server {
+    fn new(limits: ServerLimits) -> Self {
+        let epoch = Epoch(Instant::now());
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        Self {
+            reaper: tokio::spawn(reap(registry.clone(), limits, epoch)),
+            builder: http1_builder(&limits),
+            room: (limits.at_capacity == AtCapacity::Wait)
+                .then(|| Arc::new(Semaphore::new(limits.max_connections.max(1)))),
+            graceful: GracefulShutdown::new(),
+            draining: Arc::new(AtomicBool::new(false)),
+            refused: Refused::new(&limits, epoch),
+            limits,
+            epoch,
+            registry,
+        }
+    }
+
+    /// Serves a new connection in its own task (unless the server is at
+    /// capacity and no idle connection can make room: 503, closed).
+    fn start<F, S, B>(
+        &self,
+        stream: TcpStream,
+        peer: std::net::SocketAddr,
+        permit: Option<OwnedSemaphorePermit>,
+        make_service: &F,
+    ) where
+        F: Fn(std::net::SocketAddr, Connection) -> S,
+        S: Service<hyper::Request<Incoming>, Response = hyper::Response<B>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let epoch = self.epoch;
+        let Some((stream, state, id)) =
+            register(&self.registry, &self.limits, stream, &self.refused)
+        else {
+            return;
         };
         let io = TokioIo::new(Watched {
             stream,
             state: state.clone(),
             epoch,
         });
-        let service = make_service(
-            peer,
-            Connection {
-                state: state.clone(),
-            },
-        );
-        let conn = builder.serve_connection(io, service);
-        let registry = registry.clone();
-        let done = done_tx.clone();
-        let mut stopping = done_rx.clone();
+        let service = Closing {
+            inner: make_service(
+                peer,
+                Connection {
+                    state: state.clone(),
+                },
+            ),
+            draining: self.draining.clone(),
+        };
+        let conn = self
+            .graceful
+            .watch(self.builder.serve_connection(io, service));
+        let registry = self.registry.clone();
         tokio::spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            let _ = tokio::select! {
-                r = conn.as_mut() => r.map_err(|_| ()),
-                _ = state.close.notified() => Err(()),
-                _ = stopping.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.as_mut().await.map_err(|_| ())
-                }
-            };
+            tokio::select! {
+                _ = conn => {}
+                _ = state.close.notified() => {}
+            }
             lock(&registry).conns.remove(&id);
-            drop((done, permit));
+            drop(permit);
         });
     }
-    // stop: no new connections; those in progress finish their requests
-    drop(listener);
-    let _ = done_tx.send(());
-    drop(done_tx);
-    let drain = async { while done_rx.changed().await.is_ok() {} };
-    let _ = tokio::time::timeout(limits.idle_timeout, drain).await;
-    reaper.abort();
-    Ok(())
+
+    /// The drain: requests on open connections are still answered (each with
+    /// `Connection: close`, after which hyper closes its connection) until every
+    /// connection has closed or the drain period is over; then hyper's graceful
+    /// shutdown closes the idle connections, and the requests in progress finish
+    /// (within the idle timeout).
+    async fn drain(self) {
+        let all_closed = async {
+            while self.graceful.count() > 0 {
+                tokio::time::sleep(REAP_EVERY).await;
+            }
+        };
+        let _ = tokio::time::timeout(self.limits.drain, all_closed).await;
+        let _ = tokio::time::timeout(self.limits.idle_timeout, self.graceful.shutdown()).await;
+        self.reaper.abort();
+    }
+}
+
+/// A connection already waiting in the listen backlog (with a place for it, under
+/// [`AtCapacity::Wait`]), taken without waiting.
+fn waiting(
+    room: Option<&Arc<Semaphore>>,
+    listener: &TcpListener,
+) -> Option<(
+    TcpStream,
+    std::net::SocketAddr,
+    Option<OwnedSemaphorePermit>,
+)> {
+    let permit = match room {
+        Some(room) => Some(room.clone().try_acquire_owned().ok()?),
+        None => None,
+    };
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match listener.poll_accept(&mut cx) {
+        Poll::Ready(Ok((stream, peer))) => Some((stream, peer, permit)),
+        _ => None,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response on its way: it says `Connection: close` when the server drains
+    /// by the time it is ready (hyper then closes the connection after it).
+    struct Answer<F> {
+        #[pin]
+        inner: F,
+        draining: Arc<AtomicBool>,
+    }
+}
+
+impl<F, B, E> Future for Answer<F>
+where
+    F: Future<Output = Result<hyper::Response<B>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut answered = std::task::ready!(this.inner.poll(cx));
+        if let Ok(response) = &mut answered
+            && this.draining.load(Ordering::Relaxed)
+        {
+            response.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+        }
+        Poll::Ready(answered)
+    }
+}
+
+/// A connection's service, whose answers say `Connection: close` while the
+/// server drains: each is its connection's last (hyper closes the connection
+/// after it), and the client knows to send its next request elsewhere. (hyper's
+/// graceful shutdown does the same for a request in progress, but closes an
+/// idle connection at once: a request its client is sending meanwhile meets a
+/// closed connection. So it comes only at the end of the drain.)
+struct Closing<S> {
+    inner: S,
+    draining: Arc<AtomicBool>,
+}
+
+impl<S, B> Service<hyper::Request<Incoming>> for Closing<S>
+where
+    S: Service<hyper::Request<Incoming>, Response = hyper::Response<B>>,
+{
+    type Response = hyper::Response<B>;
+    type Error = S::Error;
+    type Future = Answer<S::Future>;
+
+    fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
+        Answer {
+            inner: self.inner.call(req),
+            draining: self.draining.clone(),
+        }
+    }
 }
 
 /// Out of descriptors (or another transient error): make room, back off.

@@ -40,6 +40,8 @@ pub struct Totals {
     pub config_problem: std::sync::Mutex<String>,
     /// The store calls out now (the native host polls while there are).
     pub calls_out: std::sync::Arc<super::calls_out::CallsOut>,
+    /// The host is stopping ([`Pipeline::start_draining`]).
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// One instance's view of its store, served as JSON by the hosts
@@ -50,6 +52,11 @@ pub struct Health {
     /// yet: `false` for an instance started while its store was unreachable (it
     /// answers 503 with `Retry-After` until then, as a fresh Worker isolate does).
     pub connected: bool,
+    /// Whether the instance is stopping: the native host after SIGTERM, for its
+    /// drain period (it accepts no new connection and closes each open one
+    /// after its next answer). A Worker isolate never is: workerd tells it
+    /// nothing before it goes.
+    pub draining: bool,
     pub breaker: Phase,
     pub stats: BreakerStats,
     /// Requests answered without Redis, per failure mode, since start: every
@@ -82,6 +89,7 @@ impl Health {
     pub fn to_json(&self) -> String {
         serde_json::json!({
             "connected": self.connected,
+            "draining": self.draining,
             "breaker": self.breaker.name(),
             "breaker_opened": self.stats.opened,
             "breaker_closed": self.stats.closed,
@@ -162,6 +170,7 @@ where
         let (global, regional) = self.deadline_stats();
         Health {
             connected: load(&t.config_digest) != 0,
+            draining: t.draining.load(Ordering::Relaxed),
             breaker: self.global.phase(),
             stats: self.breaker_stats(),
             fail_open: load(&t.fail_open),
@@ -192,6 +201,23 @@ where
     /// instance's metrics): before a scrape. (A flush does it too.)
     pub fn settle_stats(&self) {
         self.stats.settle();
+    }
+
+    /// The host is stopping: the health answer says `draining` from now on.
+    pub fn start_draining(&self) {
+        self.totals.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// What a host does last as it stops, once no request will be decided any
+    /// more: hands its leases back ([`Pipeline::hand_back`]) and writes the
+    /// traffic counts still pending, within `limit` (a store that does not
+    /// answer must not hold the stop).
+    pub async fn stop(&self, limit: std::time::Duration) {
+        let last = async {
+            self.hand_back().await;
+            let _ = self.flush_pending().await;
+        };
+        let _ = crate::timer::race(Box::pin(last), limit).await;
     }
 
     /// Writes whatever is pending now, due or not (tests, and a host stopping).

@@ -178,6 +178,12 @@ struct Held {
     /// The quota and bound the tokens held were leased under: a policy that
     /// reads otherwise now (an operator's change) holds none of them.
     terms: Option<(Quota, Option<u64>)>,
+    /// The bucket's µs per token, as its last lease take said (names the
+    /// lease's member when it is given back).
+    emission: Micros,
+    /// The policy of a sub-leased bucket, as its last pool take said (a stopping
+    /// instance reports its sub-leases done with it).
+    policy: Option<Policy>,
 }
 
 impl Held {
@@ -404,6 +410,24 @@ pub struct GiveBack {
     pub emission: Micros,
 }
 
+/// What a stopping instance gives up ([`Leases::surrender`]).
+#[derive(Debug, Default)]
+pub struct Surrendered {
+    /// Instance leases, to give back to the global buckets.
+    pub leases: Vec<GiveBack>,
+    /// Per sub-leased bucket, the sub-leases to report done.
+    pub sub_leases: Vec<DoneWith>,
+}
+
+/// A bucket's sub-leases an instance is done with, to report to its pool.
+#[derive(Debug, Clone)]
+pub struct DoneWith {
+    pub key: String,
+    pub policy: Policy,
+    /// (chunk member, tokens granted) of each sub-lease.
+    pub done: Vec<(String, u64)>,
+}
+
 impl Leases {
     /// What an instance holds: instance leases, or with `regional` sub-leases of
     /// its region's pools, which live as long as the pools' chunks (the settings'
@@ -530,6 +554,44 @@ impl Leases {
         std::mem::take(&mut *lock(&self.given_back))
     }
 
+    /// Everything this instance holds, given up as it stops (it holds nothing
+    /// afterwards): its instance leases to give back — the live ones with their
+    /// unspent tokens, the spent ones still in the global lease book with none —
+    /// or, with a regional store, its sub-leases (live, dead or spent) to report
+    /// done, per bucket with its policy.
+    pub fn surrender(&self, now: Micros) -> Surrendered {
+        let mut out = Surrendered::default();
+        for (key, h) in lock(&self.held).iter_mut() {
+            let leases = std::mem::take(&mut h.leases);
+            if self.regional {
+                let mut done = std::mem::take(&mut h.done);
+                done.extend(leases.into_iter().map(|l| (l.member, l.granted)));
+                if let (false, Some(policy)) = (done.is_empty(), &h.policy) {
+                    out.sub_leases.push(DoneWith {
+                        key: key.clone(),
+                        policy: policy.clone(),
+                        done,
+                    });
+                }
+                continue;
+            }
+            let spent = std::mem::take(&mut h.retire).into_iter().map(|m| (m, 0));
+            let live = leases
+                .into_iter()
+                .filter(|l| l.live(now))
+                .map(|l| (l.member, l.tokens));
+            out.leases
+                .extend(spent.chain(live).map(|(member, unused)| GiveBack {
+                    key: key.clone(),
+                    member,
+                    unused,
+                    emission: h.emission,
+                }));
+        }
+        out.leases.extend(self.take_given_back());
+        out
+    }
+
     /// Spends every bucket's cost from this instance's leases, all or none: the
     /// decisions to answer with, or `None` (nothing spent).
     pub fn spend(&self, buckets: &[(&str, &Policy)], now: Micros) -> Option<Vec<Decision>> {
@@ -615,6 +677,9 @@ impl Leases {
     ) -> (u64, Vec<(String, u64)>) {
         self.with(key, now, |h| {
             h.drop_dead(now, true);
+            if h.policy.as_ref() != Some(policy) {
+                h.policy = Some(policy.clone());
+            }
             let want = h.sub_size(&self.settings, policy, regions, now);
             (want, std::mem::take(&mut h.done))
         })
@@ -779,6 +844,7 @@ impl Leases {
             if let Some(f) = global_full_at {
                 h.global = Some(GlobalView { full_at: f });
             }
+            h.emission = refill.emission;
             if install && t.leased > 0 {
                 h.leases.push(LocalLease {
                     member: refill.member(t),

@@ -19,7 +19,7 @@ use floodgate_shared::script::Verdict;
 use floodgate_shared::time::{Clock, Micros};
 
 use super::guarded::{Called, Guarded, drain};
-use super::leases::{GiveBack, LeaseSettings, Leases, Refill};
+use super::leases::{DoneWith, GiveBack, LeaseSettings, Leases, MAX_DRAW, Refill};
 use super::limits::Limits;
 use super::{Admit, Pipeline, Task, boxed};
 use crate::breaker::Phase;
@@ -153,6 +153,33 @@ where
             ];
             let _ = store.return_lease(&g.key, &args).await;
         })
+    }
+
+    /// As the instance stops (nothing spends its leases any more): its instance
+    /// leases go back to the global buckets, their unspent tokens with them
+    /// (`lua/lease_return.lua`, one call per lease), or its sub-leases are
+    /// reported done to their pools (one pool call for up to [`MAX_DRAW`]
+    /// buckets), so that their chunks can be retired at the global store once
+    /// spent instead of holding their share of the bound until they die. A pool
+    /// that hands this call its refill lock is refilled as by any instance.
+    pub(super) async fn hand_back(&self) {
+        let now = self.clock.now();
+        let surrendered = self.leases.surrender(now);
+        let mut calls: Vec<Task> = surrendered
+            .leases
+            .into_iter()
+            .map(|g| self.give_back(g))
+            .collect();
+        if let Some(region) = &self.regional {
+            let config = self.records.config(now).any();
+            let regions = config.map_or(1, |c| c.regions());
+            let per_call = if region.store.one_slot() { MAX_DRAW } else { 1 };
+            for part in surrendered.sub_leases.chunks(per_call) {
+                let pools = self.pools(region, regions);
+                calls.push(pools.report_done(part.to_vec(), now));
+            }
+        }
+        futures_util::future::join_all(calls).await;
     }
 
     /// Counts a refill of `key` of `policy` about to be sent.
@@ -325,6 +352,12 @@ where
                 done: reported,
             });
         }
+        let keys = buckets.iter().map(|(k, _)| pool_key(k)).collect();
+        (keys, self.take_args(&asks), done)
+    }
+
+    /// The arguments of a pool take of `asks`.
+    fn take_args(&self, asks: &[PoolAsk]) -> Vec<String> {
         // the refill's answer releases the lock; its lifetime only matters when
         // the refilling instance died first (an evicted isolate): then the pool
         // waits at most half a lifetime, and never more than REFILL_LOCK_MAX_MS
@@ -334,9 +367,35 @@ where
         // chunks that die before the edges' sub-leases would be drawn again count
         // for nothing: the pool is refilled ahead of their death, not after it
         let ahead = self.settings.lifetime / 4 + POOL_MARGIN;
-        let args = pool_take_args_ahead(String::new(), &asks, lock_ms, POOL_MARGIN, ahead);
-        let keys = buckets.iter().map(|(k, _)| pool_key(k)).collect();
-        (keys, args, done)
+        pool_take_args_ahead(String::new(), asks, lock_ms, POOL_MARGIN, ahead)
+    }
+
+    /// Reports the sub-leases of `done` to their pools in one pool call that
+    /// draws nothing, then runs the refills it was handed.
+    fn report_done(self, done: Vec<DoneWith>, now: Micros) -> Task {
+        boxed(async move {
+            let buckets: Vec<(&str, &Policy)> =
+                done.iter().map(|d| (d.key.as_str(), &d.policy)).collect();
+            let asks: Vec<PoolAsk> = done
+                .iter()
+                .map(|d| PoolAsk {
+                    cost: 0,
+                    low: LeaseSettings::pool_target(&d.policy, self.regions) / 2 + 1,
+                    credit: LeaseSettings::credit(&d.policy, self.regions),
+                    want: 0,
+                    done: d.done.clone(),
+                })
+                .collect();
+            let args = self.take_args(&asks);
+            let keys: Vec<String> = buckets.iter().map(|(k, _)| pool_key(k)).collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let reply = self.region.store.run_ints(&POOL_TAKE, &refs, &args).await;
+            let reported = asks.into_iter().map(|a| a.done).collect();
+            let (_, refills) = self.settle(&buckets, reply.ok().as_deref(), reported, now);
+            for r in refills {
+                r.await;
+            }
+        })
     }
 
     /// A pool take sent at `sent` answered `reply` (`None`: it failed): the
