@@ -16,7 +16,9 @@ use floodgate_shared::stats::{
     SampleEntry, StatsField, key_minute_key, minute_key, ten_second_key,
 };
 
-use crate::model::{PolicyLeasing, Range, Resolution, Series, Traffic, histogram_quantile};
+use crate::stats::leasing::PolicyLeasing;
+use crate::stats::range::{Range, Resolution};
+use crate::stats::series::{Series, Traffic, histogram_quantile};
 
 /// A stats hash's fields and their counts.
 pub type Fields = Vec<(String, u64)>;

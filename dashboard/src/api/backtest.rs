@@ -10,8 +10,9 @@ use floodgate_shared::simulate::replay;
 use floodgate_shared::stats::{Endpoint, Outcome, SampleEntry};
 
 use super::ctx;
-use crate::model::{AppError, Backtest, BacktestRow, Saved};
+use crate::error::AppError;
 use crate::traffic;
+use crate::wire::{Backtest, BacktestRow, Saved};
 
 /// Replays the sample against the stored configuration with and without `edit`.
 /// Beside the replays it reports what the edge answered those requests, and what

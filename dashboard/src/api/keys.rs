@@ -5,7 +5,8 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, CreatedKey, KeyRow, Saved};
+use crate::error::AppError;
+use crate::wire::{CreatedKey, KeyRow, Saved};
 
 /// The keys with their usage over the last hour and their last use.
 #[server(endpoint = "keys")]

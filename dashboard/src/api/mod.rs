@@ -37,8 +37,9 @@ mod ctx {
     use leptos::prelude::*;
 
     use crate::auth::{Session, same_secret};
-    use crate::model::{AppError, AuditEntry, Saved};
+    use crate::error::AppError;
     use crate::state::Core;
+    use crate::wire::{AuditEntry, Saved};
 
     impl From<AdminError> for AppError {
         fn from(e: AdminError) -> Self {

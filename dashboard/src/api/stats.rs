@@ -4,7 +4,9 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, LeasingFigures, Traffic};
+use crate::error::AppError;
+use crate::stats::leasing::LeasingFigures;
+use crate::stats::series::Traffic;
 
 /// The traffic page's data: `range` (`15m`, `1h`, `24h`) at `resolution` (`10s`,
 /// `1m`, `10m`, `1h`; the range's default when absent or not offered).
@@ -13,7 +15,7 @@ pub async fn traffic_stats(
     #[server(default)] range: String,
     #[server(default)] resolution: String,
 ) -> Result<Traffic, AppError> {
-    use crate::model::{Range, Resolution};
+    use crate::stats::range::{Range, Resolution};
     use crate::traffic;
     ctx::session().await?;
     let core = ctx::core()?;
@@ -30,7 +32,7 @@ pub async fn traffic_stats(
 /// share decided locally, the global calls saved, the overshoot budget in use.
 #[server(endpoint = "leasing")]
 pub async fn leasing_stats(#[server(default)] range: String) -> Result<LeasingFigures, AppError> {
-    use crate::model::Range;
+    use crate::stats::range::Range;
     ctx::session().await?;
     let core = ctx::core()?;
     let range = Range::parse(&range).unwrap_or(Range::Minutes15);

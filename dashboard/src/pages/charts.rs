@@ -6,7 +6,8 @@ use floodgate_shared::stats::Endpoint;
 use leptos::prelude::*;
 
 use crate::chart;
-use crate::model::{Series, Traffic, endpoint_label};
+use crate::describe::endpoint_label;
+use crate::stats::series::{Series, Traffic};
 use crate::time;
 
 /// The fill patterns of the bars (one definition per page), so throttled and

@@ -36,8 +36,9 @@ use leptos::server_fn::codec::PostUrl;
 use leptos::server_fn::request::ClientReq;
 use leptos::server_fn::{Http, ServerFn};
 
-use crate::model::{AppError, Saved, SessionInfo};
+use crate::error::AppError;
 use crate::time;
+use crate::wire::{Saved, SessionInfo};
 
 /// The signed-in session, shared by a page's forms.
 pub(crate) type SessionResource = Resource<Result<SessionInfo, AppError>>;
