@@ -318,7 +318,7 @@ fn whole_param(
 }
 
 /// `GET /api/v1/keys/{id}/usage?minutes=`: the key's decisions over the last
-/// minutes, as the edges count them (`crate::traffic`, the keys page's source).
+/// minutes, as the edges count them (`crate::stats::store`, the keys page's source).
 async fn usage(
     State(core): State<Arc<Core>>,
     headers: HeaderMap,
@@ -333,10 +333,10 @@ async fn usage(
         .await
         .map_err(admin_error)?;
     let unavailable = |e: floodgate_edge::store::StoreError| admin_error(e.into());
-    let counts = crate::traffic::usage(&core.store, now_secs(), minutes)
+    let counts = crate::stats::store::usage(&core.store, now_secs(), minutes)
         .await
         .map_err(unavailable)?;
-    let last = crate::traffic::last_used(&core.store)
+    let last = crate::stats::store::last_used(&core.store)
         .await
         .map_err(unavailable)?;
     let u = counts.get(&key.id).copied().unwrap_or_default();
@@ -375,7 +375,7 @@ async fn identity(
             ApiError::new(format!("no key has the identity {shown:?}")),
         ));
     }
-    let counts = crate::traffic::usage(&core.store, now_secs(), minutes)
+    let counts = crate::stats::store::usage(&core.store, now_secs(), minutes)
         .await
         .map_err(|e| admin_error(e.into()))?;
     let mut body = IdentityView {

@@ -9,9 +9,9 @@
 //! - [`app`]: the shell and the routes of the pages; `pages`: one module per page.
 //! - [`api`]: the server functions, the dashboard's only API; [`forms`]: what
 //!   their forms post and the edit each makes.
-//! - [`auth`] (ssr): operators, sign-in, sessions, cookies; [`traffic`] (ssr): the
-//!   edges' statistics read from Redis; [`fleet`] (ssr): their `/metrics` totals;
-//!   [`state`] (ssr): what every handler shares.
+//! - [`auth`] (ssr): operators, sign-in, sessions, cookies; [`stats::store`]
+//!   (ssr): the edges' statistics read from Redis; [`fleet`] (ssr): their
+//!   `/metrics` totals; [`state`] (ssr): what every handler shares.
 //! - Pure, for both builds: [`wire`] (what the pages and the server functions
 //!   exchange), [`error`] (their one error, [`error::AppError`]), [`stats`] (the
 //!   traffic page's data), [`describe`] (words for operators), [`chart`] (chart
@@ -36,8 +36,6 @@ pub mod router;
 pub mod state;
 pub mod stats;
 pub mod time;
-#[cfg(feature = "ssr")]
-pub mod traffic;
 pub mod wire;
 
 /// Request headers from `(name, value)` pairs, for the server side's unit tests.

@@ -4,7 +4,7 @@
 //! they were based on. They fail with [`AppError`], whose HTTP status the guard
 //! sets, so the pages' code can tell a session that ended from an outage. Each
 //! takes its form as the page names the fields ([`crate::forms`]), and calls
-//! `floodgate_edge::admin` (configuration, keys, audit) or [`crate::traffic`]
+//! `floodgate_edge::admin` (configuration, keys, audit) or [`crate::stats::store`]
 //! directly.
 
 mod audit;

@@ -1,5 +1,6 @@
 //! The traffic page's time axis (pure): the ranges it offers, the resolutions
-//! (the width of one bar) of each, and how often it refreshes.
+//! (the width of one bar) of each, how often it refreshes, and which bars a range
+//! covers.
 
 use serde::{Deserialize, Serialize};
 
@@ -113,5 +114,34 @@ impl Resolution {
         ]
         .into_iter()
         .find(|r| r.code() == code)
+    }
+}
+
+/// The bars of `range` at `resolution` ending with the one holding `now` (Unix
+/// seconds): the first bar's start and how many.
+pub fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {
+    let step = resolution.secs();
+    let n = (range.secs() / step) as usize;
+    (now.div_euclid(step) * step - (n as i64 - 1) * step, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bars_end_with_the_current_one() {
+        assert_eq!(
+            bars(1_000, Range::Minutes15, Resolution::Seconds10),
+            (1_000 - 890, 90)
+        );
+        assert_eq!(
+            bars(1_019, Range::Hour1, Resolution::Minute1),
+            (960 - 59 * 60, 60)
+        );
+        assert_eq!(
+            bars(86_400 * 3 + 5, Range::Hours24, Resolution::Minutes10).1,
+            144
+        );
     }
 }
