@@ -14,8 +14,8 @@
 //!   `/metrics` totals; [`state`] (ssr): what every handler shares.
 //! - Pure, for both builds: [`wire`] (what the pages and the server functions
 //!   exchange), [`error`] (their one error, [`error::AppError`]), [`stats`] (the
-//!   traffic page's data), [`describe`] (words for operators), [`chart`] (chart
-//!   geometry), [`time`] (times as shown).
+//!   traffic page's data), [`describe`] (words for operators), [`chart_geometry`]
+//!   (the charts' plot geometry), [`time`] (times as shown).
 
 #[cfg(feature = "ssr")]
 pub mod adminapi;
@@ -23,7 +23,7 @@ pub mod api;
 pub mod app;
 #[cfg(feature = "ssr")]
 pub mod auth;
-pub mod chart;
+pub mod chart_geometry;
 pub mod describe;
 pub mod error;
 #[cfg(feature = "ssr")]

@@ -11,7 +11,6 @@
 //! reloads the page once saved.
 
 mod audit;
-mod charts;
 mod identities;
 mod keydetail;
 mod keys;
@@ -19,6 +18,7 @@ mod limits;
 mod login;
 mod policies;
 mod traffic;
+mod traffic_charts;
 
 pub use audit::AuditPage;
 pub use identities::IdentitiesPage;

@@ -9,7 +9,7 @@ use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
 
-use super::charts::{endpoint_chart, fill_patterns, latency_chart, legend, sum};
+use super::traffic_charts::{endpoint_chart, fill_patterns, latency_chart, legend, sum};
 use super::{SessionResource, error_view, every, island_ready};
 use crate::api::{leasing_stats, traffic_stats};
 use crate::describe::{endpoint_label, try_request};
