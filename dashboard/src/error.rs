@@ -57,19 +57,7 @@ impl AppError {
     /// indexes (`routes[0].policies` → `Route "search", limits`).
     pub fn from_policy(e: PolicyError, spec: Option<&ConfigSpec>) -> Self {
         let label = crate::describe::describe_field(&e.field, spec);
-        let mut field = e.field;
-        while field.ends_with(']') {
-            match field.rfind('[') {
-                Some(i)
-                    if field[i + 1..field.len() - 1]
-                        .bytes()
-                        .all(|b| b.is_ascii_digit()) =>
-                {
-                    field.truncate(i)
-                }
-                _ => break,
-            }
-        }
+        let field = crate::describe::strip_indexes(&e.field).to_string();
         AppError::Invalid {
             field,
             label,

@@ -65,6 +65,17 @@ pub(super) fn with_rate(res: &mut Response, rate: &RateLimitHeaders) {
     }
 }
 
+/// A JSON answer with the rate-limit headers of the caller's token.
+pub(super) fn rated<T: Serialize>(
+    status: StatusCode,
+    body: &T,
+    rate: &RateLimitHeaders,
+) -> Response {
+    let mut res = json(status, body);
+    with_rate(&mut res, rate);
+    res
+}
+
 /// A key's answer, its version also as the `ETag`.
 pub(super) fn key_answer<T: Serialize>(
     status: StatusCode,
@@ -72,10 +83,9 @@ pub(super) fn key_answer<T: Serialize>(
     version: &str,
     rate: &RateLimitHeaders,
 ) -> Response {
-    let mut res = json(status, body);
+    let mut res = rated(status, body, rate);
     if let Ok(v) = HeaderValue::from_str(&format!("\"{version}\"")) {
         res.headers_mut().insert(header::ETAG, v);
     }
-    with_rate(&mut res, rate);
     res
 }

@@ -12,15 +12,14 @@ use axum::response::Response;
 use floodgate_edge::admin::{self, AdminError};
 use floodgate_edge::identities;
 use floodgate_shared::adminapi::{
-    ApiError, DEFAULT_USAGE_MINUTES, IdentityOverrideView, IdentityView, MAX_USAGE_MINUTES, Scope,
-    override_field, parse_request,
+    ApiError, IdentityOverrideView, IdentityView, Scope, override_field, parse_request,
 };
 use floodgate_shared::config::IdentityOverride;
 use floodgate_shared::contract::RateLimitHeaders;
 
-use super::answer::{Answer, admin_error, bad, fail, json, with_rate};
+use super::answer::{Answer, admin_error, bad, fail, rated};
 use super::keys::view;
-use super::request::{only_params, text, whole_param};
+use super::request::{minutes_param, text};
 use super::token::{authorize, who};
 use crate::state::Core;
 use crate::time::now_secs;
@@ -34,17 +33,14 @@ pub(super) async fn identity(
     Query(query): Query<HashMap<String, String>>,
 ) -> Answer {
     let (_, rate) = authorize(&core, &headers, Scope::Read).await?;
-    only_params(&query, &["minutes"]).map_err(bad)?;
-    let minutes =
-        whole_param(&query, "minutes", DEFAULT_USAGE_MINUTES, MAX_USAGE_MINUTES).map_err(bad)?;
+    let minutes = minutes_param(&query).map_err(bad)?;
     let (keys, _) = admin::key_page(&core.store, Some(&identity), None, usize::MAX)
         .await
         .map_err(admin_error)?;
     if keys.is_empty() {
-        let shown: String = identity.chars().take(64).collect();
         return Err(fail(
             StatusCode::NOT_FOUND,
-            ApiError::new(format!("no key has the identity {shown:?}")),
+            ApiError::new(format!("no key has the identity {:?}", quoted(&identity))),
         ));
     }
     let counts = crate::stats::store::usage(&core.store, now_secs(), minutes)
@@ -64,9 +60,7 @@ pub(super) async fn identity(
         body.throttled += u.throttled;
         body.degraded += u.degraded;
     }
-    let mut res = json(StatusCode::OK, &body);
-    with_rate(&mut res, &rate);
-    Ok(res)
+    Ok(rated(StatusCode::OK, &body, &rate))
 }
 
 /// The answer of an identity override's call (`shown` picks the override to
@@ -84,9 +78,7 @@ fn override_answer(
     };
     let over = shown(&saved).cloned().unwrap_or_default();
     let body = IdentityOverrideView::of(identity, &over, &saved.version);
-    let mut res = json(StatusCode::OK, &body);
-    with_rate(&mut res, rate);
-    res
+    rated(StatusCode::OK, &body, rate)
 }
 
 /// `GET /api/v1/identities/{identity}/overrides`: 404 when it has none.
@@ -101,20 +93,20 @@ pub(super) async fn show_override(
         .await
         .map_err(admin_error)?
         .ok_or_else(|| no_override(&identity))?;
-    let mut res = json(
-        StatusCode::OK,
-        &IdentityOverrideView::of(&identity, &over, &version),
-    );
-    with_rate(&mut res, &rate);
-    Ok(res)
+    let body = IdentityOverrideView::of(&identity, &over, &version);
+    Ok(rated(StatusCode::OK, &body, &rate))
 }
 
 fn no_override(identity: &str) -> Response {
-    let shown: String = identity.chars().take(64).collect();
     fail(
         StatusCode::NOT_FOUND,
-        ApiError::new(format!("no override for identity {shown:?}")),
+        ApiError::new(format!("no override for identity {:?}", quoted(identity))),
     )
+}
+
+/// An identity as an error quotes it: its first 64 characters.
+fn quoted(identity: &str) -> String {
+    identity.chars().take(64).collect()
 }
 
 /// `PUT /api/v1/identities/{identity}/overrides`: sets (or replaces) what

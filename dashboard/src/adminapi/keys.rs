@@ -11,16 +11,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use floodgate_edge::admin::{self, StoredKey};
 use floodgate_shared::adminapi::{
-    DEFAULT_PAGE, DEFAULT_USAGE_MINUTES, KeyPage, KeyUsage, KeyView, KeyWithSecret, MAX_PAGE,
-    MAX_USAGE_MINUTES, RotateRequest, Scope, TokenRecord, VerifyRequest, parse_request,
+    DEFAULT_PAGE, KeyPage, KeyUsage, KeyView, KeyWithSecret, MAX_PAGE, RotateRequest, Scope,
+    TokenRecord, VerifyRequest, parse_request,
 };
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus};
 use floodgate_shared::audit::AuditEntry;
 use floodgate_shared::keychanges::KeyChanges;
 use floodgate_shared::policy::PolicyError;
 
-use super::answer::{Answer, admin_error, bad, json, key_answer, with_rate};
-use super::request::{if_match, only_params, text, whole_param};
+use super::answer::{Answer, admin_error, bad, key_answer, rated};
+use super::request::{if_match, minutes_param, only_params, text, whole_param};
 use super::token::{authorize, who};
 use crate::state::Core;
 use crate::time::now_secs;
@@ -47,6 +47,12 @@ pub(super) fn view(k: &StoredKey) -> KeyView {
     KeyView::of(&k.record, &k.version)
 }
 
+/// A record just written, as answered: its view and its version (of its JSON).
+fn versioned(record: &KeyRecord) -> (KeyView, String) {
+    let version = admin::record_version(record.to_json().as_bytes());
+    (KeyView::of(record, &version), version)
+}
+
 /// `POST /api/v1/keys`: a new key; its secret is in the answer and nowhere else.
 pub(super) async fn create(
     State(core): State<Arc<Core>>,
@@ -62,11 +68,8 @@ pub(super) async fn create(
         .await
         .map_err(admin_error)?;
     audit_key(&core, &token, "key.create", None, &record).await?;
-    let version = admin::record_version(record.to_json().as_bytes());
-    let body = KeyWithSecret {
-        key: KeyView::of(&record, &version),
-        secret,
-    };
+    let (key, version) = versioned(&record);
+    let body = KeyWithSecret { key, secret };
     Ok(key_answer(StatusCode::CREATED, &body, &version, &rate))
 }
 
@@ -92,9 +95,7 @@ pub(super) async fn list(
         keys: keys.iter().map(view).collect(),
         next_cursor,
     };
-    let mut res = json(StatusCode::OK, &page);
-    with_rate(&mut res, &rate);
-    Ok(res)
+    Ok(rated(StatusCode::OK, &page, &rate))
 }
 
 /// `GET /api/v1/keys/{id}`.
@@ -152,11 +153,8 @@ pub(super) async fn rotate(
             .await
             .map_err(admin_error)?;
     audit_key(&core, &token, "key.rotate", Some(&before), &after).await?;
-    let version = admin::record_version(after.to_json().as_bytes());
-    let body = KeyWithSecret {
-        key: KeyView::of(&after, &version),
-        secret,
-    };
+    let (key, version) = versioned(&after);
+    let body = KeyWithSecret { key, secret };
     Ok(key_answer(StatusCode::OK, &body, &version, &rate))
 }
 
@@ -180,13 +178,8 @@ pub(super) async fn revoke(
         .await
         .map_err(admin_error)?;
     audit_key(&core, &token, "key.revoke", Some(&before), &after).await?;
-    let version = admin::record_version(after.to_json().as_bytes());
-    Ok(key_answer(
-        StatusCode::OK,
-        &KeyView::of(&after, &version),
-        &version,
-        &rate,
-    ))
+    let (key, version) = versioned(&after);
+    Ok(key_answer(StatusCode::OK, &key, &version, &rate))
 }
 
 /// `GET /api/v1/keys/{id}/usage?minutes=`: the key's decisions over the last
@@ -198,9 +191,7 @@ pub(super) async fn usage(
     Query(query): Query<HashMap<String, String>>,
 ) -> Answer {
     let (_, rate) = authorize(&core, &headers, Scope::Read).await?;
-    only_params(&query, &["minutes"]).map_err(bad)?;
-    let minutes =
-        whole_param(&query, "minutes", DEFAULT_USAGE_MINUTES, MAX_USAGE_MINUTES).map_err(bad)?;
+    let minutes = minutes_param(&query).map_err(bad)?;
     let key = admin::key_by_id(&core.store, &id)
         .await
         .map_err(admin_error)?;
@@ -220,9 +211,7 @@ pub(super) async fn usage(
         last_used: last.get(&key.id).copied(),
         id: key.id,
     };
-    let mut res = json(StatusCode::OK, &body);
-    with_rate(&mut res, &rate);
-    Ok(res)
+    Ok(rated(StatusCode::OK, &body, &rate))
 }
 
 /// `POST /api/v1/verify`: the edge's checks of a secret, for backends not behind
@@ -237,7 +226,5 @@ pub(super) async fn verify(
     let answer = admin::verify_key(&core.store, &req.key, now_secs())
         .await
         .map_err(admin_error)?;
-    let mut res = json(StatusCode::OK, &answer);
-    with_rate(&mut res, &rate);
-    Ok(res)
+    Ok(rated(StatusCode::OK, &answer, &rate))
 }

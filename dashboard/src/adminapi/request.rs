@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
+use floodgate_shared::adminapi::{DEFAULT_USAGE_MINUTES, MAX_USAGE_MINUTES};
 use floodgate_shared::policy::PolicyError;
 
 /// A request body as UTF-8 text.
@@ -44,6 +45,13 @@ pub(super) fn whole_param(
                 PolicyError::new(name, format!("must be a whole number from 1 to {max}"))
             }),
     }
+}
+
+/// The only parameter of a usage call: `minutes`, 1 to [`MAX_USAGE_MINUTES`]
+/// ([`DEFAULT_USAGE_MINUTES`] when absent).
+pub(super) fn minutes_param(query: &HashMap<String, String>) -> Result<i64, PolicyError> {
+    only_params(query, &["minutes"])?;
+    whole_param(query, "minutes", DEFAULT_USAGE_MINUTES, MAX_USAGE_MINUTES)
 }
 
 /// The version an `If-Match` names (`"v"`, `W/"v"` or `v`), if any.

@@ -47,6 +47,18 @@ fn strip_index(s: &str) -> &str {
     }
 }
 
+/// Every trailing index dropped: `routes[0].policies[2]` → `routes[0].policies`,
+/// `a[1][2]` → `a` (a form edits a list as one field).
+pub fn strip_indexes(mut s: &str) -> &str {
+    loop {
+        let t = strip_index(s);
+        if t.len() == s.len() {
+            return s;
+        }
+        s = t;
+    }
+}
+
 /// `[3]` at the start of `rest` → (3, what follows it).
 fn index(rest: &str) -> Option<(usize, &str)> {
     let inner = rest.strip_prefix('[')?;
@@ -183,5 +195,13 @@ mod tests {
         for (field, label) in cases {
             assert_eq!(describe_field(field, Some(&s)), label, "{field}");
         }
+    }
+
+    #[test]
+    fn trailing_indexes_are_dropped_for_the_form_field() {
+        assert_eq!(strip_indexes("routes[0].policies[2]"), "routes[0].policies");
+        assert_eq!(strip_indexes("a[1][22]"), "a");
+        assert_eq!(strip_indexes("plans.free"), "plans.free");
+        assert_eq!(strip_indexes("key_overrides.k[x]"), "key_overrides.k[x]");
     }
 }

@@ -15,6 +15,6 @@ mod policy;
 
 pub use changes::{Change, diff};
 pub use endpoint::{EDGE_URL_PLACEHOLDER, UNMATCHED, endpoint_label, example_path, try_request};
-pub use fields::describe_field;
+pub use fields::{describe_field, strip_indexes};
 pub(crate) use policy::consistency_label;
 pub use policy::{describe_consistency, describe_quota, dimension_name, failure_mode_name};
