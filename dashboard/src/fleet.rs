@@ -1,6 +1,6 @@
 //! The dashboard's `GET /metrics`: the fleet's totals, from the per-minute stats
 //! every edge (Workers included, which cannot be scraped) writes to Redis (read
-//! through [`crate::traffic::minutes`]), as Prometheus counters `floodgate_fleet_*` with the
+//! through [`crate::stats::store::minutes`]), as Prometheus counters `floodgate_fleet_*` with the
 //! same series as one native edge's (`floodgate_edge::metrics::StatsMetrics`).
 //!
 //! Counters count from the dashboard's start: each scrape re-reads the last
@@ -21,7 +21,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::traffic::{self, Fields};
+use crate::stats;
+use crate::stats::store::Fields;
 
 /// Minutes re-read at each scrape (the current one included).
 pub const LOOKBACK_MINUTES: i64 = 5;
@@ -71,7 +72,8 @@ impl Fleet {
         let mut seen = self.seen.lock().await;
         let minute = now_secs.div_euclid(60);
         let minutes: Vec<i64> = (minute - LOOKBACK_MINUTES + 1..=minute).collect();
-        let read = tokio::time::timeout(READ_DEADLINE, traffic::minutes(store, &minutes)).await;
+        let read =
+            tokio::time::timeout(READ_DEADLINE, stats::store::minutes(store, &minutes)).await;
         match read {
             Ok(Ok(hashes)) => {
                 for (m, fields) in minutes.iter().zip(hashes) {

@@ -8,7 +8,8 @@ use floodgate_shared::config::{ConfigEdit, HeaderSpec, RouteSpec};
 use floodgate_shared::policy::{Policy, PolicyError, PolicySpec};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::model::{AppError, dimension_name, failure_mode_name};
+use crate::describe::{dimension_name, failure_mode_name};
+use crate::error::AppError;
 
 /// An error of a form's own fields (no configuration to name its indexes).
 fn invalid(e: PolicyError) -> AppError {
@@ -395,7 +396,7 @@ impl DenyForm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::describe_consistency;
+    use crate::describe::describe_consistency;
     use floodgate_shared::policy::Consistency;
 
     fn form() -> PolicyForm {

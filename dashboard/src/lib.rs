@@ -9,10 +9,13 @@
 //! - [`app`]: the shell and the routes of the pages; `pages`: one module per page.
 //! - [`api`]: the server functions, the dashboard's only API; [`forms`]: what
 //!   their forms post and the edit each makes.
-//! - [`auth`] (ssr): operators, sign-in, sessions, cookies; [`traffic`] (ssr): the
-//!   edges' statistics read from Redis; [`fleet`] (ssr): their `/metrics` totals;
-//!   [`state`] (ssr): what every handler shares.
-//! - [`model`], [`describe`], [`chart`], [`time`]: pure types, words and geometry.
+//! - [`auth`] (ssr): operators, sign-in, sessions, cookies; [`stats::store`]
+//!   (ssr): the edges' statistics read from Redis; [`fleet`] (ssr): their
+//!   `/metrics` totals; [`state`] (ssr): what every handler shares.
+//! - Pure, for both builds: [`wire`] (what the pages and the server functions
+//!   exchange), [`error`] (their one error, [`error::AppError`]), [`stats`] (the
+//!   traffic page's data), [`describe`] (words for operators), [`chart_geometry`]
+//!   (the charts' plot geometry), [`time`] (times as shown).
 
 #[cfg(feature = "ssr")]
 pub mod adminapi;
@@ -20,20 +23,20 @@ pub mod api;
 pub mod app;
 #[cfg(feature = "ssr")]
 pub mod auth;
-pub mod chart;
+pub mod chart_geometry;
 pub mod describe;
+pub mod error;
 #[cfg(feature = "ssr")]
 pub mod fleet;
 pub mod forms;
-pub mod model;
 mod pages;
 #[cfg(feature = "ssr")]
 pub mod router;
 #[cfg(feature = "ssr")]
 pub mod state;
+pub mod stats;
 pub mod time;
-#[cfg(feature = "ssr")]
-pub mod traffic;
+pub mod wire;
 
 /// Request headers from `(name, value)` pairs, for the server side's unit tests.
 #[cfg(all(test, feature = "ssr"))]

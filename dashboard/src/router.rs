@@ -15,7 +15,7 @@ use floodgate_edge::store::StoreError;
 use leptos::config::LeptosOptions;
 
 use crate::auth::{self, AuthError};
-use crate::model::AppError;
+use crate::error::AppError;
 use crate::state::Core;
 
 /// The largest request body accepted (forms carry at most a few KB; 1 MB

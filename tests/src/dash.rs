@@ -222,7 +222,7 @@ impl Operator {
     }
 
     /// Calls a server function that must refuse: its JSON error (an
-    /// [`floodgate_dashboard::model::AppError`]); panics on a success.
+    /// [`floodgate_dashboard::error::AppError`]); panics on a success.
     pub async fn refused(&self, name: &str, fields: &[(&str, &str)]) -> Value {
         let (status, v) = self.answer(name, fields).await;
         assert!(

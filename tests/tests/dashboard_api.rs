@@ -2,7 +2,7 @@
 //! and server function, CSRF, the login limiter, bad input on every form, version
 //! checks under concurrent saves, the audit log and escaping.
 
-use floodgate_dashboard::model::AppError;
+use floodgate_dashboard::error::AppError;
 use floodgate_shared::stats::{Endpoint, Outcome, SAMPLE_KEY, SampleEntry};
 use floodgate_tests::RedisServer;
 use floodgate_tests::dash::{

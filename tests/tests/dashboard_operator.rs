@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use floodgate_dashboard::model::AppError;
+use floodgate_dashboard::error::AppError;
 use floodgate_edge::demo_upstream::{self, Seen};
 use floodgate_shared::stats::{Counted, Endpoint, Outcome, StatsField, minute_key, ten_second_key};
 use floodgate_tests::dash::{

@@ -4,7 +4,8 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, AuditRow};
+use crate::error::AppError;
+use crate::wire::AuditRow;
 
 /// The newest 200 audit records, each with the fields its change touched.
 #[server(endpoint = "audit")]

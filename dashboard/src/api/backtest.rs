@@ -10,8 +10,9 @@ use floodgate_shared::simulate::replay;
 use floodgate_shared::stats::{Endpoint, Outcome, SampleEntry};
 
 use super::ctx;
-use crate::model::{AppError, Backtest, BacktestRow, Saved};
-use crate::traffic;
+use crate::error::AppError;
+use crate::stats::store;
+use crate::wire::{Backtest, BacktestRow, Saved};
 
 /// Replays the sample against the stored configuration with and without `edit`.
 /// Beside the replays it reports what the edge answered those requests, and what
@@ -31,7 +32,7 @@ pub(super) async fn backtest(csrf: &str, edit: ConfigEdit) -> Result<Saved, AppE
         .at;
     let proposed =
         EdgeConfig::new(proposal.clone()).map_err(|e| ctx::on_form(e, at.as_deref(), &proposal))?;
-    let sample = traffic::sample(&core.store).await?;
+    let sample = store::sample(&core.store).await?;
     let (from_ms, to_ms) = match (sample.first(), sample.last()) {
         (Some(f), Some(l)) => (f.at_ms, l.at_ms),
         _ => (0, 0),
@@ -39,7 +40,7 @@ pub(super) async fn backtest(csrf: &str, edit: ConfigEdit) -> Result<Saved, AppE
     let dropped = if sample.is_empty() {
         0
     } else {
-        traffic::sample_dropped(&core.store, from_ms, to_ms).await?
+        store::sample_dropped(&core.store, from_ms, to_ms).await?
     };
     let mut b = compare(&current, &proposed, &sample);
     b.ip_policies = ip_policies(current.spec(), &proposal);
@@ -100,7 +101,7 @@ fn compare(current: &EdgeConfig, proposed: &EdgeConfig, sample: &[SampleEntry]) 
             .filter(|r| r.outcome == Outcome::Degraded)
             .count() as u64,
         rows,
-        patterns: traffic::route_patterns(current.spec()),
+        patterns: store::route_patterns(current.spec()),
         ..Backtest::default()
     }
 }

@@ -8,10 +8,11 @@ use super::ctx;
 #[cfg(feature = "ssr")]
 use floodgate_shared::config::ConfigEdit;
 
+use crate::error::AppError;
 use crate::forms::{
     DenyForm, HeadersForm, OverrideForm, PlanForm, PolicyForm, RouteForm, StartForm,
 };
-use crate::model::{AppError, ConfigView, EffectiveRow, Saved};
+use crate::wire::{ConfigView, EffectiveRow, Saved};
 
 #[server(endpoint = "config")]
 pub async fn get_config() -> Result<ConfigView, AppError> {
@@ -191,9 +192,9 @@ pub async fn effective_limits(key_id: String, path: String) -> Result<Vec<Effect
             EffectiveRow {
                 policy: p.name().to_string(),
                 source,
-                limit: crate::model::describe_quota(&spec),
+                limit: crate::describe::describe_quota(&spec),
                 cost: p.cost(),
-                failure_mode: crate::model::failure_mode_name(&spec),
+                failure_mode: crate::describe::failure_mode_name(&spec),
             }
         })
         .collect();

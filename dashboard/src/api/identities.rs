@@ -7,14 +7,15 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, IdentitiesView, Saved};
+use crate::error::AppError;
+use crate::wire::{IdentitiesView, Saved};
 
 /// Every identity held by a key, by name, with its keys and override.
 #[server(endpoint = "identities")]
 pub async fn list_identities() -> Result<IdentitiesView, AppError> {
     use std::collections::BTreeMap;
 
-    use crate::model::IdentityRow;
+    use crate::wire::IdentityRow;
     ctx::session().await?;
     let core = ctx::core()?;
     let records = floodgate_edge::admin::list_keys(&core.store).await?;

@@ -8,7 +8,8 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, CreatedKey, KeyDetailView, Saved};
+use crate::error::AppError;
+use crate::wire::{CreatedKey, KeyDetailView, Saved};
 
 /// The key `id` as its page shows it.
 #[server(endpoint = "key_detail")]

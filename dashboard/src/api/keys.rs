@@ -5,7 +5,8 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, CreatedKey, KeyRow, Saved};
+use crate::error::AppError;
+use crate::wire::{CreatedKey, KeyRow, Saved};
 
 /// The keys with their usage over the last hour and their last use.
 #[server(endpoint = "keys")]
@@ -27,8 +28,8 @@ pub(super) async fn key_rows(
     keys: Vec<floodgate_shared::apikeys::KeyRecord>,
 ) -> Result<Vec<(floodgate_shared::apikeys::KeyRecord, KeyRow)>, AppError> {
     let now = ctx::now_secs();
-    let usage = crate::traffic::usage(&core.store, now, 60).await?;
-    let last_used = crate::traffic::last_used(&core.store).await?;
+    let usage = crate::stats::store::usage(&core.store, now, 60).await?;
+    let last_used = crate::stats::store::last_used(&core.store).await?;
     Ok(keys
         .into_iter()
         .map(|k| {

@@ -4,7 +4,7 @@
 //! they were based on. They fail with [`AppError`], whose HTTP status the guard
 //! sets, so the pages' code can tell a session that ended from an outage. Each
 //! takes its form as the page names the fields ([`crate::forms`]), and calls
-//! `floodgate_edge::admin` (configuration, keys, audit) or [`crate::traffic`]
+//! `floodgate_edge::admin` (configuration, keys, audit) or [`crate::stats::store`]
 //! directly.
 
 mod audit;
@@ -37,8 +37,9 @@ mod ctx {
     use leptos::prelude::*;
 
     use crate::auth::{Session, same_secret};
-    use crate::model::{AppError, AuditEntry, Saved};
+    use crate::error::AppError;
     use crate::state::Core;
+    use crate::wire::{AuditEntry, Saved};
 
     impl From<AdminError> for AppError {
         fn from(e: AdminError) -> Self {

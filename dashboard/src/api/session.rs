@@ -4,7 +4,8 @@ use leptos::prelude::*;
 
 #[cfg(feature = "ssr")]
 use super::ctx;
-use crate::model::{AppError, SessionInfo};
+use crate::error::AppError;
+use crate::wire::SessionInfo;
 
 #[server(endpoint = "login")]
 pub async fn login(username: String, password: String) -> Result<(), AppError> {

@@ -21,7 +21,7 @@ use floodgate_shared::hex::sha256_hex;
 use rand::RngCore;
 use subtle::ConstantTimeEq;
 
-use crate::model::AppError;
+use crate::error::AppError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {

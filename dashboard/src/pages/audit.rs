@@ -5,7 +5,7 @@ use leptos_meta::Title;
 
 use super::{LocalTime, error_view};
 use crate::api::audit_entries;
-use crate::model::AuditRow;
+use crate::wire::AuditRow;
 
 #[component]
 pub fn AuditPage() -> impl IntoView {

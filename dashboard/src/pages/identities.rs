@@ -9,7 +9,7 @@ use leptos_meta::Title;
 
 use super::{SessionResource, error_view, field_error, outcome, saved_message, val};
 use crate::api::{DeleteIdentityOverride, SaveIdentityOverride, list_identities};
-use crate::model::IdentityRow;
+use crate::wire::IdentityRow;
 
 #[component]
 pub fn IdentitiesPage() -> impl IntoView {

@@ -12,8 +12,8 @@ use leptos_router::hooks::use_params_map;
 use super::keys::new_secret;
 use super::{SessionResource, error_view, field_error, island_ready, outcome, saved_message, val};
 use crate::api::{RotateKeySecret, SaveKeyDetail, key_detail};
-use crate::model::KeyDetailView;
 use crate::time;
+use crate::wire::KeyDetailView;
 
 #[component]
 pub fn KeyDetailPage() -> impl IntoView {

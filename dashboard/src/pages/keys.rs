@@ -12,8 +12,10 @@ use super::{
     outcome, saved_message, val, when,
 };
 use crate::api::{CreateKey, RevokeKey, UpdateKey, get_config, list_keys};
-use crate::model::{AppError, CreatedKey, KeyRow, example_path, try_request};
+use crate::describe::{example_path, try_request};
+use crate::error::AppError;
 use crate::time;
+use crate::wire::{CreatedKey, KeyRow};
 
 /// Live usage of the keys: id → (allowed, throttled, degraded, last used), as the
 /// browser last fetched it.

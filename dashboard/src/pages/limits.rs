@@ -6,9 +6,10 @@ use leptos::prelude::*;
 
 use super::{field_error, hidden, island_ready, outcome, reload, row_actions, saved_message, val};
 use crate::api::{DeletePolicy, SavePolicy};
+use crate::describe::{describe_consistency, describe_quota, endpoint_label};
 use crate::forms::{POLICY_FIELDS, PolicyForm};
-use crate::model::{Backtest, Saved, describe_consistency, describe_quota, endpoint_label};
 use crate::time;
+use crate::wire::{Backtest, Saved};
 
 const DIMENSION_CHOICES: [&str; 6] = [
     "api_key",

@@ -11,7 +11,6 @@
 //! reloads the page once saved.
 
 mod audit;
-mod charts;
 mod identities;
 mod keydetail;
 mod keys;
@@ -19,6 +18,7 @@ mod limits;
 mod login;
 mod policies;
 mod traffic;
+mod traffic_charts;
 
 pub use audit::AuditPage;
 pub use identities::IdentitiesPage;
@@ -36,8 +36,9 @@ use leptos::server_fn::codec::PostUrl;
 use leptos::server_fn::request::ClientReq;
 use leptos::server_fn::{Http, ServerFn};
 
-use crate::model::{AppError, Saved, SessionInfo};
+use crate::error::AppError;
 use crate::time;
+use crate::wire::{Saved, SessionInfo};
 
 /// The signed-in session, shared by a page's forms.
 pub(crate) type SessionResource = Resource<Result<SessionInfo, AppError>>;

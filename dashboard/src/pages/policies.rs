@@ -16,7 +16,7 @@ use crate::api::{
     DeleteOverride, DeletePlan, DeletePolicy, DeleteRoute, EffectiveLimits, SaveDeny, SaveHeaders,
     SaveIpPolicies, SaveOverride, SavePlan, SaveRoute, StartConfig, get_config, traffic_stats,
 };
-use crate::model::UNMATCHED;
+use crate::describe::UNMATCHED;
 
 #[component]
 pub fn PoliciesPage() -> impl IntoView {

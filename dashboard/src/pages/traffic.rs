@@ -9,12 +9,14 @@ use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
 
-use super::charts::{endpoint_chart, fill_patterns, latency_chart, legend, sum};
+use super::traffic_charts::{endpoint_chart, fill_patterns, latency_chart, legend, sum};
 use super::{SessionResource, error_view, every, island_ready};
 use crate::api::{leasing_stats, traffic_stats};
-use crate::model::{
-    AppError, LeasingFigures, Range, Resolution, Traffic, endpoint_label, try_request,
-};
+use crate::describe::{endpoint_label, try_request};
+use crate::error::AppError;
+use crate::stats::leasing::LeasingFigures;
+use crate::stats::range::{Range, Resolution};
+use crate::stats::series::Traffic;
 use crate::time;
 
 #[component]

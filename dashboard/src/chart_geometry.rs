@@ -1,5 +1,6 @@
 //! Chart geometry (pure, tested natively): the plot box, a y axis of round ticks,
-//! stacked bars, step lines and time ticks. The traffic page draws with it.
+//! stacked bars, step lines and time ticks. The traffic page's charts
+//! (`pages::traffic_charts`) draw with it.
 
 /// The SVG's drawing box (the page scales it to its full width).
 pub const W: f64 = 1000.0;

@@ -1,12 +1,14 @@
-//! The traffic page's charts, as SVG drawn on the server (the geometry in
-//! [`crate::chart`]): an endpoint's stacked bars and the store's latency, each with
-//! a title per bar for hover and its numbers as a table.
+//! The traffic page's charts (`pages::traffic` lays out the page), as SVG drawn
+//! on the server (the geometry in [`crate::chart_geometry`]): an endpoint's stacked
+//! bars and the store's latency, each with a title per bar for hover and its
+//! numbers as a table.
 
 use floodgate_shared::stats::Endpoint;
 use leptos::prelude::*;
 
-use crate::chart;
-use crate::model::{Series, Traffic, endpoint_label};
+use crate::chart_geometry;
+use crate::describe::endpoint_label;
+use crate::stats::series::{Series, Traffic};
 use crate::time;
 
 /// The fill patterns of the bars (one definition per page), so throttled and
@@ -69,7 +71,7 @@ pub(super) fn endpoint_chart(
     let totals: Vec<u64> = (0..n)
         .map(|i| s.allowed[i] + s.throttled[i] + s.degraded[i])
         .collect();
-    let axis = chart::y_axis(totals.iter().chain(&s.shadow).copied().max().unwrap_or(0));
+    let axis = chart_geometry::y_axis(totals.iter().chain(&s.shadow).copied().max().unwrap_or(0));
     let id = format!("chart-{}", e.route().unwrap_or("unmatched-traffic"));
     let summary = format!(
         "{} allowed, {} throttled (429), {} degraded, {} would have been throttled by shadow policies over the last {}.",
@@ -82,8 +84,8 @@ pub(super) fn endpoint_chart(
     let bars = (0..n)
         .filter(|i| totals[*i] > 0 || s.shadow[*i] > 0)
         .map(|i| {
-            let (x, w) = chart::bar(i, n);
-            let segs = chart::stack(&[s.allowed[i], s.throttled[i], s.degraded[i]], axis.max);
+            let (x, w) = chart_geometry::bar(i, n);
+            let segs = chart_geometry::stack(&[s.allowed[i], s.throttled[i], s.degraded[i]], axis.max);
             let at = t.start + step * i as i64;
             let tip = format!(
                 "{}: {} allowed, {} throttled (429), {} degraded, {} would have throttled",
@@ -96,7 +98,7 @@ pub(super) fn endpoint_chart(
             view! {
                 <g class="bar" data-at=at.to_string()>
                     <title>{tip}</title>
-                    <rect class="hover" x=x y=chart::TOP width=w height=chart::PLOT_H/>
+                    <rect class="hover" x=x y=chart_geometry::TOP width=w height=chart_geometry::PLOT_H/>
                     <rect class="allowed" x=x y=segs[0].0 width=w height=segs[0].1/>
                     <rect class="throttled" x=x y=segs[1].0 width=w height=segs[1].1/>
                     <rect class="degraded" x=x y=segs[2].0 width=w height=segs[2].1/>
@@ -110,14 +112,14 @@ pub(super) fn endpoint_chart(
     view! {
         <section class="endpoint" aria-labelledby=format!("{id}-h")>
             <h2 id=format!("{id}-h")>{label.clone()}</h2>
-            <svg class="chart" viewBox=format!("0 0 {} {}", chart::W, chart::H) role="img"
+            <svg class="chart" viewBox=format!("0 0 {} {}", chart_geometry::W, chart_geometry::H) role="img"
                 aria-label=format!("{per} to {label}: {summary}")
                 data-route=e.route().unwrap_or_default().to_string() data-endpoint=e.to_string()
                 data-throttled=sum(&s.throttled).to_string() data-allowed=sum(&s.allowed).to_string()>
                 {y_axis_view(&axis, per, |v| v.to_string())}
                 {x_axis_view(t)}
                 {bars}
-                {has_shadow.then(|| view! { <path class="line shadow" d=chart::step_path(&shadow, axis.max)/> })}
+                {has_shadow.then(|| view! { <path class="line shadow" d=chart_geometry::step_path(&shadow, axis.max)/> })}
             </svg>
             <details>
                 <summary>{format!("The numbers, per {} (bars without requests left out)", t.resolution.label())}</summary>
@@ -149,19 +151,23 @@ fn numbers_rows(t: &Traffic, s: &Series, totals: &[u64]) -> impl IntoView + use<
 }
 
 /// Gridlines and labels of a y axis, with its title (the unit).
-fn y_axis_view(axis: &chart::Axis, title: &str, label: fn(u64) -> String) -> impl IntoView + use<> {
+fn y_axis_view(
+    axis: &chart_geometry::Axis,
+    title: &str,
+    label: fn(u64) -> String,
+) -> impl IntoView + use<> {
     let ticks = axis
         .ticks
         .iter()
         .map(|v| {
-            let y = chart::y(*v, axis.max);
+            let y = chart_geometry::y(*v, axis.max);
             view! {
-                <line class="grid" x1=chart::LEFT x2=chart::W - chart::RIGHT y1=y y2=y/>
-                <text x=chart::LEFT - 6.0 y=y + 4.0 text-anchor="end">{label(*v)}</text>
+                <line class="grid" x1=chart_geometry::LEFT x2=chart_geometry::W - chart_geometry::RIGHT y1=y y2=y/>
+                <text x=chart_geometry::LEFT - 6.0 y=y + 4.0 text-anchor="end">{label(*v)}</text>
             }
         })
         .collect_view();
-    let mid = chart::TOP + chart::PLOT_H / 2.0;
+    let mid = chart_geometry::TOP + chart_geometry::PLOT_H / 2.0;
     view! {
         {ticks}
         <text x="14" y=mid text-anchor="middle" transform=format!("rotate(-90 14 {mid})")>{title.to_string()}</text>
@@ -170,8 +176,8 @@ fn y_axis_view(axis: &chart::Axis, title: &str, label: fn(u64) -> String) -> imp
 
 /// The time axis: a tick and label at each round time, and its title.
 fn x_axis_view(t: &Traffic) -> impl IntoView + use<> {
-    let bottom = chart::TOP + chart::PLOT_H;
-    let ticks = chart::time_ticks(t.start, t.step(), t.bars)
+    let bottom = chart_geometry::TOP + chart_geometry::PLOT_H;
+    let ticks = chart_geometry::time_ticks(t.start, t.step(), t.bars)
         .into_iter()
         .map(|(x, at)| {
             view! {
@@ -181,9 +187,9 @@ fn x_axis_view(t: &Traffic) -> impl IntoView + use<> {
         })
         .collect_view();
     view! {
-        <line class="axis" x1=chart::LEFT x2=chart::W - chart::RIGHT y1=bottom y2=bottom/>
+        <line class="axis" x1=chart_geometry::LEFT x2=chart_geometry::W - chart_geometry::RIGHT y1=bottom y2=bottom/>
         {ticks}
-        <text x=chart::W - chart::RIGHT y=chart::H - 2.0 text-anchor="end">"time (UTC)"</text>
+        <text x=chart_geometry::W - chart_geometry::RIGHT y=chart_geometry::H - 2.0 text-anchor="end">"time (UTC)"</text>
     }
 }
 
@@ -205,25 +211,25 @@ pub(super) fn latency_chart(t: &Traffic) -> impl IntoView + use<> {
     let (p50, p99) = (shown(&t.p50_us), shown(&t.p99_us));
     let top = p99.iter().flatten().copied().max().unwrap_or(0).max(5_000);
     // ticks in whole ms
-    let axis_ms = chart::y_axis(top.div_ceil(1000));
-    let axis = chart::Axis {
+    let axis_ms = chart_geometry::y_axis(top.div_ceil(1000));
+    let axis = chart_geometry::Axis {
         max: axis_ms.max * 1000,
         ticks: axis_ms.ticks.iter().map(|t| t * 1000).collect(),
     };
     let latest = |v: &[Option<u64>]| v.iter().rev().flatten().next().copied();
-    let budget = chart::y(5_000, axis.max);
+    let budget = chart_geometry::y(5_000, axis.max);
     let n = t.bars;
     let hovers = (0..n)
         .filter(|i| t.p50_us[*i].is_some())
         .map(|i| {
-            let (x, w) = chart::bar(i, n);
+            let (x, w) = chart_geometry::bar(i, n);
             let tip = format!(
                 "{}: p50 {}, p99 {}",
                 bar_time(t.start + step * i as i64, step),
                 fmt_us(t.p50_us[i]),
                 fmt_us(t.p99_us[i])
             );
-            view! { <g class="bar"><title>{tip}</title><rect class="hover" x=x y=chart::TOP width=w height=chart::PLOT_H/></g> }
+            view! { <g class="bar"><title>{tip}</title><rect class="hover" x=x y=chart_geometry::TOP width=w height=chart_geometry::PLOT_H/></g> }
         })
         .collect_view();
     let rows = (0..n)
@@ -244,15 +250,15 @@ pub(super) fn latency_chart(t: &Traffic) -> impl IntoView + use<> {
         <section aria-labelledby="latency-h">
             <h2 id="latency-h">"Redis call latency as the edges saw it"</h2>
             <p>{summary.clone()} " Values are histogram bucket bounds; the dotted line is the 5 ms budget."</p>
-            <svg class="chart" viewBox=format!("0 0 {} {}", chart::W, chart::H) role="img" id="latency"
+            <svg class="chart" viewBox=format!("0 0 {} {}", chart_geometry::W, chart_geometry::H) role="img" id="latency"
                 aria-label=format!("Store call latency per {}: {summary}", t.resolution.label())>
                 {y_axis_view(&axis, "latency (ms)", |v| format!("{}", v / 1000))}
                 {x_axis_view(t)}
-                <line class="budget" x1=chart::LEFT x2=chart::W - chart::RIGHT y1=budget y2=budget/>
-                <text x=chart::W - chart::RIGHT - 4.0 y=budget - 4.0 text-anchor="end">"5 ms budget"</text>
+                <line class="budget" x1=chart_geometry::LEFT x2=chart_geometry::W - chart_geometry::RIGHT y1=budget y2=budget/>
+                <text x=chart_geometry::W - chart_geometry::RIGHT - 4.0 y=budget - 4.0 text-anchor="end">"5 ms budget"</text>
                 {hovers}
-                <path class="line p50" d=chart::step_path(&p50, axis.max)/>
-                <path class="line p99" d=chart::step_path(&p99, axis.max)/>
+                <path class="line p50" d=chart_geometry::step_path(&p50, axis.max)/>
+                <path class="line p99" d=chart_geometry::step_path(&p99, axis.max)/>
             </svg>
             <div class="legend">
                 <span><svg viewBox="0 0 28 14" aria-hidden="true" class="chart"><path class="line p50" d="M1 7 H27"/></svg>"p50 (solid)"</span>

@@ -16,7 +16,9 @@ use floodgate_shared::stats::{
     SampleEntry, StatsField, key_minute_key, minute_key, ten_second_key,
 };
 
-use crate::model::{PolicyLeasing, Range, Resolution, Series, Traffic, histogram_quantile};
+use super::leasing::PolicyLeasing;
+use super::range::{Range, Resolution, bars};
+use super::series::{Series, Traffic, histogram_quantile};
 
 /// A stats hash's fields and their counts.
 pub type Fields = Vec<(String, u64)>;
@@ -119,14 +121,6 @@ pub fn route_patterns(spec: &ConfigSpec) -> BTreeMap<String, String> {
         .iter()
         .map(|r| (r.name.clone(), r.pattern.clone()))
         .collect()
-}
-
-/// The bars of `range` at `resolution` ending with the one holding `now` (Unix
-/// seconds): the first bar's start and how many.
-fn bars(now: i64, range: Range, resolution: Resolution) -> (i64, usize) {
-    let step = resolution.secs();
-    let n = (range.secs() / step) as usize;
-    (now.div_euclid(step) * step - (n as i64 - 1) * step, n)
 }
 
 /// The bounded and `auto` policies of `config`, with their bounds and what the
@@ -563,22 +557,6 @@ mod tests {
         assert_eq!(
             top_throttled(&hashes),
             [("K2".to_string(), 3), ("K1".to_string(), 2)]
-        );
-    }
-
-    #[test]
-    fn the_bars_end_with_the_current_one() {
-        assert_eq!(
-            bars(1_000, Range::Minutes15, Resolution::Seconds10),
-            (1_000 - 890, 90)
-        );
-        assert_eq!(
-            bars(1_019, Range::Hour1, Resolution::Minute1),
-            (960 - 59 * 60, 60)
-        );
-        assert_eq!(
-            bars(86_400 * 3 + 5, Range::Hours24, Resolution::Minutes10).1,
-            144
         );
     }
 }
