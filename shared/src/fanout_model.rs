@@ -344,27 +344,30 @@ impl Held {
             .sum()
     }
 
+    /// Drops the sub-leases past their life: reported done.
     fn drop_dead(&mut self, at: Micros) {
-        let (live, dead): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.live(at));
-        self.leases = live;
-        self.done
-            .extend(dead.into_iter().map(|l| (l.member, l.granted)));
+        let done = &mut self.done;
+        self.leases.retain(|l| {
+            if !l.live(at) {
+                done.push((l.member.clone(), l.granted));
+            }
+            l.live(at)
+        });
     }
 
-    /// `Held::spend` of a sub-lease: all or nothing, spent ones reported done.
+    /// `Held::spend` of one token: from the sub-lease expiring first; one spent
+    /// out is reported done (every sub-lease held has a token left).
     fn spend(&mut self, at: Micros) -> bool {
         self.drop_dead(at);
-        if self.at_hand(at) < 1 {
+        let first = (0..self.leases.len()).min_by_key(|&j| self.leases[j].until);
+        let Some(j) = first else {
             return false;
+        };
+        self.leases[j].tokens -= 1;
+        if self.leases[j].tokens == 0 {
+            let l = self.leases.swap_remove(j);
+            self.done.push((l.member, l.granted));
         }
-        self.leases.sort_by_key(|l| l.until);
-        if let Some(l) = self.leases.iter_mut().find(|l| l.tokens > 0) {
-            l.tokens -= 1;
-        }
-        let (spent, live): (Vec<_>, Vec<_>) = self.leases.drain(..).partition(|l| l.tokens == 0);
-        self.done
-            .extend(spent.into_iter().map(|l| (l.member, l.granted)));
-        self.leases = live;
         true
     }
 
