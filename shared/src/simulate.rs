@@ -238,3 +238,7 @@ mod tests {
         );
     }
 }
+
+/// Fan-out at internet scale on the pure twins (`scripts/bench fanout`).
+#[path = "fanout_model.rs"]
+pub mod fanout;

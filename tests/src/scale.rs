@@ -999,3 +999,145 @@ pub async fn burst_http(
     }
     admitted
 }
+
+// ---- Fan-out (`scripts/bench fanout`): many instances, one key record each per
+// API key, bills by store.
+
+/// The subject whose client address is `ip` ([`subject_ip`] backwards): with
+/// [`Subjects::Zipf`], subject k + 1 was drawn as the k-th of the distribution.
+pub fn subject_index(ip: IpAddr) -> usize {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [_, a, b, c] = v4.octets();
+            (usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c)
+        }
+        IpAddr::V6(_) => 0,
+    }
+}
+
+/// One request through `edge` with `credentials` (the whole header value) from
+/// `ip`, its background work spawned after the answer as the native host does:
+/// what its client learnt (the same reading as [`offer`]'s).
+pub async fn gate_verdict(edge: Arc<Edge>, credentials: String, ip: IpAddr) -> Verdict {
+    let decided = edge
+        .gate(RequestHead {
+            path: "/bench",
+            credentials: Some(credentials.as_bytes()),
+            client_ip: Some(ip),
+            country: None,
+            user_agent: None,
+        })
+        .await;
+    for task in decided.background {
+        tokio::spawn(task);
+    }
+    match &decided.gate {
+        Ok(admit) => Verdict {
+            admitted: true,
+            degraded: admit.header(DEGRADED_HEADER).is_some(),
+        },
+        Err(reply) => Verdict {
+            admitted: false,
+            degraded: reply.status != 429 || reply.header(DEGRADED_HEADER).is_some(),
+        },
+    }
+}
+
+/// One HTTP request as [`offer_http`] reads it: admitted on a 200; degraded
+/// when marked so, answered otherwise than 200 or 429, or not answered.
+pub async fn http_verdict(request: reqwest::RequestBuilder) -> Verdict {
+    match request.send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let marked = resp.headers().contains_key(DEGRADED_HEADER);
+            let _ = resp.bytes().await;
+            Verdict {
+                admitted: status == 200,
+                degraded: marked || !(status == 200 || status == 429),
+            }
+        }
+        Err(_) => Verdict {
+            admitted: false,
+            degraded: true,
+        },
+    }
+}
+
+impl World {
+    /// One pipeline of region `region` deciding in `mode`, built as
+    /// `floodgate-edge` builds its own: `settings` as given (the deadline too:
+    /// adaptive by default), each store connected with its transport deadline,
+    /// the regional one answering within the same deadline settings.
+    pub async fn edge(&self, mode: Mode, region: usize, settings: PipelineConfig) -> Arc<Edge> {
+        let transport = floodgate_edge::pipeline::transport_deadline(&settings.deadline);
+        let connect = |url: String| async move {
+            NativeStore::Resp(RespStore::connect(&url, transport).await.expect("connect"))
+        };
+        let global = match mode {
+            Mode::Independent => self.regionals[region].url(),
+            _ => self.proxies[region].url(),
+        };
+        let deadline = settings.deadline;
+        let mut edge = Pipeline::new(connect(global).await, SystemClock, settings)
+            .with_stats_sink(self.paths.clone());
+        if mode.pools() {
+            let regional = connect(self.regionals[region].url()).await;
+            edge = edge.with_regional_within(regional, deadline);
+        }
+        Arc::new(edge)
+    }
+
+    /// What every store has billed so far ([`billed_by_name`]).
+    pub fn bills(&self) -> Bills {
+        let mut by_name = std::collections::BTreeMap::new();
+        let mut add = |prefix: &str, server: &RedisServer| {
+            let mut total = 0;
+            for (name, n) in billed_by_name(&mut server.connection()) {
+                *by_name.entry(format!("{prefix}{name}")).or_insert(0) += n;
+                total += n;
+            }
+            total
+        };
+        let global = add("g:", &self.global);
+        let regional = self.regionals.iter().map(|s| add("r:", s)).sum();
+        Bills {
+            global,
+            regional,
+            by_name,
+        }
+    }
+}
+
+/// Commands billed: by the global store, by the regional ones together, and by
+/// store and name ("g:" global, "r:" regional).
+#[derive(Debug, Clone, Default)]
+pub struct Bills {
+    pub global: u64,
+    pub regional: u64,
+    pub by_name: std::collections::BTreeMap<String, u64>,
+}
+
+impl Bills {
+    /// What was billed since `earlier`.
+    pub fn since(&self, earlier: &Bills) -> Bills {
+        let by_name = self
+            .by_name
+            .iter()
+            .map(|(k, n)| (k.clone(), n - earlier.by_name.get(k).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        Bills {
+            global: self.global - earlier.global,
+            regional: self.regional - earlier.regional,
+            by_name,
+        }
+    }
+
+    /// The commands by name, most first.
+    pub fn top(&self) -> Vec<(String, u64)> {
+        let mut names: Vec<(String, u64)> =
+            self.by_name.iter().map(|(k, n)| (k.clone(), *n)).collect();
+        names.sort_by_key(|n| std::cmp::Reverse(n.1));
+        names
+    }
+}

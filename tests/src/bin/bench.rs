@@ -33,6 +33,8 @@ use rand::{Rng, SeedableRng};
 mod clients;
 #[path = "bench/cost.rs"]
 mod cost;
+#[path = "bench/fanout.rs"]
+mod fanout;
 #[path = "bench/instructions.rs"]
 mod instructions;
 #[path = "bench/scale.rs"]
@@ -125,6 +127,10 @@ enum Section {
     /// (2 regions × 2 instances, a far global Redis), both hosts, exact and
     /// bounded, @upstash/ratelimit beside them.
     Cost,
+    /// Issue 38's fan-out: 4-48 native instances and a Worker fleet, 400 keys
+    /// Zipf(1.1) and the long tail, a far global Redis; the internet-scale
+    /// model on the pure twins beside it.
+    Fanout,
 }
 
 impl Section {
@@ -163,6 +169,10 @@ fn main() {
         .copied()
         .filter(|s| s.is_scale())
         .collect();
+    if args.sections.contains(&Section::Fanout) {
+        fanout::fanout(pinned.then_some(0), scale, &runtime());
+        return;
+    }
     if !scale_sections.is_empty() {
         let rt = runtime();
         scale::run(&scale_sections, pinned, scale, &args.lifetimes_ms, &rt);
@@ -246,7 +256,12 @@ fn run_single(
         Section::Instructions => instructions::run(server, rt, scale),
         Section::Decisions => bench_decisions(server, conn, rt, scale, sha),
         Section::Clients => clients::run(server, conn, rt, scale, sha),
-        Section::Cluster | Section::Lease | Section::Region | Section::Hotkey | Section::Cost => {
+        Section::Cluster
+        | Section::Lease
+        | Section::Region
+        | Section::Hotkey
+        | Section::Cost
+        | Section::Fanout => {
             unreachable!("the scale-out sections run on their own")
         }
     }
