@@ -18,6 +18,9 @@ const LEASE_SCRIPTS: &[(&str, &str)] = &[
     ("LEASE_RETURN", "lease_return.lua"),
     ("POOL_TAKE", "pool_take.lua"),
     ("POOL_ADD", "pool_add.lua"),
+    ("LEDGER_TAKE", "ledger_take.lua"),
+    ("LEDGER_CHARGE", "ledger_charge.lua"),
+    ("LEDGER_DONE", "ledger_done.lua"),
 ];
 
 /// The configuration's audited save (`shared/src/audit.rs`).

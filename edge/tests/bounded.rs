@@ -649,3 +649,64 @@ async fn leases_taken_under_a_policys_old_terms_are_not_spent_after_it_changed()
     }
     assert!(seen, "the change reached the instance");
 }
+
+/// Issue 38: at fan-out, a key an instance holds nothing of and sees seldom is
+/// decided by ONE `HINCRBY` of its region's ledger — no pool take, no refill —
+/// within the region's share of the bound per settle interval; past it, the
+/// increment is taken back and the pool decides. Once per interval one instance
+/// of the region charges the ledger to the global bucket in one call.
+#[tokio::test]
+async fn cold_keys_are_decided_by_their_regions_ledger_and_charged_in_bulk() {
+    use floodgate_shared::ledger::{LEDGER_CHARGE, LEDGER_TAKE, SETTLE_EVERY, share};
+    let (global, regional) = (mem(), mem());
+    // a bound of 320 over one region: a ledger share of 20 per interval
+    let config = CONFIG
+        .replace(
+            r#""capacity":20,"period":"1s"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":8"#,
+            r#""capacity":10000,"period":"1m"},"failure_mode":"fail_closed","consistency":"bounded","max_overshoot":320"#,
+        )
+        .replace(r#""plans":"#, r#""regions":1,"plans":"#);
+    assert_eq!(share(320, 1), 20);
+    let auth = seed(global, &config, "bounded");
+    *regional.now.lock().unwrap() = T0;
+    let clock = clock();
+    let instances: Vec<_> = (0..6)
+        .map(|_| Pipeline::new(global, clock, PipelineConfig::default()).with_regional(regional))
+        .collect();
+    let step = |by: Micros| {
+        advance(clock, global, by);
+        *regional.now.lock().unwrap() += by;
+    };
+    // one request a second over six instances: every one cold where it lands
+    for i in 0..20 {
+        step(1_000_000);
+        let g = settle(instances[i % 6].gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "request {i}");
+    }
+    assert_eq!(regional.runs_of(&POOL_TAKE), 0, "no pool take");
+    assert_eq!(global.runs_of(&LEASE_TAKE), 0, "no refill");
+    assert_eq!(regional.ledger_incrs.load(Ordering::SeqCst), 20, "one command each");
+    // the settlements so far charged what was counted before them, in one call each
+    let settled = global.runs_of(&LEDGER_CHARGE);
+    assert!((1..=2).contains(&settled), "{settled} settlements in 20 s");
+    assert_eq!(regional.runs_of(&LEDGER_TAKE), settled);
+    let counted: i64 = regional.ledger.lock().unwrap().values().sum();
+    let charged = global.ledger_charged.load(Ordering::SeqCst) as i64;
+    assert_eq!(charged + counted, 20, "charged {charged} + still counted {counted}");
+    assert!(charged >= 9, "{charged} charged");
+    // a burst past the share within one interval: the rest go to the pool
+    let before = regional.ledger_incrs.load(Ordering::SeqCst);
+    for i in 0..30 {
+        step(1_000);
+        let g = settle(instances[i % 6].gate(head(&auth)).await).await;
+        assert_eq!(status(&g), 200, "burst request {i}");
+    }
+    assert!(regional.runs_of(&POOL_TAKE) >= 1, "the pool took over");
+    let counted: i64 = regional.ledger.lock().unwrap().values().sum();
+    assert!(counted <= 20, "{counted} counted: never past the share");
+    assert!(regional.ledger_incrs.load(Ordering::SeqCst) > before);
+    // nothing admitted at the ledger is lost: charged, or counted to be
+    let charged = global.ledger_charged.load(Ordering::SeqCst) as i64;
+    assert!(charged + counted >= 20, "{charged} charged, {counted} counted");
+    let _ = SETTLE_EVERY;
+}

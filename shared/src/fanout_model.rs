@@ -250,6 +250,9 @@ pub enum RecordSource {
     Global,
     /// A copy in the region's store.
     Regional,
+    /// Copies in the region's store loaded whole at an instance's start: no read
+    /// per key.
+    RegionalBulk,
 }
 
 /// How a mode decides: where records come from, and how a request whose record
@@ -309,6 +312,45 @@ impl Mechanism for RegionalRecords {
     fn decide(&self, run: &mut KeyRun<'_>, at: Micros, instance: usize, trip: &mut Trip) -> bool {
         run.bounded(at, instance, trip)
     }
+}
+
+/// What-if: a cold key (not hot on its instance) is decided by ONE plain
+/// command at its region's store — `HINCRBY` of the key's count in the
+/// region's ledger, admitted while the count stays within the region's share
+/// of the bound — and the ledger is charged to the global buckets once per
+/// settle interval (one `SET` per key with a count, the rest amortized over
+/// every key); hot keys keep their sub-leases. Records come from a copy in
+/// the region (bulk-loaded: no read per key).
+pub struct Ledger {
+    /// How often a region's ledger is charged to the global store.
+    pub settle_every: Micros,
+    /// A key this many requests a second on an instance takes sub-leases.
+    pub hot_per_sec: u64,
+}
+
+impl Mechanism for Ledger {
+    fn name(&self) -> String {
+        format!(
+            "ledger (what-if): settled every {} s, sub-leases from {}/s",
+            self.settle_every / MICROS_PER_SEC,
+            self.hot_per_sec
+        )
+    }
+    fn records(&self) -> RecordSource {
+        RecordSource::RegionalBulk
+    }
+    fn decide(&self, run: &mut KeyRun<'_>, at: Micros, instance: usize, trip: &mut Trip) -> bool {
+        run.ledger(self, at, instance, trip)
+    }
+}
+
+/// A region's ledger of one key: the settle interval it counts in, its count,
+/// and until when the key is blocked (its global bucket in debt).
+#[derive(Debug, Clone, Copy, Default)]
+struct LedgerEntry {
+    interval: Micros,
+    count: u64,
+    blocked_until: Micros,
 }
 
 /// The round trips on one request's path.
@@ -454,6 +496,7 @@ pub struct KeyRun<'a> {
     held: Vec<Held>,
     central: Central,
     pools: Vec<Pool>,
+    ledgers: Vec<LedgerEntry>,
     due: BinaryHeap<Reverse<Due>>,
     seq: u64,
     /// Billed so far (global, regional) within the measured window.
@@ -471,6 +514,7 @@ impl<'a> KeyRun<'a> {
             held: vec![Held::default(); d.instances()],
             central: Central::default(),
             pools: vec![Pool::default(); d.regions.max(1) as usize],
+            ledgers: vec![LedgerEntry::default(); d.regions.max(1) as usize],
             due: BinaryHeap::new(),
             seq: 0,
             global: 0,
@@ -485,6 +529,9 @@ impl<'a> KeyRun<'a> {
         self.limit = limit;
         self.central = Central::default();
         self.pools.iter_mut().for_each(|p| *p = Pool::default());
+        self.ledgers
+            .iter_mut()
+            .for_each(|l| *l = LedgerEntry::default());
         self.due.clear();
     }
 
@@ -608,6 +655,7 @@ impl<'a> KeyRun<'a> {
                     trip.regional += u32::from(on_path);
                     self.bill(at, 0, billed::RECORD_READ);
                 }
+                RecordSource::RegionalBulk => {}
             }
         }
     }
@@ -641,6 +689,58 @@ impl<'a> KeyRun<'a> {
             return true;
         }
         self.exact_check(at, trip)
+    }
+
+    /// [`Ledger`]'s decision: sub-leases for a key hot on the instance, else one
+    /// `HINCRBY` at the region's ledger (within its share of the bound), else
+    /// exact.
+    fn ledger(&mut self, l: &Ledger, at: Micros, i: usize, trip: &mut Trip) -> bool {
+        let h = self.held(i, at);
+        let hot = h.meter.per_sec(at) >= l.hot_per_sec || !h.leases.is_empty();
+        if hot {
+            return self.bounded(at, i, trip);
+        }
+        let h = self.held(i, at);
+        h.seen += 1;
+        h.meter.record(at, 1);
+        let region = self.d.region_of(i);
+        self.settle(region, at, l.settle_every);
+        let share = (self.limit.max_overshoot / (8 * u64::from(self.d.regions.max(1)))).max(1);
+        let entry = self.ledgers[region];
+        if entry.blocked_until > at {
+            return self.exact_check(at, trip);
+        }
+        if entry.count >= share {
+            // busy in the region this interval: its pool decides
+            return self.bounded(at, i, trip);
+        }
+        trip.regional += 1;
+        self.bill(at, 0, 1);
+        self.ledgers[region].count += 1;
+        true
+    }
+
+    /// Charges `region`'s ledger of this key to the global bucket when its
+    /// settle interval has passed (one SET; into debt, which blocks the key in
+    /// the region until the bucket is out of it).
+    fn settle(&mut self, region: usize, at: Micros, every: Micros) {
+        let interval = at / every;
+        let entry = self.ledgers[region];
+        if entry.interval == interval {
+            return;
+        }
+        let settled_at = interval * every;
+        if entry.count > 0 {
+            self.bill(settled_at, 1, 0);
+            let (burst, t) = (self.limit.burst(), self.limit.emission());
+            let base = self.central.full_at.max(settled_at);
+            self.central.full_at = base + entry.count as Micros * t;
+            if self.central.full_at - settled_at > burst {
+                self.ledgers[region].blocked_until = self.central.full_at - burst;
+            }
+        }
+        self.ledgers[region].interval = interval;
+        self.ledgers[region].count = 0;
     }
 
     /// `Leases::sub_due` (share 1): less than a sub-lease at hand for a
@@ -895,6 +995,37 @@ mod tests {
             let bounded = hammered(&d, &Bounded, QUOTA, each);
             assert!((300..=440).contains(&bounded), "{locations}: {bounded}");
             assert_eq!(hammered(&d, &Exact, QUOTA, each), 400);
+        }
+    }
+
+    /// Prints the model's figures for a few mechanisms (`cargo test -p
+    /// floodgate-shared fanout -- --ignored --nocapture`): a quick look while
+    /// designing, not a check.
+    #[test]
+    #[ignore]
+    fn print_the_ledger_what_if() {
+        for (n, keys, zipf) in [(4, 400, 1.1), (16, 400, 1.1), (48, 400, 1.1), (48, 1_000, 0.9)] {
+            let mut d = deployment(n, 1, keys);
+            d.zipf = zipf;
+            d.measured = 60 * MICROS_PER_SEC;
+            for hot in [2, 5, 1_000] {
+                let l = Ledger {
+                    settle_every: 10 * MICROS_PER_SEC,
+                    hot_per_sec: hot,
+                };
+                let modes: [&dyn Mechanism; 3] = [&Bounded, &Exact, &l];
+                for m in modes {
+                    let f = run(&d, m);
+                    println!(
+                        "{n:>3} {keys:>5} {zipf}: {:<50} billed {:.2} ({:.2} + {:.2}) waited {:.1} %",
+                        m.name(),
+                        f.billed_per_request(),
+                        f.global_per_request(),
+                        f.regional_per_request(),
+                        100.0 * f.share_waited()
+                    );
+                }
+            }
         }
     }
 }

@@ -19,7 +19,7 @@
 use crate::script::LuaScript;
 use crate::time::{MICROS_PER_SEC, Micros};
 
-mod sha {
+pub(crate) mod sha {
     include!(concat!(env!("OUT_DIR"), "/lease_sha1.rs"));
 }
 

@@ -24,6 +24,7 @@ pub mod keychanges;
 pub mod keyrecord;
 pub mod keys;
 pub mod lease;
+pub mod ledger;
 pub mod policy;
 pub mod reference;
 pub mod routes;

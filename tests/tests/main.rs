@@ -37,6 +37,7 @@ mod identity_overrides;
 mod in_flight;
 mod keys_edge;
 mod lease_script;
+mod ledger_script;
 mod limiter_parity;
 mod logs;
 mod lua_parity;

@@ -81,8 +81,7 @@ impl LeaseSettings {
     /// policy's bound; leases of at most half of it per holder, so at least two
     /// share it (one that gets none decides exactly).
     pub fn for_policy(&self, policy: &Policy, regions: u32) -> LeaseConfig {
-        let bound = policy.max_overshoot().unwrap_or(0);
-        let leasable = bound - u64::from(regions) * Self::credit(policy, regions);
+        let leasable = Self::leasable(policy, regions);
         LeaseConfig {
             max_overshoot: leasable,
             max_lease: (leasable / 2).max(1),
@@ -102,9 +101,16 @@ impl LeaseSettings {
     /// and the global store was asked again and again for a chunk it could not
     /// grant: 75 of 132 refills in 30 s of `scripts/bench cost`'s load.)
     pub fn pool_target(policy: &Policy, regions: u32) -> u64 {
-        let bound = policy.max_overshoot().unwrap_or(0);
-        let leasable = bound - u64::from(regions) * Self::credit(policy, regions);
+        let leasable = Self::leasable(policy, regions);
         (leasable / (CHUNKS_PER_REGION * u64::from(regions.max(1)))).max(1)
+    }
+
+    /// What the global store may lease of `policy`'s bound: what the regions'
+    /// credit and their ledgers (each ledger and the one being settled) leave.
+    pub fn leasable(policy: &Policy, regions: u32) -> u64 {
+        let bound = policy.max_overshoot().unwrap_or(0);
+        let ledgers = 2 * floodgate_shared::ledger::share(bound, regions);
+        bound - u64::from(regions) * (Self::credit(policy, regions) + ledgers)
     }
 
     /// The size of a sub-lease an instance draws from its region's pool for a key
@@ -128,16 +134,23 @@ impl LeaseSettings {
 
     /// What one region may admit on credit per key of `policy`, unconfirmed by
     /// the global store: `max_overshoot / (4 × regions)` (0 without regions), a
-    /// quarter of the bound for all regions together. Credit covers a key's
-    /// first requests in a region and its requests while a refill is on its way
-    /// (a global round trip); the rest of the bound is what the global store
-    /// leases, in chunks. (At half the bound, the chunks were too few for the
-    /// refills ahead of their deaths.)
+    /// quarter of the bound for all regions together — half of it where the
+    /// regions' ledgers take the other half (`floodgate_shared::ledger`). Credit
+    /// covers a key's first requests in a region and its requests while a
+    /// refill is on its way (a global round trip); the rest of the bound is what
+    /// the global store leases, in chunks. (At half the bound, the chunks were
+    /// too few for the refills ahead of their deaths.)
     pub fn credit(policy: &Policy, regions: u32) -> u64 {
         if regions == 0 {
             return 0;
         }
-        policy.max_overshoot().unwrap_or(0) / (4 * u64::from(regions))
+        let bound = policy.max_overshoot().unwrap_or(0);
+        let parts = if floodgate_shared::ledger::share(bound, regions) > 0 {
+            8
+        } else {
+            4
+        };
+        bound / (parts * u64::from(regions))
     }
 }
 
@@ -178,6 +191,9 @@ struct Held {
     /// The quota and bound the tokens held were leased under: a policy that
     /// reads otherwise now (an operator's change) holds none of them.
     terms: Option<(Quota, Option<u64>)>,
+    /// Until then the region's ledger is not asked for this key (its share was
+    /// spent this interval): its pool decides.
+    ledger_until: Micros,
     /// The bucket's µs per token, as its last lease take said (names the
     /// lease's member when it is given back).
     emission: Micros,
@@ -334,6 +350,10 @@ const FIRST_SUB_LEASE: Micros = 5 * MICROS_PER_SEC;
 
 /// The chunks a region's pool may hold at once ([`LeaseSettings::pool_target`]).
 pub const CHUNKS_PER_REGION: u64 = 3;
+
+/// A key this many requests a second on an instance draws sub-leases of its
+/// pool rather than asking the region's ledger request by request.
+pub const LEDGER_BELOW_PER_SEC: u64 = 2;
 
 /// A refill claimed this long ago without an answer is taken as lost (its task
 /// never ran): the store's own deadline for a call is at most 10 s
@@ -590,6 +610,23 @@ impl Leases {
         }
         out.leases.extend(self.take_given_back());
         out
+    }
+
+    /// Whether a request of `key` may be decided at the region's ledger now: a
+    /// key this instance holds no sub-lease of and sees seldom
+    /// ([`LEDGER_BELOW_PER_SEC`]), whose ledger share it did not find spent this
+    /// interval.
+    pub fn ledger_may(&self, key: &str, now: Micros) -> bool {
+        self.with(key, now, |h| {
+            h.ledger_until <= now
+                && h.at_hand(now) == 0
+                && h.switch.meter.per_sec(now) < LEDGER_BELOW_PER_SEC
+        })
+    }
+
+    /// The region's ledger share of `key` is spent until `until`.
+    pub fn ledger_spent(&self, key: &str, until: Micros) {
+        self.with(key, until, |h| h.ledger_until = until);
     }
 
     /// Spends every bucket's cost from this instance's leases, all or none: the

@@ -94,7 +94,7 @@ where
                 }
                 // boxed: a regional round trip is rare on this path, and its future
                 // would weigh on every request's
-                None => Box::pin(self.pool_take(region, &buckets, regions, later)).await,
+                None => Box::pin(self.cold(region, &buckets, regions, later)).await,
             },
         };
         let Some(decisions) = decisions else {
@@ -122,6 +122,22 @@ where
             headers,
             vec![],
         ))
+    }
+
+    /// A request whose tokens this instance does not hold: decided at the
+    /// region's ledger (one command) when its key is cold here, else at its
+    /// pool (which hands this instance a sub-lease too).
+    async fn cold(
+        &self,
+        region: &Guarded<S>,
+        buckets: &[(&str, &Policy)],
+        regions: u32,
+        later: &mut Vec<Task>,
+    ) -> Option<Vec<Decision>> {
+        if let Some(decided) = self.ledgered(region, buckets, regions, later).await {
+            return Some(decided);
+        }
+        self.pool_take(region, buckets, regions, later).await
     }
 
     /// Starts the instance-lease refills now due, in the background.

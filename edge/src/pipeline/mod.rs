@@ -48,6 +48,7 @@ pub mod health;
 pub mod lane;
 pub mod leases;
 pub mod leasing;
+mod ledger;
 pub mod limits;
 pub mod offset;
 mod records;
@@ -141,6 +142,8 @@ pub struct Pipeline<S, C> {
     leases: Arc<Leases>,
     /// Identical concurrent exact checks, decided by one call.
     coalescer: coalesce::Coalescer,
+    /// When this instance next tries to settle its region's ledger ([`ledger`]).
+    ledger_settle_at: std::sync::atomic::AtomicI64,
 }
 
 impl<S, C> Pipeline<S, C>
@@ -177,6 +180,7 @@ where
             leases: Arc::new(Leases::new(settings.leases, clock.now(), false)),
             regional: None,
             coalescer: coalesce::Coalescer::default(),
+            ledger_settle_at: std::sync::atomic::AtomicI64::new(0),
             global,
             stats,
             totals,

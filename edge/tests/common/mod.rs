@@ -16,6 +16,7 @@ use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, r
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::changes::{Change, Entry, LOG_KEY, REV_KEY, Revision, parse_rev};
 use floodgate_shared::config::CONFIG_KEY;
+use floodgate_shared::ledger::{self, LEDGER_CHARGE};
 use floodgate_shared::lease::{
     Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
 };
@@ -69,6 +70,15 @@ pub struct MemStore {
     /// store's (a busy store); a take run after its stale guard changes nothing
     /// and fails as stale, as `lua/in_flight.lua` does.
     pub slot_takes: Mutex<Option<(&'static FakeClock, Micros)>>,
+    /// A region's ledger (`floodgate_shared::ledger`), the one being settled,
+    /// and until when its settle lock is held.
+    pub ledger: Mutex<HashMap<String, i64>>,
+    pub settling: Mutex<Option<HashMap<String, i64>>>,
+    pub ledger_lock_until: Mutex<Micros>,
+    /// `HINCRBY`s of the ledger (admissions and take-backs).
+    pub ledger_incrs: AtomicUsize,
+    /// Tokens the ledger's settlements charged to the global buckets.
+    pub ledger_charged: AtomicUsize,
 }
 
 /// A store that lives as long as the test process (the pipeline's background
@@ -213,6 +223,22 @@ impl MemStore {
             }
             return Ok(reply);
         }
+        if script.sha1 == LEDGER_CHARGE.sha1 {
+            let mut buckets = self.buckets.lock().unwrap();
+            let mut reply = vec![now];
+            for (i, k) in keys.iter().enumerate() {
+                let (t, count) = (num(3 * i + 1), num(3 * i + 3) as u64);
+                let before = buckets.get(*k).map(|b| b.full_at);
+                let mut full_at = before.unwrap_or(0);
+                if count > 0 {
+                    self.ledger_charged.fetch_add(count as usize, Ordering::SeqCst);
+                    full_at = ledger::charged(before, now, t, count);
+                    buckets.insert(k.to_string(), BucketState { full_at });
+                }
+                reply.push(full_at);
+            }
+            return Ok(reply);
+        }
         if script.sha1 == POOL_ADD.sha1 {
             let mut pools = self.pools.lock().unwrap();
             let total = pools.entry(keys[0].to_string()).or_default().add(
@@ -233,6 +259,34 @@ impl MemStore {
 }
 
 impl MemStore {
+    /// The twins of the ledger's regional scripts (their replies are not all
+    /// integers): `None` for any other script.
+    fn ledger_script(&self, script: &LuaScript, args: &[String]) -> Option<Value> {
+        if script.sha1 == ledger::LEDGER_TAKE.sha1 {
+            *self.runs.lock().unwrap().entry(script.sha1).or_default() += 1;
+            let mut settling = self.settling.lock().unwrap();
+            if settling.is_none() {
+                let taken = std::mem::take(&mut *self.ledger.lock().unwrap());
+                *settling = (!taken.is_empty()).then_some(taken);
+            }
+            let items = settling.iter().flatten().flat_map(|(f, n)| {
+                [Value::Bulk(f.clone().into_bytes()), Value::Bulk(n.to_string().into_bytes())]
+            });
+            return Some(Value::Array(items.collect()));
+        }
+        if script.sha1 == ledger::LEDGER_DONE.sha1 {
+            *self.runs.lock().unwrap().entry(script.sha1).or_default() += 1;
+            *self.settling.lock().unwrap() = None;
+            let by: i64 = args[0].parse().unwrap();
+            let mut l = self.ledger.lock().unwrap();
+            for f in &args[1..] {
+                *l.entry(f.clone()).or_default() += by;
+            }
+            return Some(Value::Int(args.len() as i64 - 1));
+        }
+        None
+    }
+
     /// A store call: refused while down, slow when told to be.
     async fn call_made(&self) -> Result<(), StoreError> {
         if self.down.load(Ordering::SeqCst) {
@@ -316,6 +370,9 @@ impl Store for &MemStore {
         keys: &[&str],
         args: &[String],
     ) -> Result<Value, StoreError> {
+        if let Some(v) = self.ledger_script(script, args) {
+            return Ok(v);
+        }
         let ints = self.run_ints_in_memory(script, keys, args)?;
         Ok(Value::Array(ints.into_iter().map(Value::Int).collect()))
     }
@@ -335,6 +392,22 @@ impl Store for &MemStore {
             .collect::<Vec<_>>()
             .as_slice()
         {
+            ["HINCRBY", key, field, by] if *key == ledger::LEDGER_KEY => {
+                self.ledger_incrs.fetch_add(1, Ordering::SeqCst);
+                let mut l = self.ledger.lock().unwrap();
+                let n = l.entry(field.to_string()).or_default();
+                *n += by.parse::<i64>().unwrap();
+                Ok(Value::Int(*n))
+            }
+            ["SET", key, _, "PX", ms, "NX"] if *key == ledger::LOCK_KEY => {
+                let now = *self.now.lock().unwrap();
+                let mut until = self.ledger_lock_until.lock().unwrap();
+                if *until > now {
+                    return Ok(Value::Nil);
+                }
+                *until = now + ms.parse::<i64>().unwrap() * 1_000;
+                Ok(Value::Status("OK".into()))
+            }
             ["LRANGE", key, "0", stop] if *key == LOG_KEY => {
                 let n = stop.parse::<usize>().unwrap() + 1;
                 let log = self.log.lock().unwrap();

@@ -516,8 +516,16 @@ fn internet(zipf: f64, lifetime_s: i64, scale: usize) -> model::Deployment {
 
 fn print_model(scale: usize) {
     let started = std::time::Instant::now();
-    let modes: [&dyn model::Mechanism; 3] =
-        [&model::Bounded, &model::Exact, &model::RegionalRecords];
+    let ledger = model::Ledger {
+        settle_every: 10 * MICROS_PER_SEC,
+        hot_per_sec: 2,
+    };
+    let modes: [&dyn model::Mechanism; 4] = [
+        &model::Bounded,
+        &model::Exact,
+        &model::RegionalRecords,
+        &ledger,
+    ];
     println!(
         "\n## Fan-out, modelled (floodgate_shared::simulate::fanout: the edge's per-instance logic on the pure twins of the pool and lease scripts, no servers; every request of the window simulated, key by key)"
     );
