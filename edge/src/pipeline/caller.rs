@@ -252,27 +252,21 @@ where
     ) -> Result<(Option<Arc<KeyRecord>>, Arc<EdgeConfig>), Unverified> {
         let (need_key, need_config) = (cached.need_key(), cached.need_config());
         let names = record_names(hash, need_key, need_config);
-        let store = self.global.store.clone();
-        let read = boxed(async move {
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            store.get_many(&refs).await
-        });
-        let now = self.clock.now();
-        let mut deadline = self.global.deadline(now);
-        if matches!(cached.config, Lookup::Missing) {
-            let first = *lock(&self.first_read).get_or_insert(now);
-            deadline = deadline.max(first + self.settings.startup_wait - now);
-        }
-        let values = match self.global.call(&self.clock, deadline, read).await {
-            Called::Done(v) => v,
-            Called::Failed(e, late) => {
-                later.extend(late.map(drain));
+        let values = match self.copied(&names, later).await {
+            Some(v) => v,
+            None => match self.read_global(&names, &cached, later).await {
+                Ok(v) => {
+                    self.copy_to_region(&names, &v, later);
+                    v
+                }
                 // the store cannot answer: serve what the caches hold, however old
-                return match (cached.key.any(), cached.config.any()) {
-                    (Some(k), Some(c)) => Ok((k, c)),
-                    (_, c) => Err(self.unverified(c.as_deref(), req, &e)),
-                };
-            }
+                Err(e) => {
+                    return match (cached.key.any(), cached.config.any()) {
+                        (Some(k), Some(c)) => Ok((k, c)),
+                        (_, c) => Err(self.unverified(c.as_deref(), req, &e)),
+                    };
+                }
+            },
         };
         let now = self.clock.now();
         let mut values = values.into_iter();
@@ -314,6 +308,35 @@ where
         };
         self.revision_seen(seen, later);
         Ok((key, config))
+    }
+
+    /// Reads `names` at the global store, within the deadline (until a
+    /// configuration was ever read, the start-up wait).
+    async fn read_global(
+        &self,
+        names: &[String],
+        cached: &Cached,
+        later: &mut Vec<Task>,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let store = self.global.store.clone();
+        let names = names.to_vec();
+        let read = boxed(async move {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            store.get_many(&refs).await
+        });
+        let now = self.clock.now();
+        let mut deadline = self.global.deadline(now);
+        if matches!(cached.config, Lookup::Missing) {
+            let first = *lock(&self.first_read).get_or_insert(now);
+            deadline = deadline.max(first + self.settings.startup_wait - now);
+        }
+        match self.global.call(&self.clock, deadline, read).await {
+            Called::Done(v) => Ok(v),
+            Called::Failed(e, late) => {
+                later.extend(late.map(drain));
+                Err(e)
+            }
+        }
     }
 
     /// Revalidates stale records in the background while requests are answered

@@ -41,6 +41,7 @@ pub mod caller;
 pub mod calls_out;
 pub mod check;
 pub mod coalesce;
+pub mod copies;
 pub mod counting;
 pub mod events;
 pub mod guarded;

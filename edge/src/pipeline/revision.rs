@@ -15,6 +15,7 @@ use floodgate_shared::config::CONFIG_KEY;
 use floodgate_shared::time::{Clock, Micros};
 
 use super::caller::{load_config, load_key};
+use super::copies::{COPIES_KEY, REV_FIELD};
 use super::events::LogEvent;
 use super::health::Totals;
 use super::records::{Observed, Records};
@@ -52,6 +53,7 @@ where
             let got = sync.store.get(REV_KEY).await;
             sync.records.release_check();
             let Ok(raw) = got else { return };
+            sync.confirm_in_region(raw.as_deref(), now).await;
             let seen = parse_rev(raw.as_deref());
             if let Observed::Sync { known } = sync.records.observe(seen, now) {
                 sync.run(known, seen, now).await;
@@ -66,6 +68,7 @@ where
 
     fn syncer(&self) -> Syncer<S> {
         Syncer {
+            region: self.regional.as_ref().map(|r| r.store.clone()),
             store: self.global.store.clone(),
             records: self.records.clone(),
             totals: self.totals.clone(),
@@ -77,12 +80,30 @@ where
 /// What a read of the changed records needs, owned by its background task.
 struct Syncer<S> {
     store: S,
+    /// The regional store, told each revision confirmed ([`super::copies`]).
+    region: Option<S>,
     records: Arc<Records>,
     totals: Arc<Totals>,
     log: fn(&LogEvent<'_>),
 }
 
 impl<S: Store> Syncer<S> {
+    /// Tells the region the revision `raw` was confirmed at the global store at
+    /// `now` ([`super::copies`]).
+    async fn confirm_in_region(&self, raw: Option<&[u8]>, now: Micros) {
+        let (Some(region), Some(rev)) = (&self.region, raw) else {
+            return;
+        };
+        let value = format!("{} {now}", String::from_utf8_lossy(rev));
+        let args: [&[u8]; 4] = [
+            b"HSET",
+            COPIES_KEY.as_bytes(),
+            REV_FIELD.as_bytes(),
+            value.as_bytes(),
+        ];
+        let _ = region.command(&args).await;
+    }
+
     /// Reads again what changed from revision `known` to `seen`, then marks the
     /// records consistent with `seen` (observed at `now`); a failure leaves them
     /// as they were, for the next observation to try again.

@@ -345,6 +345,16 @@ impl Value {
     }
 
     /// An array of strings (nil as an empty array; nil items skipped).
+    /// An array of strings and nils (`MGET`, `HMGET`), each as bytes or `None`.
+    pub fn into_list(self) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        match self.ok()? {
+            Value::Array(items) => items.into_iter().map(|v| string_or_none(v.ok())).collect(),
+            other => Err(StoreError::protocol(format!(
+                "expected an array, got {other:?}"
+            ))),
+        }
+    }
+
     pub fn into_byte_list(self) -> Result<Vec<Vec<u8>>, StoreError> {
         match self.ok()? {
             Value::Nil => Ok(vec![]),

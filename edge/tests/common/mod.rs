@@ -16,10 +16,10 @@ use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, r
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::changes::{Change, Entry, LOG_KEY, REV_KEY, Revision, parse_rev};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::ledger::{self, LEDGER_CHARGE};
 use floodgate_shared::lease::{
     Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
 };
+use floodgate_shared::ledger::{self, LEDGER_CHARGE};
 use floodgate_shared::script::{
     Check, LuaScript, Verdict, When, can_watch, interpret_token_bucket,
 };
@@ -79,6 +79,9 @@ pub struct MemStore {
     pub ledger_incrs: AtomicUsize,
     /// Tokens the ledger's settlements charged to the global buckets.
     pub ledger_charged: AtomicUsize,
+    /// A region's copies of the records (`pipeline::copies`), and its reads.
+    pub copies: Mutex<HashMap<String, Vec<u8>>>,
+    pub copy_reads: AtomicUsize,
 }
 
 /// A store that lives as long as the test process (the pipeline's background
@@ -231,7 +234,8 @@ impl MemStore {
                 let before = buckets.get(*k).map(|b| b.full_at);
                 let mut full_at = before.unwrap_or(0);
                 if count > 0 {
-                    self.ledger_charged.fetch_add(count as usize, Ordering::SeqCst);
+                    self.ledger_charged
+                        .fetch_add(count as usize, Ordering::SeqCst);
                     full_at = ledger::charged(before, now, t, count);
                     buckets.insert(k.to_string(), BucketState { full_at });
                 }
@@ -270,7 +274,10 @@ impl MemStore {
                 *settling = (!taken.is_empty()).then_some(taken);
             }
             let items = settling.iter().flatten().flat_map(|(f, n)| {
-                [Value::Bulk(f.clone().into_bytes()), Value::Bulk(n.to_string().into_bytes())]
+                [
+                    Value::Bulk(f.clone().into_bytes()),
+                    Value::Bulk(n.to_string().into_bytes()),
+                ]
             });
             return Some(Value::Array(items.collect()));
         }
@@ -392,6 +399,27 @@ impl Store for &MemStore {
             .collect::<Vec<_>>()
             .as_slice()
         {
+            ["HMGET", key, ..] if *key == floodgate_edge::pipeline::copies::COPIES_KEY => {
+                self.copy_reads.fetch_add(1, Ordering::SeqCst);
+                let copies = self.copies.lock().unwrap();
+                let values = args[2..].iter().map(|f| {
+                    let f = String::from_utf8_lossy(f).into_owned();
+                    copies
+                        .get(&f)
+                        .map_or(Value::Nil, |v| Value::Bulk(v.clone()))
+                });
+                Ok(Value::Array(values.collect()))
+            }
+            ["HSET", key, ..] if *key == floodgate_edge::pipeline::copies::COPIES_KEY => {
+                let mut copies = self.copies.lock().unwrap();
+                for pair in args[2..].chunks(2) {
+                    copies.insert(
+                        String::from_utf8_lossy(pair[0]).into_owned(),
+                        pair[1].to_vec(),
+                    );
+                }
+                Ok(Value::Int(1))
+            }
             ["HINCRBY", key, field, by] if *key == ledger::LEDGER_KEY => {
                 self.ledger_incrs.fetch_add(1, Ordering::SeqCst);
                 let mut l = self.ledger.lock().unwrap();
