@@ -1004,7 +1004,12 @@ mod tests {
     #[test]
     #[ignore]
     fn print_the_ledger_what_if() {
-        for (n, keys, zipf) in [(4, 400, 1.1), (16, 400, 1.1), (48, 400, 1.1), (48, 1_000, 0.9)] {
+        for (n, keys, zipf) in [
+            (4, 400, 1.1),
+            (16, 400, 1.1),
+            (48, 400, 1.1),
+            (48, 1_000, 0.9),
+        ] {
             let mut d = deployment(n, 1, keys);
             d.zipf = zipf;
             d.measured = 60 * MICROS_PER_SEC;

@@ -37,7 +37,9 @@ fn a_charge_moves_each_bucket_as_its_twin_says() {
     let now: i64 = 1_764_000_000_000_000;
     for case in 0..200 {
         let n = rng.random_range(1..=5usize);
-        let keys: Vec<String> = (0..n).map(|i| unique_key(&format!("b{case}-{i}"))).collect();
+        let keys: Vec<String> = (0..n)
+            .map(|i| unique_key(&format!("b{case}-{i}")))
+            .collect();
         let mut args = vec![now.to_string()];
         let mut expected = vec![];
         for k in &keys {
@@ -114,7 +116,10 @@ fn a_ledger_is_taken_settled_and_its_debtors_blocked() {
     let args = vec![BLOCKED.to_string(), field("a")];
     let blocked: i64 = eval(&mut c, LEDGER_DONE.source, &keys, &args).unwrap();
     assert_eq!(blocked, 1);
-    let exists: i64 = redis::cmd("EXISTS").arg(SETTLING_KEY).query(&mut c).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(SETTLING_KEY)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(exists, 0, "the settled ledger is dropped");
     let a: i64 = redis::cmd("HGET")
         .arg(LEDGER_KEY)
@@ -142,7 +147,6 @@ fn malformed_ledger_calls_get_a_clear_error_and_change_nothing() {
     }
     let exists: i64 = redis::cmd("EXISTS").arg(&k).query(&mut c).unwrap();
     assert_eq!(exists, 0);
-    let e = eval::<i64>(&mut c, LEDGER_DONE.source, &[LEDGER_KEY, SETTLING_KEY], &[])
-        .unwrap_err();
+    let e = eval::<i64>(&mut c, LEDGER_DONE.source, &[LEDGER_KEY, SETTLING_KEY], &[]).unwrap_err();
     assert!(e.to_string().contains("floodgate:"), "{e}");
 }
