@@ -17,18 +17,13 @@
 --
 -- Commands run: TIME, one MGET, at most two writes.
 
+-- #include clock
 if #KEYS ~= 2 or #ARGV ~= 4 then
   return redis.error_reply('ERR floodgate: lease return expects 2 keys and 4 arguments')
 end
-local now = ARGV[1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-  if now == nil or now < 0 or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: bad now')
-  end
+local now = clock(ARGV[1])
+if now == nil or string.sub(ARGV[1], 1, 1) == '<' then
+  return redis.error_reply('ERR floodgate: bad now')
 end
 local t, unused = tonumber(ARGV[2]), tonumber(ARGV[4])
 if not (t and unused and t >= 1 and unused >= 0) then

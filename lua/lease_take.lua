@@ -38,20 +38,14 @@
 -- EVALSHA itself).
 
 local MAX_WINDOW = 34560000000000
-local MAX_INSTANT = 4503599627370496
+-- #include clock
 if #KEYS ~= 2 or (#ARGV ~= 9 and #ARGV ~= 10) then
   return redis.error_reply('ERR floodgate: lease take expects 2 keys and 9 or 10 arguments')
 end
 local forced = ARGV[10] == '1'
-local now = ARGV[1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-  if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: bad now')
-  end
+local now = clock(ARGV[1])
+if now == nil or string.sub(ARGV[1], 1, 1) == '<' then
+  return redis.error_reply('ERR floodgate: bad now')
 end
 local burst, t = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cost, want, bound, life = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])

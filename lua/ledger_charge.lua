@@ -10,20 +10,14 @@
 -- Returns {now, full_at of each bucket after the charge}.
 --
 -- Commands run: TIME, one MGET, one SET per bucket charged.
+-- #include clock
 local n = #KEYS
 if n < 1 or #ARGV ~= 3 * n + 1 then
   return redis.error_reply('ERR floodgate: ledger charge expects 1 + 3 x #KEYS arguments')
 end
-local MAX_INSTANT = 4503599627370496
-local now = ARGV[1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-  if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty or microseconds')
-  end
+local now = clock(ARGV[1])
+if now == nil or string.sub(ARGV[1], 1, 1) == '<' then
+  return redis.error_reply('ERR floodgate: ARGV[1] must be empty or microseconds')
 end
 local raws = redis.call('MGET', unpack(KEYS))
 local reply = {now}

@@ -48,7 +48,7 @@
 -- weight is computed in doubles with the same operations as its twin.
 
 local MAX_WINDOW = 34560000000000 -- 400 days in microseconds
-local MAX_INSTANT = 4503599627370496 -- 2^52
+-- #include clock
 local MAX_LIMIT = 1000000000
 local EXPIRY_STEP = 1000000
 local SLACK_MS = 1000 -- window keys outlive their use by a second (clock skew between edges)
@@ -58,79 +58,20 @@ if n == 0 or #ARGV ~= 4 * n + 1 then
   return redis.error_reply('ERR floodgate: expected 1 + 4 x #KEYS arguments')
 end
 
-local now = ARGV[1]
-local expires = nil
-if string.sub(now, 1, 1) == '<' then
-  expires = tonumber(string.sub(now, 2))
-  if expires == nil or expires < 0 or expires > MAX_INSTANT or expires % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds in 0..2^52')
-  end
-  now = ''
+local now, stale = clock(ARGV[1])
+if now == nil then
+  return redis.error_reply(BAD_CLOCK)
 end
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-  if expires ~= nil and now > expires then
-    return {2, now}
-  end
-else
-  now = tonumber(now)
-  if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds in 0..2^52')
-  end
+if stale then
+  return {2, now}
 end
 
 local function whole(x, lo, hi)
   return x ~= nil and x % 1 == 0 and x >= lo and x <= hi
 end
 
--- UTC calendar arithmetic, the twin of shared/src/calendar.rs (Hinnant's civil
--- dates). Every operand is a whole number >= 0 below 2^53: divisions are exact.
-local DAY = 86400000000
+-- #include calendar
 local MAX_CREDITS = 1000000000000
-local function idiv(a, b) return (a - math.fmod(a, b)) / b end
-local function civil(days)
-  local z = days + 719468
-  local era = idiv(z, 146097)
-  local doe = z - era * 146097
-  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-  local mp = idiv(5 * doy + 2, 153)
-  local m = mp < 10 and mp + 3 or mp - 9
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  return y, m
-end
-local function days_from(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = idiv(y, 400)
-  local yoe = y - era * 400
-  local doy = idiv(153 * math.fmod(m + 9, 12) + 2, 5) + d - 1
-  return era * 146097 + yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy - 719468
-end
-local function month_days(y, m)
-  if m == 2 then
-    if math.fmod(y, 4) == 0 and (math.fmod(y, 100) ~= 0 or math.fmod(y, 400) == 0) then return 29 end
-    return 28
-  end
-  if m == 4 or m == 6 or m == 9 or m == 11 then return 30 end
-  return 31
-end
-local function anchor(y, m, day)
-  if m == 0 then y, m = y - 1, 12 elseif m == 13 then y, m = y + 1, 1 end
-  return days_from(y, m, math.min(day, month_days(y, m))) * DAY
-end
--- the window [start, reset) between anchors on `day` of consecutive months holding t
-local function monthly(t, day)
-  local y, m = civil(idiv(t, DAY))
-  local this = anchor(y, m, day)
-  if t >= this then return this, anchor(y, m + 1, day) end
-  return anchor(y, m - 1, day), this
-end
-local function daily(t)
-  local start = t - math.fmod(t, DAY)
-  return start, start + DAY
-end
 
 -- the window index and the time elapsed in it, exactly (fmod is exact)
 local function window(period)

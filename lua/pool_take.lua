@@ -60,31 +60,17 @@
 --
 -- Commands run: TIME, one MGET, one SET per bucket.
 
-local MAX_INSTANT = 4503599627370496
+-- #include clock
 local n = #KEYS
 if n < 1 or (#ARGV ~= 5 * n + 3 and #ARGV ~= 5 * n + 4) then
   return redis.error_reply('ERR floodgate: pool take expects n keys and 3 + 5 x n or 4 + 5 x n arguments')
 end
-local now = ARGV[1]
-local expires = nil
-if string.sub(now, 1, 1) == '<' then
-  expires = tonumber(string.sub(now, 2))
-  if expires == nil or expires < 0 or expires > MAX_INSTANT or expires % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds')
-  end
-  now = ''
+local now, stale = clock(ARGV[1])
+if now == nil then
+  return redis.error_reply(BAD_CLOCK)
 end
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-  if expires ~= nil and now > expires then
-    return {2, now}
-  end
-else
-  now = tonumber(now)
-  if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds')
-  end
+if stale then
+  return {2, now}
 end
 local lock_ms, margin = tonumber(ARGV[5 * n + 2]), tonumber(ARGV[5 * n + 3])
 local ahead = tonumber(ARGV[5 * n + 4] or '0')

@@ -47,21 +47,12 @@ local function whole(x, lo, hi)
   return x ~= nil and x % 1 == 0 and x >= lo and x <= hi
 end
 
--- the window a calendar quota counted in: the UTC day it starts on (the twin of
--- limiter.lua's, and of shared/src/calendar.rs)
-local DAY = 86400000000
-local function idiv(x, y) return (x - math.fmod(x, y)) / y end
+-- #include calendar
+-- the window a calendar quota counted in: the UTC day it starts on (a day, or the
+-- 1st of its month)
 local function calendar_window(code, t)
-  local day = idiv(t, DAY)
-  if code == 'd' then return day end
-  local z = day + 719468
-  local era = idiv(z, 146097)
-  local doe = z - era * 146097
-  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-  local mp = idiv(5 * doy + 2, 153)
-  -- the 1st of the same month: back by the day of the month minus one
-  return day - (doy - idiv(153 * mp + 2, 5))
+  if code == 'd' then return idiv(t, DAY) end
+  return idiv(monthly(t, 1), DAY)
 end
 
 local t = redis.call('TIME')

@@ -45,7 +45,7 @@
 -- All numbers stay below 2^53, so Lua's doubles compute them exactly.
 
 local MAX_WINDOW = 34560000000000 -- 400 days in microseconds
-local MAX_INSTANT = 4503599627370496 -- 2^52
+-- #include clock
 local EXPIRY_STEP = 1000000 -- keys expire on whole seconds (see phase 2)
 
 local n = (#ARGV - 1) / 2
@@ -66,26 +66,14 @@ if x then
   merged = true
   now = string.sub(now, 1, x - 1)
 end
-local expires = nil
-if string.sub(now, 1, 1) == '<' then
-  expires = tonumber(string.sub(now, 2))
-  if expires == nil or expires < 0 or expires > MAX_INSTANT or expires % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds in 0..2^52')
-  end
-  now = ''
+local stale
+now, stale = clock(now)
+if now == nil then
+  return redis.error_reply(BAD_CLOCK)
 end
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-  if expires ~= nil and now > expires then
-    if merged then return {-1, now} end
-    return {2, now}
-  end
-else
-  now = tonumber(now)
-  if now == nil or now < 0 or now > MAX_INSTANT or now % 1 ~= 0 then
-    return redis.error_reply('ERR floodgate: ARGV[1] must be empty, <microseconds or microseconds in 0..2^52')
-  end
+if stale then
+  if merged then return {-1, now} end
+  return {2, now}
 end
 
 -- Phase 1: read every bucket and decide. Nothing is written unless all have room.

@@ -238,11 +238,15 @@ pub fn billed_by_name(conn: &mut redis::Connection) -> Vec<(String, u64)> {
     calls
 }
 
-/// Script calls on `servers` together.
+/// Decisions the regional `servers` made together: script calls, and the
+/// ledger's `HINCRBY`s (a cold key's request decided by its region's ledger).
 pub fn regional_scripts(servers: &[RedisServer]) -> u64 {
     servers
         .iter()
-        .map(|s| script_calls(&mut s.connection()))
+        .map(|s| {
+            let mut conn = s.connection();
+            script_calls(&mut conn) + calls_of(&mut conn, "hincrby")
+        })
         .sum()
 }
 
@@ -535,7 +539,8 @@ impl World {
 
     /// Commands the global Redis has served (see [`all_calls`]).
     /// Round trips to the global Redis so far (writes through the proxies),
-    /// and script calls served by the regional Redis servers together.
+    /// and decisions made by the regional Redis servers together (scripts and
+    /// ledger `HINCRBY`s).
     pub fn calls(&self) -> (u64, u64) {
         (
             self.proxies.iter().map(LatencyProxy::writes).sum(),

