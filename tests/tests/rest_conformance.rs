@@ -20,8 +20,16 @@ async fn endpoint(redis: &RedisServer) -> Endpoint {
     Endpoint::start_with(config).await
 }
 
+/// The token bucket script as the edge sends it (its `-- #include` prelude
+/// expanded by `shared/build.rs`), written where the suites can read it.
 fn lua_file() -> String {
-    format!("{}/../lua/token_bucket.lua", env!("CARGO_MANIFEST_DIR"))
+    let path = std::env::temp_dir().join(format!(
+        "floodgate-token-bucket-{}-{}.lua",
+        std::process::id(),
+        unique_key("lua")
+    ));
+    std::fs::write(&path, TOKEN_BUCKET.source).expect("write the script for the suites");
+    path.display().to_string()
 }
 
 /// Runs an official SDK's conformance suite (`command`, in its own directory)
