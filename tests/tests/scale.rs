@@ -308,10 +308,12 @@ async fn regional_pools_bill_a_fraction_of_a_command_per_request() {
     let zipf = Subjects::Zipf(Arc::new(Zipf::new(16, 1.1)));
     offer(&world, &edges, &secrets, &zipf, 120, 12.0, 1).await;
     settle(one_way).await;
-    let before = world.billed();
+    let before = world.bills();
     let run = offer(&world, &edges, &secrets, &zipf, 120, 8.0, 2).await;
     settle(one_way).await;
-    let per_request = (world.billed() - before) as f64 / run.requests.max(1) as f64;
+    let bill = world.bills().since(&before);
+    eprintln!("billed by store and command: {:?}", bill.by_name);
+    let per_request = (bill.global + bill.regional) as f64 / run.requests.max(1) as f64;
     eprintln!(
         "{} requests, {per_request:.3} billed commands/request, p50 {:.2} ms, p99 {:.2} ms",
         run.requests,

@@ -194,6 +194,10 @@ struct Held {
     /// Until then the region's ledger is not asked for this key (its share was
     /// spent this interval): its pool decides.
     ledger_until: Micros,
+    /// Requests the region's ledger decided for this key on this instance since
+    /// `ledgered_since` (a window of half a chunk's life).
+    ledgered: u64,
+    ledgered_since: Micros,
     /// The bucket's µs per token, as its last lease take said (names the
     /// lease's member when it is given back).
     emission: Micros,
@@ -354,6 +358,15 @@ pub const CHUNKS_PER_REGION: u64 = 3;
 /// A key this many requests a second on an instance draws sub-leases of its
 /// pool rather than asking the region's ledger request by request.
 pub const LEDGER_BELOW_PER_SEC: u64 = 2;
+
+/// A key the ledger decided this many times on one instance within half a
+/// chunk's life draws a sub-lease instead: a pool take bills about this much
+/// (the script, its TIME, reads and writes) and the sub-lease it brings covers
+/// at least as many requests, so past it the ledger's one command per request
+/// costs more than the pool. (Without it, a key at 1 request/s on each of four
+/// instances paid the ledger for every request: `scale`'s pool bill rose from
+/// 0.11 to 0.26 billed commands per request.)
+pub const LEDGER_PAYS_AFTER: u64 = 5;
 
 /// A refill claimed this long ago without an answer is taken as lost (its task
 /// never ran): the store's own deadline for a call is at most 10 s
@@ -614,14 +627,25 @@ impl Leases {
 
     /// Whether a request of `key` may be decided at the region's ledger now: a
     /// key this instance holds no sub-lease of and sees seldom
-    /// ([`LEDGER_BELOW_PER_SEC`]), whose ledger share it did not find spent this
-    /// interval.
+    /// ([`LEDGER_BELOW_PER_SEC`], and fewer than [`LEDGER_PAYS_AFTER`] ledger
+    /// decisions within half a chunk's life), whose ledger share it did not find
+    /// spent this interval.
     pub fn ledger_may(&self, key: &str, now: Micros) -> bool {
+        let window = self.settings.pool_lifetime / 2;
         self.with(key, now, |h| {
+            if now - h.ledgered_since >= window {
+                (h.ledgered, h.ledgered_since) = (0, now);
+            }
             h.ledger_until <= now
                 && h.at_hand(now) == 0
+                && h.ledgered < LEDGER_PAYS_AFTER
                 && h.switch.meter.per_sec(now) < LEDGER_BELOW_PER_SEC
         })
+    }
+
+    /// The region's ledger decided a request of `key`.
+    pub fn ledger_used(&self, key: &str, now: Micros) {
+        self.with(key, now, |h| h.ledgered += 1);
     }
 
     /// The region's ledger share of `key` is spent until `until`.
@@ -1055,6 +1079,24 @@ mod tests {
     /// take the pool's chunk off the global book while the pool keeps spending
     /// it. Instance leases of a cooled key go back as before. (Before: the
     /// sub-lease went to the global give-back with its chunk's member.)
+    #[test]
+    fn a_key_the_ledger_decided_often_draws_a_sub_lease_instead() {
+        let l = Leases::new(LeaseSettings::default(), 7, true);
+        let window = LeaseSettings::default().pool_lifetime / 2;
+        let mut now = T0;
+        for _ in 0..LEDGER_PAYS_AFTER {
+            assert!(l.ledger_may("k", now), "a seldom key goes to the ledger");
+            l.ledger_used("k", now);
+            now += 3 * MICROS_PER_SEC; // one request every 3 s
+        }
+        assert!(!l.ledger_may("k", now), "past a pool take's bill: its pool");
+        assert!(l.ledger_may("other", now), "counted per key");
+        assert!(
+            l.ledger_may("k", T0 + window + MICROS_PER_SEC),
+            "a new window: the ledger again"
+        );
+    }
+
     #[test]
     fn a_cooled_auto_key_gives_back_leases_but_reports_sub_leases_to_its_pool() {
         for regional in [false, true] {

@@ -60,6 +60,7 @@ where
             return None;
         }
         self.settle_when_due(region, now, later);
+        self.leases.ledger_used(key, now);
         let left = share - count as u64;
         Some(self.leases.pool_decisions(buckets, &[left], now))
     }
