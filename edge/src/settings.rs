@@ -75,6 +75,12 @@ pub struct EdgeSettings {
         default_value_t = 60_000
     )]
     pub negative_cache_ttl_ms: u32,
+    /// With a regional store: how many of the region's copies of key records one
+    /// read takes (HSCAN, one command) at an instance's first record miss and at
+    /// most once per half a cache TTL after, caching those it does not hold (0:
+    /// only the records missed)
+    #[arg(long, env = "FLOODGATE_COPIES_PREFETCH", default_value_t = 500)]
+    pub copies_prefetch: u32,
     /// Pins the answer deadline of every store call (default: adaptive, following
     /// each store's observed latency between the floor and the ceiling).
     #[arg(long, env = "FLOODGATE_DEADLINE_MS", value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["deadline_floor_ms", "deadline_ceiling_ms"])]
@@ -239,6 +245,7 @@ impl EdgeSettings {
             bearer: self.key_header == "authorization",
             cache_ttl: ms(self.cache_ttl_ms),
             negative_cache_ttl: ms(self.negative_cache_ttl_ms),
+            copies_prefetch: self.copies_prefetch,
             deadline: self.deadline(protocol),
             startup_wait: ms(self.startup_wait_ms),
             breaker_threshold: self.breaker_threshold,

@@ -764,6 +764,71 @@ async fn a_fresh_instance_reads_the_records_from_its_regions_copy() {
     assert!(after > before, "a copy of an older revision is not served");
 }
 
+/// Issue 38, the long tail: a fresh instance's first record miss scans the
+/// region's copies (one command, as the read of that one copy was) and caches
+/// every record the region holds with the confirmed revision, so its next key
+/// costs no read at all; a later miss within half a TTL reads its one copy.
+#[tokio::test]
+async fn a_fresh_instance_caches_every_copy_its_region_holds_at_its_first_miss() {
+    let (global, regional) = (mem(), mem());
+    let auth = seed(global, CONFIG, "bounded");
+    let other = common::seed_another(global, "bounded");
+    *regional.now.lock().unwrap() = T0;
+    let clock = clock();
+    let settings = PipelineConfig {
+        cache_ttl: 2_000_000,
+        ..PipelineConfig::default()
+    };
+    let fresh = || Pipeline::new(global, clock, settings.clone()).with_regional(regional);
+    let first = fresh();
+    for a in [&auth, &other] {
+        assert_eq!(status(&settle(first.gate(head(a)).await).await), 200);
+    }
+    advance(clock, global, 100_000);
+    let reads = || {
+        global.gets.load(Ordering::SeqCst)
+            + global.reads.load(Ordering::SeqCst)
+            + regional.copy_reads.load(Ordering::SeqCst)
+            + regional.copy_scans.load(Ordering::SeqCst)
+    };
+    let scans = || regional.copy_scans.load(Ordering::SeqCst);
+    assert_eq!(
+        scans(),
+        1,
+        "the first instance's first miss scanned (nothing yet)"
+    );
+    let second = fresh();
+    let before = reads();
+    let d = second.gate(head(&auth)).await;
+    assert_eq!(status(&d.gate), 200);
+    assert_eq!(scans(), 2, "one scan");
+    assert_eq!(reads(), before + 1, "the scan was the only read");
+    let _ = settle(d).await;
+    let before = reads();
+    let d = second.gate(head(&other)).await;
+    assert_eq!(status(&d.gate), 200);
+    assert_eq!(reads(), before, "the other key was cached by the scan");
+    let _ = settle(d).await;
+    // with prefetch off, the other key is a read of its own
+    let off = Pipeline::new(
+        global,
+        clock,
+        PipelineConfig {
+            copies_prefetch: 0,
+            ..settings.clone()
+        },
+    )
+    .with_regional(regional);
+    for a in [&auth, &other] {
+        let before = reads();
+        let d = off.gate(head(a)).await;
+        assert_eq!(status(&d.gate), 200);
+        assert_eq!(reads(), before + 1, "one copy read per key");
+        let _ = settle(d).await;
+    }
+    assert_eq!(scans(), 2, "no scan with prefetch off");
+}
+
 /// Says the seeded key changed (its record rewritten as it is), as the admin
 /// code does: the records' revision moves.
 fn edit_key_plan(store: &common::MemStore, plan: &str) {

@@ -42,7 +42,16 @@ const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 
 /// The Redis key holding a key record.
 pub fn record_key(hash_hex: &str) -> String {
-    format!("fg:apikey:{hash_hex}")
+    format!("{RECORD_PREFIX}{hash_hex}")
+}
+
+const RECORD_PREFIX: &str = "fg:apikey:";
+
+/// The hash of the key whose record is stored at `name` ([`record_key`]'s
+/// inverse), or `None` for a name that is not a key record's.
+pub fn record_hash(name: &str) -> Option<&str> {
+    name.strip_prefix(RECORD_PREFIX)
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The lowercase hex SHA-256 of a secret.
@@ -213,6 +222,21 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_ne!(hash_secret(&s), hash_secret(&s.replace('A', "B")));
+    }
+
+    #[test]
+    fn a_record_name_gives_back_its_hash_and_other_names_none() {
+        let h = hash_secret(&secret().1);
+        assert_eq!(record_hash(&record_key(&h)), Some(h.as_str()));
+        for other in [
+            "fg:apikey:",
+            "fg:apikey:xyz",
+            "fg:config",
+            "rev",
+            "fg:apikeys:ab",
+        ] {
+            assert_eq!(record_hash(other), None, "{other}");
+        }
     }
 
     #[test]

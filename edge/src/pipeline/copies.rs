@@ -9,12 +9,25 @@
 //! global revision, and what changed, in the background as it always does).
 //! Otherwise the global store is read, as before, and what it answered is
 //! copied to the region (in the background): one hash, [`COPIES_KEY`].
+//!
+//! An instance's first miss, and at most one miss per half a cache TTL after it,
+//! reads the copies with one `HSCAN` (up to `copies_prefetch` of them) instead of
+//! the `HMGET` of what it missed: the same one command, and every other key
+//! record the region holds with the confirmed revision is cached with it
+//! (while the cache has room), so a fresh or cold instance's next keys are not
+//! each a read. The long tail at fan-out is that: many instances, each seeing
+//! a key seldom, all in one region that has seen it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use floodgate_shared::apikeys::{KeyRecord, record_hash};
 use floodgate_shared::time::{Clock, Micros};
 
 use super::guarded::{Called, Guarded, drain};
 use super::{Pipeline, Task, boxed};
-use crate::store::{MaybeSend, MaybeSync, Store};
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError, Value};
+use crate::sync::lock;
 
 /// A region's copies: a hash of record name → `<revision>\n<the record's text>`
 /// (`<revision>\n-` for a record that does not exist), and [`REV_FIELD`].
@@ -40,6 +53,14 @@ where
         let region = self.regional.as_ref()?;
         let mut fields: Vec<String> = vec![REV_FIELD.to_string()];
         fields.extend(names.iter().skip(1).cloned());
+        let fresh = self.settings.cache_ttl / 2;
+        let count = self.settings.copies_prefetch;
+        if count > 0
+            && self.copies_scanned.claim(self.clock.now(), fresh)
+            && let Some(found) = self.scan_copies(region, count, &fields, later).await
+        {
+            return from_copies(found, self.clock.now(), fresh);
+        }
         let store = region.store.clone();
         let asked = fields.clone();
         let fut = boxed(async move {
@@ -56,7 +77,44 @@ where
             }
         };
         let now = self.clock.now();
-        from_copies(values, now, self.settings.cache_ttl / 2)
+        from_copies(values, now, fresh)
+    }
+
+    /// Scans the region's copies (one `HSCAN`, up to `count`), caches every key
+    /// record among them confirmed lately and not held yet: the values of
+    /// `fields`, or `None` when the scan failed or saw only part of the copies
+    /// and not all of `fields` (read them as usual).
+    async fn scan_copies(
+        &self,
+        region: &Guarded<S>,
+        count: u32,
+        fields: &[String],
+        later: &mut Vec<Task>,
+    ) -> Option<Vec<Option<Vec<u8>>>> {
+        let store = region.store.clone();
+        let fut = boxed(async move {
+            let count = count.to_string();
+            let args: [&[u8]; 5] = [
+                b"HSCAN",
+                COPIES_KEY.as_bytes(),
+                b"0",
+                b"COUNT",
+                count.as_bytes(),
+            ];
+            Scanned::from_reply(store.command(&args).await?)
+        });
+        let scanned = match region.call_now(&self.clock, fut).await {
+            Called::Done(s) => s,
+            Called::Failed(_, late) => {
+                later.extend(late.map(drain));
+                return None;
+            }
+        };
+        let now = self.clock.now();
+        for (hash, record, rev) in scanned.records(now, self.settings.cache_ttl / 2) {
+            self.records.adopt_key(hash, record, now, Some(rev));
+        }
+        scanned.values(fields)
     }
 
     /// Copies what the global store answered for `names` (the revision first)
@@ -96,6 +154,108 @@ where
     }
 }
 
+/// When this instance last scanned the region's copies.
+#[derive(Default)]
+pub struct ScanClock(Mutex<Option<Micros>>);
+
+impl ScanClock {
+    /// Whether to scan at `now` (the first time, then at most once per `every`);
+    /// claimed at once, so concurrent misses scan once.
+    fn claim(&self, now: Micros, every: Micros) -> bool {
+        let mut last = lock(&self.0);
+        if last.is_some_and(|at| (0..every).contains(&(now - at))) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
+
+/// One `HSCAN` of the region's copies: what it read, and whether that was all.
+#[derive(Debug, Default, PartialEq)]
+pub struct Scanned {
+    fields: HashMap<String, Vec<u8>>,
+    whole: bool,
+}
+
+impl Scanned {
+    /// Reads `HSCAN`'s reply: `[cursor, [field, value, …]]` (cursor `0`: all).
+    pub fn from_reply(reply: Value) -> Result<Scanned, StoreError> {
+        let bad = |why: &str| StoreError::protocol(format!("HSCAN replied {why}"));
+        let Value::Array(parts) = reply.ok()? else {
+            return Err(bad("no array"));
+        };
+        let [cursor, items]: [Value; 2] = parts.try_into().map_err(|_| bad("no pair"))?;
+        let whole = match cursor {
+            Value::Int(c) => c == 0,
+            c => c.as_str().ok_or_else(|| bad("no cursor"))? == "0",
+        };
+        let items = items.into_list()?;
+        if items.len() % 2 != 0 {
+            return Err(bad("an odd list"));
+        }
+        let mut fields = HashMap::with_capacity(items.len() / 2);
+        let mut items = items.into_iter();
+        while let (Some(f), Some(v)) = (items.next(), items.next()) {
+            let (Some(f), Some(v)) = (f, v) else {
+                return Err(bad("a nil"));
+            };
+            fields.insert(String::from_utf8_lossy(&f).into_owned(), v);
+        }
+        Ok(Scanned { fields, whole })
+    }
+
+    /// The values of `fields` as `HMGET` would answer them, when the scan saw
+    /// them all or saw every copy; `None`: read them.
+    fn values(&self, fields: &[String]) -> Option<Vec<Option<Vec<u8>>>> {
+        let values: Vec<Option<Vec<u8>>> =
+            fields.iter().map(|f| self.fields.get(f).cloned()).collect();
+        (self.whole || values.iter().all(Option::is_some)).then_some(values)
+    }
+
+    /// The key records among the copies (hash, record, revision) that may be
+    /// served at `now`: the region confirmed its revision within `fresh`, and
+    /// each was copied with that revision (records of keys that do not exist
+    /// and records that do not parse are left out).
+    pub fn records(
+        &self,
+        now: Micros,
+        fresh: Micros,
+    ) -> impl Iterator<Item = (String, Arc<KeyRecord>, u64)> + '_ {
+        let rev = self
+            .fields
+            .get(REV_FIELD)
+            .and_then(|c| confirmed(c, now, fresh));
+        self.fields.iter().filter_map(move |(name, v)| {
+            let rev = rev?;
+            let hash = record_hash(name)?;
+            let record = copy_of(v, rev)??;
+            let record = KeyRecord::from_json(record)?;
+            Some((hash.to_string(), Arc::new(record), rev.parse().ok()?))
+        })
+    }
+}
+
+/// The revision a confirmation (`<revision> <instant>`) names, when it was made
+/// within `fresh` of `now`.
+fn confirmed(confirmation: &[u8], now: Micros, fresh: Micros) -> Option<&str> {
+    let text = std::str::from_utf8(confirmation).ok()?;
+    let (rev, at) = text.split_once(' ')?;
+    let at: Micros = at.parse().ok()?;
+    ((0..=fresh).contains(&(now - at)) && rev.parse::<u64>().is_ok()).then_some(rev)
+}
+
+/// A copy (`<revision>\n<record>`) made with `rev`: the record (`None`: the
+/// record does not exist); `None` for a copy of another revision.
+fn copy_of<'a>(copy: &'a [u8], rev: &str) -> Option<Option<&'a [u8]>> {
+    let split = copy.iter().position(|b| *b == b'\n')?;
+    if &copy[..split] != rev.as_bytes() {
+        return None;
+    }
+    let record = &copy[split + 1..];
+    Some((record != b"-").then_some(record))
+}
+
 /// `<revision> <now>`.
 fn rev_field(rev: &[u8], now: Micros) -> Vec<u8> {
     let mut field = rev.to_vec();
@@ -112,22 +272,11 @@ pub fn from_copies(
     fresh: Micros,
 ) -> Option<Vec<Option<Vec<u8>>>> {
     let mut values = values.into_iter();
-    let confirmed = values.next()??;
-    let text = std::str::from_utf8(&confirmed).ok()?;
-    let (rev, at) = text.split_once(' ')?;
-    let at: Micros = at.parse().ok()?;
-    if !(0..=fresh).contains(&(now - at)) || rev.parse::<u64>().is_err() {
-        return None;
-    }
+    let confirmation = values.next()??;
+    let rev = confirmed(&confirmation, now, fresh)?;
     let mut out = vec![Some(rev.as_bytes().to_vec())];
     for v in values {
-        let v = v?;
-        let split = v.iter().position(|b| *b == b'\n')?;
-        if &v[..split] != rev.as_bytes() {
-            return None;
-        }
-        let record = &v[split + 1..];
-        out.push((record != b"-").then(|| record.to_vec()));
+        out.push(copy_of(&v?, rev)?.map(<[u8]>::to_vec));
     }
     Some(out)
 }
@@ -135,6 +284,7 @@ pub fn from_copies(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floodgate_shared::apikeys::record_key;
 
     fn b(s: &str) -> Option<Vec<u8>> {
         Some(s.as_bytes().to_vec())
@@ -163,5 +313,96 @@ mod tests {
         assert_eq!(from_copies(vec![None, b("7\nx")], 1_500, 1_000), None);
         assert_eq!(from_copies(vec![b("x y"), b("7\nx")], 1_500, 1_000), None);
         assert_eq!(from_copies(vec![b("7 1000"), b("7x")], 1_500, 1_000), None);
+    }
+
+    fn bulk(s: &str) -> Value {
+        Value::Bulk(s.as_bytes().to_vec())
+    }
+
+    fn reply(cursor: &str, items: &[&str]) -> Value {
+        Value::Array(vec![
+            bulk(cursor),
+            Value::Array(items.iter().map(|s| bulk(s)).collect()),
+        ])
+    }
+
+    fn record_copy(rev: &str, owner: &str) -> String {
+        format!(
+            "{rev}\n{}",
+            KeyRecord::new("id1", owner, "free", 0).to_json()
+        )
+    }
+
+    #[test]
+    fn a_scan_serves_what_it_saw_and_says_whether_it_saw_everything() {
+        let (a, b2) = (record_key(&"a".repeat(64)), record_key(&"b".repeat(64)));
+        let whole = Scanned::from_reply(reply("0", &[REV_FIELD, "7 1000", &a, "7\n-"])).unwrap();
+        assert!(whole.whole);
+        let asked = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            whole.values(&asked(&[REV_FIELD, &a])),
+            Some(vec![b("7 1000"), b("7\n-")])
+        );
+        // every copy seen: one it does not hold is missing, as HMGET says
+        assert_eq!(
+            whole.values(&asked(&[REV_FIELD, &b2])),
+            Some(vec![b("7 1000"), None])
+        );
+        // part of the copies: only what it saw
+        let part = Scanned::from_reply(reply("17", &[REV_FIELD, "7 1000", &a, "7\n-"])).unwrap();
+        assert!(part.values(&asked(&[REV_FIELD, &a])).is_some());
+        assert_eq!(part.values(&asked(&[REV_FIELD, &b2])), None);
+        // an integer cursor, and replies that are not HSCAN's
+        assert!(
+            Scanned::from_reply(Value::Array(vec![Value::Int(0), Value::Array(vec![])]))
+                .unwrap()
+                .whole
+        );
+        assert!(Scanned::from_reply(reply("0", &["f"])).is_err());
+        assert!(Scanned::from_reply(Value::Array(vec![bulk("0")])).is_err());
+        assert!(Scanned::from_reply(bulk("0")).is_err());
+    }
+
+    #[test]
+    fn a_scan_caches_only_existing_records_copied_with_a_recent_confirmation() {
+        let name = |c: char| record_key(&c.to_string().repeat(64));
+        let (a, b2, c, d) = (name('a'), name('b'), name('c'), name('d'));
+        let fields = [
+            REV_FIELD.to_string(),
+            "7 1000".to_string(),
+            a.clone(),
+            record_copy("7", "acme"),
+            b2.clone(),
+            record_copy("6", "old"),
+            c.clone(),
+            "7\n-".to_string(),
+            d.clone(),
+            "7\nnot json".to_string(),
+            "fg:config".to_string(),
+            "7\n{}".to_string(),
+        ];
+        let refs: Vec<&str> = fields.iter().map(String::as_str).collect();
+        let scanned = Scanned::from_reply(reply("0", &refs)).unwrap();
+        let got: Vec<(String, String, u64)> = scanned
+            .records(1_500, 1_000)
+            .map(|(h, r, rev)| (h, r.owner.clone(), rev))
+            .collect();
+        assert_eq!(got, vec![("a".repeat(64), "acme".to_string(), 7)]);
+        // a confirmation too old, or none: nothing
+        assert_eq!(scanned.records(2_500, 1_000).count(), 0);
+        let unconfirmed =
+            Scanned::from_reply(reply("0", &[&a, &record_copy("7", "acme")])).unwrap();
+        assert_eq!(unconfirmed.records(1_500, 1_000).count(), 0);
+    }
+
+    #[test]
+    fn concurrent_misses_scan_once_per_interval() {
+        let clock = ScanClock::default();
+        assert!(clock.claim(1_000, 500));
+        assert!(!clock.claim(1_000, 500));
+        assert!(!clock.claim(1_499, 500));
+        assert!(clock.claim(1_500, 500));
+        // a clock that went back does not stop scans for good
+        assert!(clock.claim(100, 500));
     }
 }

@@ -145,6 +145,8 @@ pub struct Pipeline<S, C> {
     coalescer: coalesce::Coalescer,
     /// When this instance next tries to settle its region's ledger ([`ledger`]).
     ledger_settle_at: std::sync::atomic::AtomicI64,
+    /// When this instance last scanned its region's record copies ([`copies`]).
+    copies_scanned: copies::ScanClock,
 }
 
 impl<S, C> Pipeline<S, C>
@@ -182,6 +184,7 @@ where
             regional: None,
             coalescer: coalesce::Coalescer::default(),
             ledger_settle_at: std::sync::atomic::AtomicI64::new(0),
+            copies_scanned: copies::ScanClock::default(),
             global,
             stats,
             totals,

@@ -266,6 +266,27 @@ impl Records {
         keys.insert(hash, Cached::new(record, now, now + life, known, rev));
     }
 
+    /// Caches the existing key record of `hash` read at `now` with revision
+    /// `rev` when no record of it is held and the cache has room (a record
+    /// prefetched, [`super::copies`]): whether it was.
+    pub fn adopt_key(
+        &self,
+        hash: String,
+        record: Arc<KeyRecord>,
+        now: Micros,
+        rev: Option<u64>,
+    ) -> bool {
+        let mut keys = lock(&self.keys);
+        if keys.len() >= self.max_keys || keys.contains_key(&hash) {
+            return false;
+        }
+        keys.insert(
+            hash,
+            Cached::new(Some(record), now, now + self.max_age, true, rev),
+        );
+        true
+    }
+
     /// The hashes of the key records held (known and unknown keys) not read with
     /// revision `rev`.
     pub fn keys_behind(&self, rev: Option<u64>) -> Vec<String> {

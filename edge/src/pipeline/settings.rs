@@ -25,6 +25,9 @@ pub struct PipelineConfig {
     /// they are read again, whatever the records' revision says (µs): a writer
     /// that does not bump the revision is still seen.
     pub records_max_age: Micros,
+    /// How many of the region's record copies one scan reads ([`super::copies`];
+    /// 0: none, one copy at a time).
+    pub copies_prefetch: u32,
     /// Most key records cached at once (unknown keys included).
     pub max_cached_keys: usize,
     /// Answer a bucket that just throttled locally until its Retry-After, without

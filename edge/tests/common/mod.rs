@@ -82,6 +82,8 @@ pub struct MemStore {
     /// A region's copies of the records (`pipeline::copies`), and its reads.
     pub copies: Mutex<HashMap<String, Vec<u8>>>,
     pub copy_reads: AtomicUsize,
+    /// `HSCAN`s of the copies.
+    pub copy_scans: AtomicUsize,
 }
 
 /// A store that lives as long as the test process (the pipeline's background
@@ -410,6 +412,19 @@ impl Store for &MemStore {
                 });
                 Ok(Value::Array(values.collect()))
             }
+            ["HSCAN", key, "0", "COUNT", _]
+                if *key == floodgate_edge::pipeline::copies::COPIES_KEY =>
+            {
+                self.copy_scans.fetch_add(1, Ordering::SeqCst);
+                let copies = self.copies.lock().unwrap();
+                let items = copies.iter().flat_map(|(f, v)| {
+                    [Value::Bulk(f.clone().into_bytes()), Value::Bulk(v.clone())]
+                });
+                Ok(Value::Array(vec![
+                    Value::Bulk(b"0".to_vec()),
+                    Value::Array(items.collect()),
+                ]))
+            }
             ["HSET", key, ..] if *key == floodgate_edge::pipeline::copies::COPIES_KEY => {
                 let mut copies = self.copies.lock().unwrap();
                 for pair in args[2..].chunks(2) {
@@ -605,6 +620,17 @@ pub fn seed(store: &MemStore, config: &str, plan: &str) -> String {
         record.to_json().into_bytes(),
     );
     *store.now.lock().unwrap() = T0;
+    format!("Bearer {secret}")
+}
+
+/// Stores one more API key (after [`seed`]), on `plan`: its credentials header.
+pub fn seed_another(store: &MemStore, plan: &str) -> String {
+    let (id, secret) = new_secret(&[9u8; 42]);
+    let record = KeyRecord::new(&id, "", plan, 0);
+    store.records.lock().unwrap().insert(
+        record_key(&hash_secret(&secret)),
+        record.to_json().into_bytes(),
+    );
     format!("Bearer {secret}")
 }
 
