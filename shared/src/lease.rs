@@ -211,6 +211,7 @@ pub fn spent_members(ints: &[i64]) -> Result<Vec<String>, String> {
         .collect())
 }
 
+#[cfg(any(test, feature = "twins"))]
 /// One chunk of a regional pool: tokens leased from the global bucket, `free`
 /// in the pool and `out` on sub-leases not yet reported done.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,6 +223,7 @@ pub struct Chunk {
     pub expires: Micros,
 }
 
+#[cfg(any(test, feature = "twins"))]
 /// A pure twin of one bucket's regional pool ([`POOL_TAKE`], [`POOL_ADD`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pool {
@@ -235,6 +237,7 @@ pub struct Pool {
     pub uncharged: u64,
 }
 
+#[cfg(any(test, feature = "twins"))]
 impl Pool {
     fn live(&self) -> u64 {
         self.chunks.iter().map(|c| c.free).sum()
@@ -659,6 +662,7 @@ impl ModeSwitch {
     }
 }
 
+#[cfg(any(test, feature = "twins"))]
 /// A pure twin of the two scripts over one bucket (tests and simulations).
 #[derive(Debug, Clone, Default)]
 pub struct Central {
@@ -667,6 +671,7 @@ pub struct Central {
     pub leases: Vec<(String, Micros, u64, Micros)>,
 }
 
+#[cfg(any(test, feature = "twins"))]
 impl Central {
     /// [`LEASE_TAKE`] at `now` (`spent`: members separated by spaces).
     #[allow(clippy::too_many_arguments)]

@@ -26,6 +26,7 @@ pub mod keys;
 pub mod lease;
 pub mod ledger;
 pub mod policy;
+#[cfg(any(test, feature = "twins"))]
 pub mod reference;
 pub mod routes;
 pub mod script;

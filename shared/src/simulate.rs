@@ -240,5 +240,6 @@ mod tests {
 }
 
 /// Fan-out at internet scale on the pure twins (`scripts/bench fanout`).
+#[cfg(any(test, feature = "twins"))]
 #[path = "fanout_model.rs"]
 pub mod fanout;
