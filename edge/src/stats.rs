@@ -417,8 +417,8 @@ impl Stats {
     }
 
     /// Counts one decision for a caller the edge could not identify (a key it could
-    /// not verify while the store was down): per endpoint only, not per key, not in
-    /// the sample.
+    /// not verify while the store was down, an address refused for its unknown
+    /// keys): per endpoint only, not per key, not in the sample.
     pub fn record_unkeyed(&self, now: Micros, route: Option<&str>, outcome: Outcome) {
         lock(&self.pending).count(
             now,

@@ -1103,3 +1103,122 @@ async fn a_slot_taken_by_a_busy_store_within_the_ceiling_admits() {
     let g = settle(p.gate(head(&auth)).await).await;
     assert_eq!(status(&g), 200, "{g:?}");
 }
+
+/// What the traffic page shows for `/v1/search` (issue 41 item 2) is what its
+/// clients got, path by path: per endpoint, every 200 counted `allowed` and
+/// every 429 `throttled`, exactly once — the store's 429s, the recent 429s
+/// answered locally, identical concurrent requests decided by one call, the
+/// in-flight limit's 429s and the 429s to an address that sent too many
+/// invalid API keys.
+#[tokio::test]
+async fn the_traffic_counts_are_what_the_clients_got_on_every_path() {
+    let config = r#"{"policies":[
+      {"name":"default","dimensions":["api_key"],"quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed"},
+      {"name":"search","dimensions":["api_key","endpoint"],"quota":{"capacity":3,"period":"1m"},"failure_mode":"fail_closed"},
+      {"name":"one_at_a_time","dimensions":["api_key"],"quota":{"capacity":1000,"period":"1m"},"failure_mode":"fail_closed","max_in_flight":1}],
+      "plans":{"free":["default"],"single":["one_at_a_time"]},
+      "routes":[{"name":"search","pattern":"/v1/search","policies":["search"]}]}"#;
+    let store = mem();
+    let auth = seed(store, config, "free");
+    let single = common::seed_another(store, "single");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(
+        store,
+        &clock,
+        PipelineConfig {
+            unknown_keys_per_ip_per_min: 1,
+            ..PipelineConfig::default()
+        },
+    );
+    fn search<'a>(auth: &'a str) -> RequestHead<'a> {
+        RequestHead {
+            path: "/v1/search",
+            credentials: Some(auth.as_bytes()),
+            client_ip: Some("203.0.113.7".parse().unwrap()),
+            country: None,
+            user_agent: None,
+        }
+    }
+    // what the clients got, 200s and 429s
+    let mut got = (0u64, 0u64);
+    let mut saw = |gates: &[common::Gate]| {
+        for g in gates {
+            match status(g) {
+                200 => got.0 += 1,
+                429 => got.1 += 1,
+                _ => {}
+            }
+        }
+        got
+    };
+    let counted = async || {
+        p.flush_pending().await.unwrap();
+        (
+            minute_sum(store, "route:search|allowed"),
+            minute_sum(store, "route:search|throttled"),
+        )
+    };
+    // the store's 429, then recent 429s answered locally
+    let mut gates = vec![];
+    for _ in 0..6 {
+        gates.push(settle(p.gate(search(&auth)).await).await);
+    }
+    let statuses: Vec<u16> = gates.iter().map(status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+    assert_eq!(counted().await, saw(&gates), "the store's and recent 429s");
+    // identical concurrent requests, decided by one call
+    advance(&clock, store, 60 * MICROS_PER_SEC);
+    let concurrent = (0..8).map(|_| async { settle(p.gate(search(&auth)).await).await });
+    let gates = futures_util::future::join_all(concurrent).await;
+    assert_eq!(gates.iter().filter(|g| status(g) == 429).count(), 5);
+    assert_eq!(
+        counted().await,
+        saw(&gates),
+        "concurrent identical requests"
+    );
+    // the in-flight limit
+    let held = settle(p.gate(search(&single)).await).await;
+    let refused = settle(p.gate(search(&single)).await).await;
+    assert_eq!((status(&held), status(&refused)), (200, 429));
+    assert_eq!(
+        counted().await,
+        saw(&[held, refused]),
+        "the in-flight limit"
+    );
+    // an address that sent too many invalid API keys
+    let mut gates = vec![];
+    for i in 0..3u8 {
+        let invalid = format!("Bearer {}", new_secret(&[i + 100; 42]).1);
+        gates.push(settle(p.gate(search(&invalid)).await).await);
+    }
+    let statuses: Vec<u16> = gates.iter().map(status).collect();
+    assert_eq!(statuses, [401, 429, 429]);
+    assert_eq!(counted().await, saw(&gates), "too many invalid API keys");
+}
+
+/// A plan of shadow policies only enforces nothing: a request its shadow
+/// policy would have throttled is admitted (it was answered 429, and counted
+/// nowhere), and the traffic counts say what the client got — every request
+/// allowed, the ones the shadow policy would have refused also counted
+/// `shadow_throttled`.
+#[tokio::test]
+async fn a_plan_of_shadow_policies_only_admits_and_counts_every_request() {
+    let config = r#"{"policies":[
+      {"name":"watch","dimensions":["api_key"],"quota":{"capacity":1,"period":"1m"},"failure_mode":"fail_open","shadow":true}],
+      "plans":{"free":["watch"]}}"#;
+    let store = mem();
+    let auth = seed(store, config, "free");
+    let clock = FakeClock::at(T0);
+    let p = Pipeline::new(store, &clock, PipelineConfig::default());
+    assert_eq!(futures_statuses(&p, &auth, 3).await, [200, 200, 200]);
+    p.flush_pending().await.unwrap();
+    let sum = |field: &str| minute_sum(store, field);
+    assert_eq!(
+        (
+            sum("unmatched|allowed"),
+            sum("unmatched|throttled"),
+            sum("unmatched|shadow_throttled")
+        ),
+        (3, 0, 2)
+    );
+}

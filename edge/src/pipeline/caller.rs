@@ -24,6 +24,7 @@ use super::health::Totals;
 use super::records::{Lookup, Records};
 use super::{Admit, DEGRADED_HEADER, Pipeline, Reply, RequestHead, Task, boxed};
 use crate::breaker::Phase;
+use crate::stats::Outcome;
 use crate::store::{MaybeSend, MaybeSync, Store, StoreError};
 use crate::sync::lock;
 
@@ -191,7 +192,9 @@ where
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if cached.key == Lookup::Missing {
-            self.unknown_key_room(req, now).map_err(Err)?;
+            let config = cached.config.clone().any();
+            self.unknown_key_room(req, config.as_deref(), now)
+                .map_err(Err)?;
         }
         let (key, config, now) = if cached.on_path() {
             // boxed: a cache miss is rare, and its future (a store read under the
@@ -223,14 +226,23 @@ where
     }
 
     /// Whether an uncached key from this address may be looked up: its address (or
-    /// the instance) may have spent its budget of lookups that found no key.
-    fn unknown_key_room(&self, req: &RequestHead<'_>, now: Micros) -> Result<(), Reply> {
+    /// the instance) may have spent its budget of lookups that found no key. Its
+    /// 429 is counted per endpoint like any other (on the route `config`, the
+    /// configuration cached, resolves).
+    fn unknown_key_room(
+        &self,
+        req: &RequestHead<'_>,
+        config: Option<&EdgeConfig>,
+        now: Micros,
+    ) -> Result<(), Reply> {
         let Err(wait) = self.unknown_keys.room(req.client_ip, now) else {
             return Ok(());
         };
         self.totals
             .unknown_key_refused
             .fetch_add(1, Ordering::Relaxed);
+        let route = config.and_then(|c| c.routes().resolve(req.path));
+        self.count_unkeyed(now, route.map(|r| r.name.as_str()), Outcome::Throttled);
         Err(Reply::json(
             429,
             "Too many invalid API keys",

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use floodgate_shared::policy::{FailureMode, Policy};
 use floodgate_shared::script::Verdict;
 use floodgate_shared::stats::PolicyOutcome;
-use floodgate_shared::time::Clock;
+use floodgate_shared::time::{Clock, Micros};
 
 use super::limits::Limits;
 use super::{DEGRADED_HEADER, Pipeline, Reply};
@@ -30,6 +30,13 @@ where
             outcome,
             latency,
         );
+    }
+
+    /// Counts one decision about a caller the edge did not identify (an address
+    /// that spent its unknown-key budget, a key it could not verify): per
+    /// endpoint only, at `now`.
+    pub(super) fn count_unkeyed(&self, now: Micros, route: Option<&str>, outcome: Outcome) {
+        self.stats.record_unkeyed(now, route, outcome);
     }
 
     /// Counts the request under each of its policies `outcome_of` (given the
@@ -89,7 +96,7 @@ where
                     (!p.shadow()).then_some(PolicyOutcome::Degraded(mode))
                 });
             }
-            None => self.stats.record_unkeyed(now, route, Outcome::Degraded),
+            None => self.count_unkeyed(now, route, Outcome::Degraded),
         }
         self.stats.record_degraded_mode(now, route, mode);
         match mode {

@@ -141,8 +141,12 @@ impl Limits<'_> {
 
     /// The quota headers of `verdict` when it admits (with the IETF fields when
     /// the configuration asks for them), or the 429 with Retry-After (jittered,
-    /// never early).
+    /// never early). Shadow policies alone enforce nothing: no headers (their
+    /// denial must not answer the request).
     pub fn answer(&self, verdict: &Verdict) -> Result<Vec<(&'static str, String)>, Reply> {
+        if verdict.admitted && self.enforced().next().is_none() {
+            return Ok(vec![]);
+        }
         match Answer::for_decision(verdict.headline()) {
             Answer::Forward { headers } => {
                 let mut h = headers.pairs();
