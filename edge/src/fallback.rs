@@ -7,7 +7,6 @@
 //! within quota). The local buckets start full at each outage and are forgotten
 //! once full again; memory is bounded.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use floodgate_shared::bucket::{BucketState, decide};
@@ -15,14 +14,23 @@ use floodgate_shared::policy::Quota;
 use floodgate_shared::script::Verdict;
 use floodgate_shared::time::Micros;
 
+use crate::bounded_map::{BoundedMap, WhenFull};
+
 /// Most local buckets held at once; full ones are dropped first, and beyond that
 /// new buckets are decided as fresh (full) ones without being remembered.
 pub const MAX_LOCAL_BUCKETS: usize = 100_000;
 
 /// One instance's fallback buckets.
-#[derive(Default)]
 pub struct LocalBuckets {
-    buckets: Mutex<HashMap<String, BucketState>>,
+    buckets: Mutex<BoundedMap<String, BucketState>>,
+}
+
+impl Default for LocalBuckets {
+    fn default() -> Self {
+        Self {
+            buckets: Mutex::new(BoundedMap::new(MAX_LOCAL_BUCKETS, WhenFull::Refuse)),
+        }
+    }
 }
 
 impl LocalBuckets {
@@ -36,14 +44,9 @@ impl LocalBuckets {
             .collect();
         let admitted = transitions.iter().all(|t| t.decision.allowed());
         if admitted {
-            if map.len() + checks.len() > MAX_LOCAL_BUCKETS {
-                map.retain(|_, s| s.full_at > now);
-            }
             for ((key, _, _), t) in checks.iter().zip(&transitions) {
-                if let Some(w) = t.write
-                    && (map.len() < MAX_LOCAL_BUCKETS || map.contains_key(*key))
-                {
-                    map.insert((*key).to_string(), w);
+                if let Some(w) = t.write {
+                    map.insert((*key).to_string(), w, |s| s.full_at > now);
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! the request pipeline, the settings and proxy rules its two hosts share, and the
 //! native host (the Worker is `edge/worker/`).
 
+pub mod bounded_map;
 pub mod breaker;
 pub mod deadline;
 pub mod exchange;

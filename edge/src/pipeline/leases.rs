@@ -29,7 +29,6 @@
 //! call for all its policies, as before. Denials therefore always come from the
 //! global bucket, with an exact Retry-After.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -38,6 +37,7 @@ use floodgate_shared::lease::{LeaseConfig, LocalLease, Mode, ModeSwitch, SubLeas
 use floodgate_shared::policy::{Consistency, Policy, Quota};
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 
+use crate::bounded_map::{BoundedMap, WhenFull};
 use crate::sync::lock;
 
 /// How leases are sized and how long they live (one deployment-wide setting; the
@@ -405,7 +405,7 @@ pub struct Leases {
     settings: LeaseSettings,
     /// The tokens held are sub-leases of a regional pool (else global leases).
     regional: bool,
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<BoundedMap<String, Held>>,
     prefix: u64,
     next: AtomicU64,
     /// Decisions taken from leased tokens (this instance or its region's pool).
@@ -418,7 +418,7 @@ pub struct Leases {
     /// The sub-leased buckets this instance decided lately, with their policy and
     /// when (bounded by [`MAX_RECENT`]): a draw for one bucket draws for those of
     /// them that run low soon too, in the same pool call.
-    recent: Mutex<HashMap<String, (Policy, Micros)>>,
+    recent: Mutex<BoundedMap<String, (Policy, Micros)>>,
 }
 
 /// The most buckets remembered as candidates to draw for together.
@@ -484,13 +484,13 @@ impl Leases {
         Self {
             settings,
             regional,
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(BoundedMap::new(MAX_HELD, WhenFull::Clear)),
             prefix,
             next: AtomicU64::new(1),
             local: AtomicU64::new(0),
             global_failing: std::sync::atomic::AtomicBool::new(false),
             given_back: Mutex::new(Vec::new()),
-            recent: Mutex::new(HashMap::new()),
+            recent: Mutex::new(BoundedMap::new(MAX_RECENT, WhenFull::Refuse)),
         }
     }
 
@@ -516,15 +516,11 @@ impl Leases {
 
     fn with<T>(&self, key: &str, now: Micros, f: impl FnOnce(&mut Held) -> T) -> T {
         let mut held = lock(&self.held);
-        if held.len() >= MAX_HELD && !held.contains_key(key) {
-            // forget buckets unused for a lease's lifetime, then anything
-            let horizon = now - self.settings.lifetime;
-            held.retain(|_, h| h.used > horizon);
-            if held.len() >= MAX_HELD {
-                held.clear();
-            }
-        }
-        let h = held.entry(key.to_string()).or_default();
+        // when full, forget buckets unused for a lease's lifetime, then anything
+        let horizon = now - self.settings.lifetime;
+        let h = held
+            .get_or_default(key.to_string(), |h| h.used > horizon)
+            .expect("a full map of held leases is cleared");
         h.used = now;
         f(h)
     }
@@ -801,13 +797,10 @@ impl Leases {
                 *seen = now;
                 continue;
             }
-            if recent.len() >= MAX_RECENT {
-                let horizon = now - self.settings.lifetime / 2;
-                recent.retain(|_, (_, seen)| *seen > horizon);
-            }
-            if recent.len() < MAX_RECENT {
-                recent.insert(k.to_string(), ((*p).clone(), now));
-            }
+            let horizon = now - self.settings.lifetime / 2;
+            recent.insert(k.to_string(), ((*p).clone(), now), |(_, seen)| {
+                *seen > horizon
+            });
         }
     }
 

@@ -14,7 +14,6 @@
 //! writer that does not bump the revision is still seen), an unknown one
 //! `negative_ttl` after.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +24,7 @@ use floodgate_shared::policy::Quota;
 use floodgate_shared::time::Micros;
 use rustc_hash::FxBuildHasher;
 
+use crate::bounded_map::{BoundedMap, WhenFull};
 use crate::sync::lock;
 
 /// A cached value, read at `read_at`, good (whatever the revision says) until
@@ -119,7 +119,7 @@ pub enum Observed {
 /// Key records (`None`: no such key) by the secret's SHA-256 (hex): uniform
 /// whatever secrets are sent, so a fast hash serves (no one can choose
 /// collisions).
-type KeyCache = HashMap<String, Cached<Option<Arc<KeyRecord>>>, FxBuildHasher>;
+type KeyCache = BoundedMap<String, Cached<Option<Arc<KeyRecord>>>, FxBuildHasher>;
 
 /// The configuration and key records, cached.
 pub struct Records {
@@ -129,7 +129,6 @@ pub struct Records {
     ttl: Micros,
     negative_ttl: Micros,
     max_age: Micros,
-    max_keys: usize,
 }
 
 impl Records {
@@ -139,12 +138,11 @@ impl Records {
     pub fn new(ttl: Micros, negative_ttl: Micros, max_age: Micros, max_keys: usize) -> Self {
         Self {
             config: Mutex::new(None),
-            keys: Mutex::new(HashMap::default()),
+            keys: Mutex::new(BoundedMap::new(max_keys, WhenFull::Clear)),
             rev: Mutex::new(Rev::default()),
             ttl,
             negative_ttl,
             max_age: max_age.max(ttl),
-            max_keys: max_keys.max(1),
         }
     }
 
@@ -256,14 +254,11 @@ impl Records {
         } else {
             self.negative_ttl
         };
-        let mut keys = lock(&self.keys);
-        if keys.len() >= self.max_keys && !keys.contains_key(&hash) {
-            keys.retain(|_, c| c.until > now);
-            if keys.len() >= self.max_keys {
-                keys.clear();
-            }
-        }
-        keys.insert(hash, Cached::new(record, now, now + life, known, rev));
+        lock(&self.keys).insert(
+            hash,
+            Cached::new(record, now, now + life, known, rev),
+            |c| c.until > now,
+        );
     }
 
     /// Caches the existing key record of `hash` read at `now` with revision
@@ -277,14 +272,14 @@ impl Records {
         rev: Option<u64>,
     ) -> bool {
         let mut keys = lock(&self.keys);
-        if keys.len() >= self.max_keys || keys.contains_key(&hash) {
+        if !keys.has_room() || keys.contains_key(&hash) {
             return false;
         }
         keys.insert(
             hash,
             Cached::new(Some(record), now, now + self.max_age, true, rev),
-        );
-        true
+            |_| true,
+        )
     }
 
     /// The hashes of the key records held (known and unknown keys) not read with
@@ -369,7 +364,7 @@ enum Payer {
 pub struct UnknownKeyBudget {
     per_address: Option<Quota>,
     per_instance: Option<Quota>,
-    spent: Mutex<HashMap<Payer, BucketState>>,
+    spent: Mutex<BoundedMap<Payer, BucketState>>,
 }
 
 /// Most addresses tracked at once (full buckets are dropped first).
@@ -388,7 +383,7 @@ impl UnknownKeyBudget {
         Self {
             per_address: quota(per_address_per_min),
             per_instance: quota(per_instance_per_min),
-            spent: Mutex::new(HashMap::new()),
+            spent: Mutex::new(BoundedMap::new(MAX_PAYERS, WhenFull::Refuse)),
         }
     }
 
@@ -422,16 +417,11 @@ impl UnknownKeyBudget {
     /// Charges one lookup that found no key.
     pub fn charge(&self, ip: Option<IpAddr>, now: Micros) {
         let mut spent = lock(&self.spent);
-        if spent.len() >= MAX_PAYERS {
-            spent.retain(|_, s| s.full_at > now);
-        }
         let payers: Vec<(Payer, Quota)> = self.payers(ip).map(|(p, q)| (p, *q)).collect();
         for (p, q) in payers {
             // a spent budget stays spent (the charge is dropped, not queued)
-            if let Some(w) = decide(spent.get(&p).copied(), &q, now, 1).write
-                && (spent.len() < MAX_PAYERS || spent.contains_key(&p))
-            {
-                spent.insert(p, w);
+            if let Some(w) = decide(spent.get(&p).copied(), &q, now, 1).write {
+                spent.insert(p, w, |s| s.full_at > now);
             }
         }
     }

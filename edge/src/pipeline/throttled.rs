@@ -14,7 +14,6 @@
 //! quota, so the key alone would answer from the old decision until its
 //! Retry-After ran out (a daily quota: for hours).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use floodgate_shared::bucket::{Admission, Decision};
@@ -26,6 +25,7 @@ use floodgate_shared::time::{Clock, Micros, ceil_secs};
 
 use super::limits::{Limits, jitter_seed};
 use super::{Pipeline, Reply};
+use crate::bounded_map::{BoundedMap, WhenFull};
 use crate::stats::Outcome;
 use crate::store::{MaybeSend, MaybeSync, Store};
 use crate::sync::lock;
@@ -51,13 +51,21 @@ impl Throttled {
 }
 
 /// The buckets throttled recently, until they admit again.
-#[derive(Default)]
 pub struct ThrottleMemory {
-    until: Mutex<HashMap<String, Throttled>>,
+    until: Mutex<BoundedMap<String, Throttled>>,
 }
 
-/// Bound on remembered buckets; expired ones are dropped first.
+/// Bound on remembered buckets; expired ones are dropped first, and past it a
+/// new 429 is not remembered.
 const MAX_REMEMBERED: usize = 100_000;
+
+impl Default for ThrottleMemory {
+    fn default() -> Self {
+        Self {
+            until: Mutex::new(BoundedMap::new(MAX_REMEMBERED, WhenFull::Refuse)),
+        }
+    }
+}
 
 impl ThrottleMemory {
     /// The buckets still throttled at `now` among `buckets` (key, policy as it
@@ -83,14 +91,7 @@ impl ThrottleMemory {
     }
 
     pub fn remember(&self, key: &str, throttled: Throttled, now: Micros) {
-        let mut map = lock(&self.until);
-        if map.len() >= MAX_REMEMBERED {
-            map.retain(|_, d| d.until > now);
-            if map.len() >= MAX_REMEMBERED {
-                return;
-            }
-        }
-        map.insert(key.to_string(), throttled);
+        lock(&self.until).insert(key.to_string(), throttled, |d| d.until > now);
     }
 }
 
