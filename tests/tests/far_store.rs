@@ -151,3 +151,88 @@ async fn a_fresh_instances_first_requests_to_a_far_store_are_answered(
 }
 
 floodgate_tests::on_both_hosts!(a_fresh_instances_first_requests_to_a_far_store_are_answered);
+
+/// A native pipeline over the far global store at `far` and the near regional
+/// store at `near`, with the host's default deadlines, served.
+async fn regional_instance(
+    far: &str,
+    near: &str,
+    upstream: &str,
+) -> (String, Box<dyn std::any::Any>) {
+    let deadline = DeadlineSettings::RESP;
+    let transport = store_deadline(Duration::from_micros(deadline.ceiling as u64));
+    let connect = |url: String| async move {
+        NativeStore::Resp(RespStore::connect(&url, transport).await.expect("connect"))
+    };
+    let settings = PipelineConfig {
+        deadline,
+        ..PipelineConfig::default()
+    };
+    let pipeline = Pipeline::new(
+        connect(far.to_string()).await,
+        floodgate_shared::time::SystemClock,
+        settings,
+    )
+    .with_regional(connect(near.to_string()).await);
+    let (url, stop) = serve_native(pipeline, HostConfig::new(upstream)).await;
+    (url, Box::new(stop))
+}
+
+/// Issue 38, churn: a fresh instance whose records come from its region's
+/// copies (no start-up read of the far global store taught its deadline) has its
+/// first exact decisions answered by the global store 50 ms away, not failed by
+/// a deadline that never heard from it (the floor, 3 ms). (Before: all 20 of
+/// its first concurrent requests got 503, fail-closed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_instance_reading_its_records_from_the_region_waits_for_the_far_store() {
+    let (global, region) = (RedisServer::start(), RedisServer::start());
+    let secret = seed(&global, CONFIG).await.secret;
+    let far = LatencyProxy::start(global.port(), Duration::from_millis(50)).await;
+    let upstream = RawUpstream::start().await;
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let get = |url: String, path: String| {
+        let (c, secret) = (c.clone(), secret.clone());
+        async move {
+            c.get(format!("{url}{path}"))
+                .bearer_auth(&secret)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // a warm instance of the region reads the records from the global store and
+    // copies them to the region
+    let (warm, _warm) = regional_instance(&far.url(), &region.url(), &upstream.url).await;
+    assert_eq!(get(warm.clone(), "/warm".into()).await, 200);
+    let copied = || {
+        let mut con = region.connection();
+        redis::cmd("HLEN")
+            .arg("fg:copies")
+            .query::<u64>(&mut con)
+            .unwrap()
+    };
+    for _ in 0..100 {
+        if copied() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(copied() >= 3, "the records were copied to the region");
+    let (fresh, _fresh) = regional_instance(&far.url(), &region.url(), &upstream.url).await;
+    let asked: Vec<_> = (0..20)
+        .map(|i| tokio::spawn(get(fresh.clone(), format!("/first/{i}"))))
+        .collect();
+    let mut statuses = vec![];
+    for a in asked {
+        statuses.push(a.await.unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "the fresh instance's first 20 concurrent requests answered {statuses:?}"
+    );
+}

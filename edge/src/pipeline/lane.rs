@@ -15,6 +15,13 @@
 //!   whole server shorter than the ceiling), its cool-down ends at once: the next
 //!   request health-checks the store; a reply later than the ceiling changes
 //!   nothing (its timeout stays counted).
+//!
+//! Until the store first answers, an adaptive deadline has nothing to adapt
+//! from: a call may then wait the lane's first wait (the start-up wait), counted
+//! from the instance's first call. A fresh instance's first calls to a far store
+//! (100 ms away, past the ceiling) are answered, not failed — also when its
+//! records came from the region and no start-up read taught the deadline
+//! (issue 38: fresh instances during churn).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +45,10 @@ pub struct Lane {
     late_replies: AtomicU64,
     too_late: AtomicU64,
     waited_on: AtomicU64,
+    /// How long a call may wait until the store first answers (µs, 0: no
+    /// longer than its deadline), and when the first call was sent.
+    first_wait: Micros,
+    first_call: Mutex<Option<Micros>>,
 }
 
 /// What one store's deadlines did since the instance started (health, metrics).
@@ -92,12 +103,28 @@ impl Lane {
             late_replies: AtomicU64::new(0),
             too_late: AtomicU64::new(0),
             waited_on: AtomicU64::new(0),
+            first_wait: 0,
+            first_call: Mutex::new(None),
         }
+    }
+
+    /// Until the store first answers, calls may wait `wait` (µs) from the first
+    /// one, when the deadline is adaptive.
+    pub fn with_first_wait(mut self, wait: Micros) -> Self {
+        if !lock(&self.estimator).settings().is_fixed() {
+            self.first_wait = wait.max(0);
+        }
+        self
     }
 
     /// The deadline of a call sent at `now` (µs, at least 1).
     pub fn deadline(&self, now: Micros) -> Micros {
-        lock(&self.estimator).deadline(now).max(1)
+        let learned = lock(&self.estimator).deadline(now).max(1);
+        if self.first_wait == 0 || self.replies.load(Ordering::Relaxed) > 0 {
+            return learned;
+        }
+        let first = *lock(&self.first_call).get_or_insert(now);
+        learned.max(first + self.first_wait - now)
     }
 
     /// A mark to take when sending a call, for [`Lane::expired`].
@@ -195,6 +222,46 @@ mod tests {
 
     fn lane() -> Lane {
         Lane::new(Breaker::new(3, 1_000_000), DeadlineSettings::RESP)
+    }
+
+    #[test]
+    fn until_the_store_first_answers_a_call_may_wait_the_first_wait() {
+        let ms = 1_000;
+        let l = lane().with_first_wait(2_000 * ms);
+        assert_eq!(
+            l.deadline(0),
+            2_000 * ms,
+            "never heard from: the first wait"
+        );
+        assert_eq!(
+            l.deadline(500 * ms),
+            1_500 * ms,
+            "counted from the first call"
+        );
+        assert_eq!(l.deadline(3_000 * ms), 3 * ms, "then the floor, as before");
+        l.answered(105 * ms, 3_100 * ms, 1);
+        assert_eq!(
+            l.deadline(3_200 * ms),
+            315 * ms,
+            "learned from the first reply"
+        );
+        let fresh = lane().with_first_wait(2_000 * ms);
+        let mark = fresh.mark();
+        assert_eq!(fresh.deadline(0), 2_000 * ms);
+        fresh.late_reply(2_500 * ms, 2_500 * ms, 1);
+        assert!(fresh.replied_since(mark));
+        assert!(
+            fresh.deadline(2_600 * ms) < 2_000 * ms,
+            "a reply, even late, ends it"
+        );
+        let pinned = Lane::new(Breaker::new(3, 1_000_000), DeadlineSettings::fixed(50 * ms))
+            .with_first_wait(2_000 * ms);
+        assert_eq!(
+            pinned.deadline(0),
+            50 * ms,
+            "a pinned deadline stays pinned"
+        );
+        assert_eq!(lane().deadline(0), 3 * ms, "no first wait: the floor");
     }
 
     #[test]

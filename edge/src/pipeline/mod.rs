@@ -202,7 +202,13 @@ where
         totals: &Arc<Totals>,
     ) -> Guarded<S> {
         let breaker = Breaker::new(settings.breaker_threshold, settings.breaker_cool_down);
-        let lane = Lane::new(breaker, deadline);
+        // the global store may be far: until it first answers, its calls wait
+        // the start-up wait (a regional store is next door)
+        let first_wait = match role {
+            StoreRole::Global => settings.startup_wait,
+            StoreRole::Regional => 0,
+        };
+        let lane = Lane::new(breaker, deadline).with_first_wait(first_wait);
         Guarded::new(
             store,
             lane,
