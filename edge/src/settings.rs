@@ -92,7 +92,7 @@ pub struct EdgeSettings {
     /// slowness (default 100 over RESP, 1000 over REST).
     #[arg(long, env = "FLOODGATE_DEADLINE_CEILING_MS", value_parser = clap::value_parser!(u32).range(1..))]
     pub deadline_ceiling_ms: Option<u32>,
-    /// How long the first requests may wait for the first read of the configuration.
+    /// How long the first requests may wait for the first read of the configuration, and any call to the global store until it first answers.
     #[arg(long, env = "FLOODGATE_STARTUP_WAIT_MS", default_value_t = 2_000)]
     pub startup_wait_ms: u32,
     /// Consecutive store failures that open the circuit breaker.
