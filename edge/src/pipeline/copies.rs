@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use floodgate_shared::apikeys::{KeyRecord, record_hash};
 use floodgate_shared::time::{Clock, Micros};
 
-use super::guarded::{Called, Guarded, drain};
+use super::guarded::Guarded;
 use super::{Pipeline, Task, boxed};
 use crate::store::{MaybeSend, MaybeSync, Store, StoreError, Value};
 use crate::sync::lock;
@@ -69,13 +69,7 @@ where
             let reply = store.command(&args).await?;
             reply.into_list()
         });
-        let values = match region.call_now(&self.clock, fut).await {
-            Called::Done(v) => v,
-            Called::Failed(_, late) => {
-                later.extend(late.map(drain));
-                return None;
-            }
-        };
+        let values = region.call_now(&self.clock, fut).await.or_drain(later)?;
         let now = self.clock.now();
         from_copies(values, now, fresh)
     }
@@ -103,13 +97,7 @@ where
             ];
             Scanned::from_reply(store.command(&args).await?)
         });
-        let scanned = match region.call_now(&self.clock, fut).await {
-            Called::Done(s) => s,
-            Called::Failed(_, late) => {
-                later.extend(late.map(drain));
-                return None;
-            }
-        };
+        let scanned = region.call_now(&self.clock, fut).await.or_drain(later)?;
         let now = self.clock.now();
         for (hash, record, rev) in scanned.records(now, self.settings.cache_ttl / 2) {
             self.records.adopt_key(hash, record, now, Some(rev));

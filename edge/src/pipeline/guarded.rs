@@ -74,6 +74,20 @@ fn skipped() -> StoreError {
     )
 }
 
+impl<T: 'static> Called<T> {
+    /// The reply, or `None`: the call failed (a late one is left in `later`,
+    /// drained so its reply still teaches the deadline).
+    pub fn or_drain(self, later: &mut Vec<Task>) -> Option<T> {
+        match self {
+            Called::Done(v) => Some(v),
+            Called::Failed(_, late) => {
+                later.extend(late.map(drain));
+                None
+            }
+        }
+    }
+}
+
 /// Awaits a late call only to let its reply teach the deadline.
 pub fn drain<T: 'static>(late: BoxFuture<'static, Result<T, StoreError>>) -> Task {
     boxed(async move {

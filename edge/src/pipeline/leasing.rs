@@ -18,7 +18,7 @@ use floodgate_shared::policy::{Consistency, Policy};
 use floodgate_shared::script::Verdict;
 use floodgate_shared::time::{Clock, Micros};
 
-use super::guarded::{Called, Guarded, drain};
+use super::guarded::Guarded;
 use super::leases::{DoneWith, GiveBack, LeaseSettings, Leases, MAX_DRAW, Refill};
 use super::limits::Limits;
 use super::{Admit, Pipeline, Task, boxed};
@@ -234,13 +234,7 @@ where
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             store.run_ints(&POOL_TAKE, &refs, &args).await
         });
-        let reply = match region.call_now(&self.clock, fut).await {
-            Called::Done(r) => Some(r),
-            Called::Failed(_, late) => {
-                later.extend(late.map(drain));
-                None
-            }
-        };
+        let reply = region.call_now(&self.clock, fut).await.or_drain(later);
         let (taken, refills) = pools.settle(buckets, reply.as_deref(), done, now);
         later.extend(refills);
         let taken = taken?;

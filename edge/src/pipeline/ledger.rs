@@ -15,7 +15,7 @@ use floodgate_shared::ledger::{
 use floodgate_shared::policy::Policy;
 use floodgate_shared::time::{Clock, Micros};
 
-use super::guarded::{Called, Guarded, drain};
+use super::guarded::Guarded;
 use super::{Pipeline, Task, boxed};
 use crate::store::{MaybeSend, MaybeSync, SetOptions, Store, StoreError, Value};
 
@@ -85,14 +85,8 @@ where
             ];
             store.command(&args).await?.into_int()
         });
-        match region.call_now(&self.clock, fut).await {
-            Called::Done(n) => Some(n),
-            Called::Failed(_, late) => {
-                // a late increment counts a request the pool decides: taken back
-                later.extend(late.map(drain));
-                None
-            }
-        }
+        // a late increment counts a request the pool decides: taken back
+        region.call_now(&self.clock, fut).await.or_drain(later)
     }
 
     /// Takes an increment back (the request went to its pool), in the background.
