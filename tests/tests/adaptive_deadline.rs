@@ -1,7 +1,8 @@
 //! The adaptive answer deadline (`edge::deadline`) with real servers: a Redis
 //! that is slow but answering (a TCP proxy adding 5-20 ms per round trip) is
 //! waited for, never answered 503; a stopped one (SIGSTOP) is still found out
-//! within the floor and opens the breaker; the first request after start-up with a
+//! within the floor and opens the breaker; a healthy one's stall shorter than a
+//! deadline costs no 503 (both hosts); the first request after start-up with a
 //! slow store gets its answer. Loopback only, every loop bounded.
 
 use std::time::{Duration, Instant};
@@ -223,20 +224,26 @@ async fn a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker(
     );
     assert_eq!(h["breaker"], "open", "{h}");
     let global = &h["deadlines"]["global"];
-    assert!(global["expired_silent"].as_u64().unwrap() >= 5, "{h}");
-    assert_eq!(global["late_replies"], 0, "{h}");
-    // one client, one request at a time: the first `threshold` requests each
-    // waited the deadline once, their silent expiries opened the breaker, and
-    // every later request was answered without waiting on the store (kept off
-    // it, or a health check) — counted, not timed
     let threshold = u64::from(PipelineConfig::default().breaker_threshold);
+    assert!(
+        global["expired_silent"].as_u64().unwrap() >= threshold.div_ceil(2),
+        "{h}"
+    );
+    assert_eq!(global["late_replies"], 0, "{h}");
+    // one client, one request at a time: each silent deadline is a breaker
+    // failure the moment it passes, and a call waits through one of them (a
+    // stall shorter than a deadline costs no 503), so the first ⌈threshold / 2⌉
+    // requests waited two deadlines at most, the breaker opened as soon as
+    // `threshold` deadlines had passed silent — as fast as before — and every
+    // later request was answered without waiting on the store (kept off it, or a
+    // health check) — counted, not timed
     let (late, skipped, probes) = (
         h["late_calls"].as_u64().unwrap(),
         h["breaker_skipped"].as_u64().unwrap(),
         h["breaker_probes"].as_u64().unwrap(),
     );
-    assert_eq!(late, threshold, "{h}");
-    assert_eq!(skipped + probes, statuses.len() as u64 - threshold, "{h}");
+    assert_eq!(late, threshold.div_ceil(2), "{h}");
+    assert_eq!(skipped + probes, statuses.len() as u64 - late, "{h}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,4 +264,85 @@ async fn the_first_request_after_start_up_with_a_slow_store_gets_its_answer() {
     let status = r.status();
     let body = r.text().await.unwrap();
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// Busies the whole Redis server for `stall` (one script spinning on TIME, as
+/// another client's long script or a scheduler's turn on a loaded machine would
+/// hold it): every other client waits, none is refused.
+fn stall_redis(redis: &RedisServer, stall: Duration) -> std::thread::JoinHandle<()> {
+    const SPIN: &str = "local t = redis.call('TIME') \
+        local start = t[1] * 1000000 + t[2] \
+        repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= tonumber(ARGV[1]) \
+        return 1";
+    let mut conn = redis.connection();
+    std::thread::spawn(move || {
+        let _: i64 = redis::cmd("EVAL")
+            .arg(SPIN)
+            .arg(0)
+            .arg(stall.as_micros() as u64)
+            .query(&mut conn)
+            .expect("the spinning script");
+    })
+}
+
+/// Issue 41: with both CPUs loaded, a healthy Redis answered 2 of 2,000 requests
+/// with 503 — a whole-server stall (Redis's turn on a CPU, or the edge's own)
+/// longer than the deadline, with nothing from the store meanwhile, was taken for
+/// a dead store. One silent deadline is now forgiven: a stall of 1.5 deadlines
+/// costs no 503, on both hosts; the call is counted as waited on (so the stall
+/// did pass the deadline: the test cannot pass by missing it). The deadline
+/// here is floored at 200 ms so that the machine's own scheduling, a few ms,
+/// cannot decide the outcome. (A stopped Redis is still found out as fast:
+/// `a_stopped_redis_is_found_out_within_the_deadline_and_opens_the_breaker`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_of_a_healthy_redis_shorter_than_two_deadlines_costs_no_503_on_either_host() {
+    use floodgate_tests::{EdgeKind, EdgeOptions, start_edge_with};
+    for kind in [EdgeKind::Native, EdgeKind::Worker] {
+        let redis = RedisServer::start();
+        let Seeded { secret, .. } = seed(&redis, CONFIG).await;
+        let upstream = RawUpstream::start().await;
+        let options = EdgeOptions {
+            deadline_ms: None,
+            worker_env: vec![
+                ("DEADLINE_FLOOR_MS".into(), "200".into()),
+                ("DEADLINE_CEILING_MS".into(), "3000".into()),
+            ],
+            ..EdgeOptions::default()
+        };
+        let edge = start_edge_with(kind, &redis, &upstream.url, &options).await;
+        let c = client();
+        // learn the store (and cache the key): at the 200 ms floor
+        let statuses = load(&edge.url, &secret, 40, 1).await;
+        assert_eq!(refused(&statuses), 0, "{kind:?}: {statuses:?}");
+        let global = &health(&c, &edge.url).await["deadlines"]["global"];
+        assert_eq!(global["deadline_ms"], 200.0, "{kind:?}: {global}");
+
+        let stall = stall_redis(&redis, Duration::from_millis(300));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        let r = c
+            .get(format!("{}/thing", edge.url))
+            .bearer_auth(&secret)
+            .send()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        stall.join().unwrap();
+        let h = health(&c, &edge.url).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{kind:?}: a 300 ms stall of a healthy Redis answered {status} after {took:?}: {body}; {h}"
+        );
+        let global = &h["deadlines"]["global"];
+        // (a statistics flush caught in the stall is waited on too)
+        assert!(
+            global["waited_on"].as_u64().unwrap() >= 1,
+            "{kind:?}: the request's call passed its deadline and was waited on ({took:?}): {h}"
+        );
+        assert_eq!(global["expired"], 0, "{kind:?}: {h}");
+        assert_eq!(h["breaker"], "closed", "{kind:?}: {h}");
+    }
 }

@@ -6,10 +6,11 @@
 //! Open breaker: the store is not called at all. Half-open: this request
 //! health-checks the store first (`PING`). A call that misses the deadline is
 //! waited for on while the store keeps answering other calls (a busy store, up
-//! to the ceiling: no 503 from a healthy store), else handed back still running
-//! ([`Called::Failed`] with the call); it counts as a breaker failure only when
-//! nothing came from the store since it was sent, and its reply, when it comes,
-//! teaches the deadline (see [`super::lane`]).
+//! to the ceiling: no 503 from a healthy store), and through one silent deadline
+//! (a stall shorter than a deadline: no 503 either), else handed back still
+//! running ([`Called::Failed`] with the call); each deadline with nothing from
+//! the store since the send counts as a breaker failure, and its reply, when it
+//! comes, teaches the deadline (see [`super::lane`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -203,7 +204,10 @@ where
         let watch = Stopwatch::start();
         let out = self.totals.calls_out.send();
         let (raced, waited) = match race(fut, limit).await {
-            Raced::Late(still) => (self.wait_on(still, mark, limit, &watch).await, true),
+            Raced::Late(still) => {
+                let waited = self.wait_on(still, mark, limit, &watch, clock, n).await;
+                (waited, true)
+            }
             done => (done, false),
         };
         drop(out);
@@ -231,18 +235,13 @@ where
                 Called::Failed(e, None)
             }
             Raced::Late(still) => {
-                let e = late_error(limit);
+                // (its breaker failures, if silent, were counted as they happened)
                 self.totals.late_calls.fetch_add(n, Ordering::Relaxed);
-                if !self.lane.expired(mark, n) {
-                    // silent since the send: the store may be down — or one round
-                    // trip stalled (a long script of another client, a scheduler
-                    // hiccup): one silent round trip counts as its requests' calls
-                    // would have, but alone never opens the breaker (below the
-                    // threshold), however many requests rode it
-                    let most = u64::from(self.lane.breaker.threshold().saturating_sub(1)).max(1);
-                    self.failures(clock.now(), &e, n.min(most));
-                }
-                Called::Failed(e, Some(self.observed(still, watch, sent, n)))
+                self.lane.expired(mark, n);
+                Called::Failed(
+                    late_error(limit),
+                    Some(self.observed(still, watch, sent, n)),
+                )
             }
         }
     }
@@ -257,20 +256,48 @@ where
     /// A call past its deadline while the store kept answering others is a busy
     /// store's, not a dead one's: it is waited for one more deadline at a time,
     /// as long as replies keep arriving, up to the ceiling, rather than turned
-    /// into a failure mode (a 503 from a healthy store). A store that stops
-    /// answering costs at most one more deadline. `Late`: the store went silent
-    /// or the ceiling passed: the call, still running.
+    /// into a failure mode (a 503 from a healthy store).
+    ///
+    /// A silent deadline — nothing at all from the store meanwhile — is forgiven
+    /// once per call: a healthy store's whole-server stall (a scheduler's turn on
+    /// a loaded machine, another client's long script) or this process's own
+    /// (its timer fired with the reply already waiting) shorter than a deadline
+    /// costs no 503 (issue 41). A stopped store is still found out as fast as
+    /// before: each silent deadline since the send counts as a breaker failure
+    /// the moment it passes, and no call waits on once the breaker opened. A
+    /// store that stops answering costs a request at most two more deadlines.
+    /// `Late`: the store stayed silent, the breaker opened, or the ceiling passed:
+    /// the call, still running.
     async fn wait_on<T: 'static>(
         &self,
         mut still: BoxFuture<'static, Result<T, StoreError>>,
-        mut mark: u64,
+        sent_mark: u64,
         step: Duration,
         watch: &Stopwatch,
+        clock: &impl Clock,
+        n: u64,
     ) -> Raced<Result<T, StoreError>, BoxFuture<'static, Result<T, StoreError>>> {
+        // one silent round trip counts as its requests' calls would have, but
+        // alone never opens the breaker (below the threshold), however many
+        // requests rode it or however many deadlines it was silent for
+        let mut failures_left = u64::from(self.lane.breaker.threshold().saturating_sub(1)).max(1);
+        let mut forgiven = false;
+        let mut mark = sent_mark;
         loop {
             let left = self.lane.ceiling() - watch.elapsed().as_micros() as Micros;
-            if left <= 0 || !self.lane.replied_since(mark) {
+            if left <= 0 {
                 return Raced::Late(still);
+            }
+            if !self.lane.replied_since(mark) {
+                if !self.lane.replied_since(sent_mark) {
+                    let k = n.min(failures_left);
+                    failures_left -= k;
+                    self.failures(clock.now(), &late_error(step), k);
+                }
+                if forgiven || self.lane.breaker.phase() == Phase::Open {
+                    return Raced::Late(still);
+                }
+                forgiven = true;
             }
             mark = self.lane.mark();
             let limit = step.min(Duration::from_micros(left as u64));

@@ -7,8 +7,10 @@
 //!   after it was sent (the connection is alive, the store answers late) is
 //!   **slow**: not a breaker failure;
 //! - one with nothing at all from the store since it was sent (a stopped server, a
-//!   frozen connection) is **silent**: a breaker failure, as is a refused or reset
-//!   connection;
+//!   frozen connection) is **silent**: each silent deadline is a breaker failure,
+//!   as is a refused or reset connection; one silent deadline per call is
+//!   forgiven (the call is waited for one more: a whole-server stall shorter
+//!   than a deadline costs no 503, see [`super::guarded`]);
 //! - a late reply that arrives within the ceiling is proof of life: the deadline
 //!   is raised to cover it and the breaker's consecutive failures start again
 //!   from zero, or, if the silent expiries opened it meanwhile (a stall of the
@@ -69,8 +71,9 @@ pub struct DeadlineStats {
     /// Late replies within the ceiling (the deadline was raised), and after it.
     pub late_replies: u64,
     pub too_late: u64,
-    /// Calls that missed their deadline while the store kept answering others,
-    /// were waited for up to the ceiling and answered in time for their request.
+    /// Calls that missed their deadline while the store kept answering others
+    /// (or through one silent deadline), were waited for up to the ceiling and
+    /// answered in time for their request.
     pub waited_on: u64,
 }
 
@@ -160,8 +163,9 @@ impl Lane {
         lock(&self.estimator).observe(latency, now);
     }
 
-    /// A call sent at `mark` missed its deadline: `true` when it is slow (replies
-    /// arrived since), `false` when the store is silent (a breaker failure).
+    /// A call sent at `mark` was given up on: `true` when it is slow (replies
+    /// arrived since), `false` when the store is silent (breaker failures: the
+    /// caller counted them as its deadlines passed).
     pub fn expired(&self, mark: u64, n: u64) -> bool {
         self.expired.fetch_add(n, Ordering::Relaxed);
         let slow = self.replies.load(Ordering::Relaxed) > mark;
