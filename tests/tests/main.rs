@@ -50,6 +50,7 @@ mod policy_depth;
 mod resp_store;
 mod rest_conformance;
 mod rest_hardening;
+mod rest_outage;
 mod scale;
 mod sentinel_auth;
 mod silent_peer;
