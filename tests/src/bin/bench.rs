@@ -1081,7 +1081,9 @@ fn busy_loops(secs: f64) -> Vec<Proc> {
 
 /// Stray 503s at saturation while both CPUs are also loaded by a competing busy
 /// process (a build, a noisy neighbour) and Redis is healthy: the native edge with
-/// its adaptive deadline vs today's fixed 3 ms, alternating rounds.
+/// its adaptive deadline vs a fixed 3 ms one, alternating runs of 2,000 requests
+/// (issue 41: 2 of 2,000 got 503 under the default deadline; the target is 0 in
+/// 10 runs).
 fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
     let secret = rt
         .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
@@ -1090,22 +1092,22 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
     let redis = server.url();
     let adaptive = edge_host(&upstream.url, &redis, &[]);
     let fixed = edge_host(&upstream.url, &redis, &["--deadline-ms", "3"]);
-    let n = 10_000 / scale;
-    let rounds = 3;
+    let n = 2_000 / scale;
+    let runs = 10;
     let limit = Duration::from_secs(60);
-    let busy = busy_loops((rounds * 2) as f64 * limit.as_secs_f64());
+    let busy = busy_loops((runs * 2) as f64 * limit.as_secs_f64());
     println!(
-        "\n## Stray 503s with the CPUs loaded (native edge, Redis healthy, {} busy loops, 32 connections, {n} requests a round, {rounds} rounds alternating)",
+        "\n## Stray 503s with the CPUs loaded (native edge, Redis healthy, {} busy loops, 32 connections, {runs} runs of {n} requests, alternating)",
         busy.len()
     );
-    let mut totals = [Statuses::default(); 2];
-    for _ in 0..rounds {
+    let mut per_run: [Vec<Statuses>; 2] = [vec![], vec![]];
+    for _ in 0..runs {
         for (i, url) in [&adaptive.url, &fixed.url].into_iter().enumerate() {
-            totals[i] += rt.block_on(statuses(url, &secret, 32, n, limit));
+            per_run[i].push(rt.block_on(statuses(url, &secret, 32, n, limit)));
         }
     }
     drop(busy);
-    print_deadline_table(&totals);
+    print_deadline_table(&per_run);
     for (name, url) in [("adaptive", &adaptive.url), ("fixed", &fixed.url)] {
         let h = health(rt, url);
         println!(
@@ -1115,21 +1117,25 @@ fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usi
     }
 }
 
-fn print_deadline_table(totals: &[Statuses; 2]) {
-    println!("| deadline | requests | 503 | **503 per 10,000** | other failures |");
-    println!("|---|---|---|---|---|");
-    for (name, t) in [
-        ("adaptive (default: 3-100 ms)", totals[0]),
-        (
-            "fixed 3 ms (`--deadline-ms 3`, the former default)",
-            totals[1],
-        ),
+fn print_deadline_table(per_run: &[Vec<Statuses>; 2]) {
+    println!("| deadline | requests | 503 | 503 per run | **runs with a 503** | other failures |");
+    println!("|---|---|---|---|---|---|");
+    for (name, runs) in [
+        ("adaptive (default: 3-100 ms)", &per_run[0]),
+        ("fixed 3 ms (`--deadline-ms 3`)", &per_run[1]),
     ] {
-        let all = t.ok + t.refused + t.other;
+        let mut t = Statuses::default();
+        for r in runs {
+            t += *r;
+        }
+        let each: Vec<String> = runs.iter().map(|r| r.refused.to_string()).collect();
         println!(
-            "| {name} | {all} | {} | **{:.1}** | {} |",
+            "| {name} | {} | {} | {} | **{} of {}** | {} |",
+            t.ok + t.refused + t.other,
             t.refused,
-            t.refused as f64 * 10_000.0 / all.max(1) as f64,
+            each.join(" "),
+            runs.iter().filter(|r| r.refused > 0).count(),
+            runs.len(),
             t.other
         );
     }
