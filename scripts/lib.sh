@@ -53,16 +53,28 @@ wasm_cargo() {
 # Tools installed from the crate registry by version, cached across runs.
 TOOLS="${FLOODGATE_TOOLS:-$HOME/.cache/floodgate/tools}"
 
-# ensure_cargo_tool CRATE VERSION BIN: installs CRATE@VERSION into $TOOLS unless present.
-# Neither crate is published prebuilt on a registry this machine reaches; opt-level 1
-# builds them in less time, and they only transform a few files per build.
+# ensure_cargo_tool CRATE VERSION BIN [OPT_LEVEL]: installs CRATE@VERSION's BIN into
+# $TOOLS unless present. Neither crate is published prebuilt on a registry this
+# machine reaches. They only transform a few files per build, so they are built
+# light: opt-level 1 (wasm-bindgen) or 0 (worker-build, which only runs the others),
+# and only the binary used. A lock per crate lets scripts/run's two build chains ask
+# for the same tool at once: the second waits, then finds it installed.
 ensure_cargo_tool() {
-  if [ -x "$TOOLS/bin/$3" ] && "$TOOLS/bin/$3" --version 2>/dev/null | grep -qF "$2"; then return 0; fi
-  say "installing $1 $2 (once; cached in $TOOLS)"
-  local light=(env CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=false)
-  "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2" --locked 2>/dev/null \
-    || "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2"
+  mkdir -p "$TOOLS"
+  (
+    flock 9
+    if [ -x "$TOOLS/bin/$3" ] && "$TOOLS/bin/$3" --version 2>/dev/null | grep -qF "$2"; then exit 0; fi
+    say "installing $1 $2 (once; cached in $TOOLS)"
+    local light=(env CARGO_PROFILE_RELEASE_OPT_LEVEL="${4:-1}" CARGO_PROFILE_RELEASE_DEBUG=false
+      CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16)
+    "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2" --bin "$3" --locked 2>/dev/null \
+      || "${light[@]}" cargo install --quiet --root "$TOOLS" "$1" --version "$2" --bin "$3"
+  ) 9>"$TOOLS/.lock-$1"
 }
+
+# ensure_wasm_bindgen: wasm-bindgen-cli at the version Cargo.lock pins (the Worker's
+# and the dashboard's bundles).
+ensure_wasm_bindgen() { ensure_cargo_tool wasm-bindgen-cli 0.2.130 wasm-bindgen; }
 
 # ensure_worker_node: the Worker's npm tooling (edge/worker/package.json): wrangler,
 # miniflare, esbuild, binaryen's wasm-opt and the Node 22 they run on.
@@ -76,8 +88,8 @@ ensure_worker_node() {
 # None of them downloads anything at run time.
 ensure_worker_toolchain() {
   ensure_wasm_toolchain
-  ensure_cargo_tool worker-build 0.8.7 worker-build
-  ensure_cargo_tool wasm-bindgen-cli 0.2.130 wasm-bindgen
+  ensure_wasm_bindgen
+  ensure_cargo_tool worker-build 0.8.7 worker-build 0
   ensure_worker_node
   if [ "${WASM_CARGO[0]}" = env ] && [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown/lib ]; then
     # worker-build looks for the target's libdir in the sysroot; std is built from source
