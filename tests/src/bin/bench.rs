@@ -1030,12 +1030,17 @@ fn edge_args<'a>(listen: &'a str, upstream: &'a str, redis: &'a str) -> [&'a str
 /// Starts floodgate-edge on a free port (on CPU 0) in front of `upstream`, deciding
 /// with `redis`, with `extra` arguments.
 fn edge_host(upstream: &str, redis: &str, extra: &[&str]) -> Host {
+    edge_host_of("floodgate-edge", upstream, redis, extra)
+}
+
+/// [`edge_host`] of the edge binary `name` beside this one.
+fn edge_host_of(name: &str, upstream: &str, redis: &str, extra: &[&str]) -> Host {
     let port = floodgate_tests::free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut args = edge_args(&listen, upstream, redis).to_vec();
     args.extend_from_slice(extra);
     Host {
-        _proc: sibling("floodgate-edge", &args, &[], port),
+        _proc: sibling(name, &args, &[], port),
         url: format!("http://127.0.0.1:{port}"),
     }
 }
@@ -1083,47 +1088,46 @@ fn busy_loops(secs: f64) -> Vec<Proc> {
 /// process (a build, a noisy neighbour) and Redis is healthy: the native edge with
 /// its adaptive deadline vs a fixed 3 ms one, alternating runs of 2,000 requests
 /// (issue 41: 2 of 2,000 got 503 under the default deadline; the target is 0 in
-/// 10 runs).
+/// 10 runs). `FLOODGATE_BENCH_EDGE_BEFORE=NAME`: a third edge, the binary NAME
+/// beside this one (an earlier build of floodgate-edge), side by side.
 fn bench_deadline(server: &RedisServer, rt: &tokio::runtime::Runtime, scale: usize) {
     let secret = rt
         .block_on(floodgate_tests::seed(server, BENCH_CONFIG))
         .secret;
     let (upstream, _) = demo_upstream();
     let redis = server.url();
-    let adaptive = edge_host(&upstream.url, &redis, &[]);
-    let fixed = edge_host(&upstream.url, &redis, &["--deadline-ms", "3"]);
+    let mut edges = vec![
+        (
+            "adaptive (default: 3-100 ms)".to_string(),
+            edge_host(&upstream.url, &redis, &[]),
+        ),
+        (
+            "fixed 3 ms (`--deadline-ms 3`)".to_string(),
+            edge_host(&upstream.url, &redis, &["--deadline-ms", "3"]),
+        ),
+    ];
+    if let Ok(before) = std::env::var("FLOODGATE_BENCH_EDGE_BEFORE") {
+        let host = edge_host_of(&before, &upstream.url, &redis, &[]);
+        edges.push((format!("adaptive, before (`{before}`)"), host));
+    }
     let n = 2_000 / scale;
     let runs = 10;
     let limit = Duration::from_secs(60);
-    let busy = busy_loops((runs * 2) as f64 * limit.as_secs_f64());
+    let busy = busy_loops((runs * edges.len()) as f64 * limit.as_secs_f64());
     println!(
         "\n## Stray 503s with the CPUs loaded (native edge, Redis healthy, {} busy loops, 32 connections, {runs} runs of {n} requests, alternating)",
         busy.len()
     );
-    let mut per_run: [Vec<Statuses>; 2] = [vec![], vec![]];
+    let mut per_run = vec![vec![]; edges.len()];
     for _ in 0..runs {
-        for (i, url) in [&adaptive.url, &fixed.url].into_iter().enumerate() {
-            per_run[i].push(rt.block_on(statuses(url, &secret, 32, n, limit)));
+        for (i, (_, edge)) in edges.iter().enumerate() {
+            per_run[i].push(rt.block_on(statuses(&edge.url, &secret, 32, n, limit)));
         }
     }
     drop(busy);
-    print_deadline_table(&per_run);
-    for (name, url) in [("adaptive", &adaptive.url), ("fixed", &fixed.url)] {
-        let h = health(rt, url);
-        println!(
-            "({name} edge afterwards: breaker opened {} times; {})",
-            h["breaker_opened"], h["deadlines"]["global"]
-        );
-    }
-}
-
-fn print_deadline_table(per_run: &[Vec<Statuses>; 2]) {
     println!("| deadline | requests | 503 | 503 per run | **runs with a 503** | other failures |");
     println!("|---|---|---|---|---|---|");
-    for (name, runs) in [
-        ("adaptive (default: 3-100 ms)", &per_run[0]),
-        ("fixed 3 ms (`--deadline-ms 3`)", &per_run[1]),
-    ] {
+    for ((name, _), runs) in edges.iter().zip(&per_run) {
         let mut t = Statuses::default();
         for r in runs {
             t += *r;
@@ -1137,6 +1141,13 @@ fn print_deadline_table(per_run: &[Vec<Statuses>; 2]) {
             runs.iter().filter(|r| r.refused > 0).count(),
             runs.len(),
             t.other
+        );
+    }
+    for (name, edge) in &edges {
+        let h = health(rt, &edge.url);
+        println!(
+            "({name} afterwards: breaker opened {} times; {})",
+            h["breaker_opened"], h["deadlines"]["global"]
         );
     }
 }
