@@ -284,10 +284,8 @@ where
         let mut forgiven = false;
         let mut mark = sent_mark;
         loop {
-            let left = self.lane.ceiling() - watch.elapsed().as_micros() as Micros;
-            if left <= 0 {
-                return Raced::Late(still);
-            }
+            // (counted before the ceiling is looked at: a deadline at the ceiling
+            // — a fixed one, or one still learning — is a failure all the same)
             if !self.lane.replied_since(mark) {
                 if !self.lane.replied_since(sent_mark) {
                     let k = n.min(failures_left);
@@ -298,6 +296,10 @@ where
                     return Raced::Late(still);
                 }
                 forgiven = true;
+            }
+            let left = self.lane.ceiling() - watch.elapsed().as_micros() as Micros;
+            if left <= 0 {
+                return Raced::Late(still);
             }
             mark = self.lane.mark();
             let limit = step.min(Duration::from_micros(left as u64));
