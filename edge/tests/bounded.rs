@@ -36,6 +36,45 @@ fn clock() -> &'static FakeClock {
     Box::leak(Box::new(FakeClock::at(T0)))
 }
 
+/// A global store with `auth`'s key and a regional one beside it, on one clock;
+/// [`Region::fresh`] is a new instance of the region (a 2 s record cache).
+struct Region {
+    global: &'static common::MemStore,
+    regional: &'static common::MemStore,
+    clock: &'static FakeClock,
+    auth: String,
+}
+
+impl Region {
+    fn new() -> Self {
+        let (global, regional) = (mem(), mem());
+        let auth = seed(global, CONFIG, "bounded");
+        *regional.now.lock().unwrap() = T0;
+        Self {
+            global,
+            regional,
+            clock: clock(),
+            auth,
+        }
+    }
+
+    fn settings() -> PipelineConfig {
+        PipelineConfig {
+            cache_ttl: 2_000_000,
+            ..PipelineConfig::default()
+        }
+    }
+
+    fn fresh(&self) -> Pipeline<&'static common::MemStore, &'static FakeClock> {
+        Pipeline::new(self.global, self.clock, Self::settings()).with_regional(self.regional)
+    }
+
+    /// The global store's record reads so far (GETs and MGETs).
+    fn global_reads(&self) -> usize {
+        self.global.gets.load(Ordering::SeqCst) + self.global.reads.load(Ordering::SeqCst)
+    }
+}
+
 fn leases_taken(store: &common::MemStore) -> usize {
     store.runs_of(&LEASE_TAKE)
 }
@@ -726,42 +765,39 @@ async fn cold_keys_are_decided_by_their_regions_ledger_and_charged_in_bulk() {
 /// region has confirmed since is never served (the global store is read).
 #[tokio::test]
 async fn a_fresh_instance_reads_the_records_from_its_regions_copy() {
-    let (global, regional) = (mem(), mem());
-    let auth = seed(global, CONFIG, "bounded");
-    *regional.now.lock().unwrap() = T0;
-    let clock = clock();
-    let settings = PipelineConfig {
-        cache_ttl: 2_000_000,
-        ..PipelineConfig::default()
-    };
-    let fresh = || Pipeline::new(global, clock, settings.clone()).with_regional(regional);
-    let first = fresh();
-    assert_eq!(status(&settle(first.gate(head(&auth)).await).await), 200);
-    let global_reads = global.gets.load(Ordering::SeqCst) + global.reads.load(Ordering::SeqCst);
+    let r = Region::new();
+    let (global, clock, auth) = (r.global, r.clock, &r.auth);
+    let first = r.fresh();
+    assert_eq!(status(&settle(first.gate(head(auth)).await).await), 200);
     assert!(
-        global_reads >= 1,
+        r.global_reads() >= 1,
         "the first instance read the global store"
     );
     // another instance of the region, fresh: the region's copies serve it
     advance(clock, global, 100_000);
-    let second = fresh();
-    let before = global.gets.load(Ordering::SeqCst) + global.reads.load(Ordering::SeqCst);
-    let d = second.gate(head(&auth)).await;
+    let second = r.fresh();
+    let before = r.global_reads();
+    let d = second.gate(head(auth)).await;
     assert_eq!(status(&d.gate), 200);
-    let after = global.gets.load(Ordering::SeqCst) + global.reads.load(Ordering::SeqCst);
-    assert_eq!(after, before, "no global read on the request's path");
+    assert_eq!(
+        r.global_reads(),
+        before,
+        "no global read on the request's path"
+    );
     let _ = settle(d).await;
     // an operator's change, confirmed in the region by an instance's revision
     // check: the copies (of the old revision) no longer serve
     edit_key_plan(global, "bounded");
     advance(clock, global, 3_000_000);
-    assert_eq!(status(&settle(first.gate(head(&auth)).await).await), 200);
-    let _ = settle(first.gate(head(&auth)).await).await;
-    let third = fresh();
-    let before = global.gets.load(Ordering::SeqCst) + global.reads.load(Ordering::SeqCst);
-    let _ = settle(third.gate(head(&auth)).await).await;
-    let after = global.gets.load(Ordering::SeqCst) + global.reads.load(Ordering::SeqCst);
-    assert!(after > before, "a copy of an older revision is not served");
+    assert_eq!(status(&settle(first.gate(head(auth)).await).await), 200);
+    let _ = settle(first.gate(head(auth)).await).await;
+    let third = r.fresh();
+    let before = r.global_reads();
+    let _ = settle(third.gate(head(auth)).await).await;
+    assert!(
+        r.global_reads() > before,
+        "a copy of an older revision is not served"
+    );
 }
 
 /// Issue 38, the long tail: a fresh instance's first record miss scans the
@@ -770,24 +806,16 @@ async fn a_fresh_instance_reads_the_records_from_its_regions_copy() {
 /// costs no read at all; a later miss within half a TTL reads its one copy.
 #[tokio::test]
 async fn a_fresh_instance_caches_every_copy_its_region_holds_at_its_first_miss() {
-    let (global, regional) = (mem(), mem());
-    let auth = seed(global, CONFIG, "bounded");
+    let r = Region::new();
+    let (global, regional, clock, auth) = (r.global, r.regional, r.clock, &r.auth);
     let other = common::seed_another(global, "bounded");
-    *regional.now.lock().unwrap() = T0;
-    let clock = clock();
-    let settings = PipelineConfig {
-        cache_ttl: 2_000_000,
-        ..PipelineConfig::default()
-    };
-    let fresh = || Pipeline::new(global, clock, settings.clone()).with_regional(regional);
-    let first = fresh();
-    for a in [&auth, &other] {
+    let first = r.fresh();
+    for a in [auth, &other] {
         assert_eq!(status(&settle(first.gate(head(a)).await).await), 200);
     }
     advance(clock, global, 100_000);
     let reads = || {
-        global.gets.load(Ordering::SeqCst)
-            + global.reads.load(Ordering::SeqCst)
+        r.global_reads()
             + regional.copy_reads.load(Ordering::SeqCst)
             + regional.copy_scans.load(Ordering::SeqCst)
     };
@@ -797,9 +825,9 @@ async fn a_fresh_instance_caches_every_copy_its_region_holds_at_its_first_miss()
         1,
         "the first instance's first miss scanned (nothing yet)"
     );
-    let second = fresh();
+    let second = r.fresh();
     let before = reads();
-    let d = second.gate(head(&auth)).await;
+    let d = second.gate(head(auth)).await;
     assert_eq!(status(&d.gate), 200);
     assert_eq!(scans(), 2, "one scan");
     assert_eq!(reads(), before + 1, "the scan was the only read");
@@ -815,11 +843,11 @@ async fn a_fresh_instance_caches_every_copy_its_region_holds_at_its_first_miss()
         clock,
         PipelineConfig {
             copies_prefetch: 0,
-            ..settings.clone()
+            ..Region::settings()
         },
     )
     .with_regional(regional);
-    for a in [&auth, &other] {
+    for a in [auth, &other] {
         let before = reads();
         let d = off.gate(head(a)).await;
         assert_eq!(status(&d.gate), 200);
