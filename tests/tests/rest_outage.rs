@@ -110,7 +110,7 @@ async fn the_edge_at_an_outages_edge(kind: EdgeKind) {
     let upstream = RawUpstream::start().await;
     let port = free_port();
     let rest_url = format!("http://127.0.0.1:{port}");
-    let mut endpoint = Some(rest_endpoint(&redis, port));
+    let mut first = rest_endpoint(&redis, port);
     // the hosts' own deadlines and breakers, as deployed
     let options = EdgeOptions {
         deadline_ms: None,
@@ -142,11 +142,11 @@ async fn the_edge_at_an_outages_edge(kind: EdgeKind) {
         })
         .collect();
     tokio::time::sleep(KILL_AT).await;
-    endpoint.as_ref().unwrap().signal("KILL");
-    let _ = endpoint.take().unwrap().wait_exit(Duration::from_secs(5));
+    first.signal("KILL");
+    let _ = first.wait_exit(Duration::from_secs(5));
     let killed = began.elapsed();
     tokio::time::sleep(BACK_AT.saturating_sub(began.elapsed())).await;
-    endpoint = Some(rest_endpoint(&redis, port));
+    let _back = rest_endpoint(&redis, port);
     let back = began.elapsed();
     for t in tasks {
         t.await.unwrap();
@@ -212,7 +212,6 @@ async fn the_edge_at_an_outages_edge(kind: EdgeKind) {
         last_refusal.is_none_or(|t| t < bound),
         "{kind:?}: still refusing {last_refusal:?} after the endpoint came back ({refused_after} refused)"
     );
-    drop(endpoint);
 }
 
 on_both_hosts!(the_edge_at_an_outages_edge);
