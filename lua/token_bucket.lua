@@ -13,6 +13,14 @@
 --            as the buckets and returned last, so the caller learns of a changed
 --            configuration or key at no extra command; never under Redis Cluster
 --            (another slot)
+-- KEYS[n+2]  optional, only with KEYS[n+1]: the API key record the request is
+--            decided for (a key this edge has not read yet), read in the same
+--            MGET: when it is absent the call decides and writes nothing and
+--            returns {4, now} (no such key: no bucket is minted for it); when
+--            present its value is returned last, after rev, so the edge learns
+--            the record with the decision at no extra command (it gives the
+--            decision back when the record does not admit the request as
+--            guessed). Never merged, never under Redis Cluster
 -- ARGV[1]    the clock: "" to use Redis TIME (one clock for all edges); "<T" to use
 --            TIME but only while TIME <= T (µs), else the call changes nothing and
 --            returns {2, now} (stale: the caller has given up on it by then); or an
@@ -22,7 +30,7 @@
 -- ARGV[2i]   burst window of bucket i: capacity x T microseconds (1 .. 400 days)
 -- ARGV[2i+1] cost of this request in bucket i: cost x T microseconds (0 = peek)
 --
--- Returns {admitted, now, full_at_1, ..., full_at_n[, rev]}: 1 when every bucket had room
+-- Returns {admitted, now, full_at_1, ..., full_at_n[, rev[, record]]}: 1 when every bucket had room
 -- (all were then consumed) or 0 (nothing was written anywhere), the instant used,
 -- and each bucket's state as read (0 = absent or unreadable = full). The caller
 -- derives remaining, reset and retry-after from these with the pure twin of this
@@ -49,10 +57,11 @@ local MAX_WINDOW = 34560000000000 -- 400 days in microseconds
 local EXPIRY_STEP = 1000000 -- keys expire on whole seconds (see phase 2)
 
 local n = (#ARGV - 1) / 2
-if n < 1 or n % 1 ~= 0 or (#KEYS ~= n and #KEYS ~= n + 1) then
+if n < 1 or n % 1 ~= 0 or #KEYS < n or #KEYS > n + 2 then
   return redis.error_reply('ERR floodgate: expected 1 + 2 x #KEYS arguments')
 end
-local with_rev = #KEYS == n + 1
+local with_rev = #KEYS >= n + 1
+local with_record = #KEYS == n + 2
 
 local now = ARGV[1]
 local count = 1
@@ -65,6 +74,9 @@ if x then
   end
   merged = true
   now = string.sub(now, 1, x - 1)
+  if with_record then
+    return redis.error_reply('ERR floodgate: a record is read by one request, not merged')
+  end
 end
 local stale
 now, stale = clock(now)
@@ -81,6 +93,9 @@ end
 -- than the rest of the arithmetic. Slots past n are cleared before returning.)
 local reply = {count, now, 0, 0, 0, 0}
 local raws = redis.call('MGET', unpack(KEYS))
+if with_record and type(raws[n + 2]) ~= 'string' then
+  return {4, now}
+end
 for i = 1, n do
   local burst = tonumber(ARGV[2 * i])
   local cost = tonumber(ARGV[2 * i + 1])
@@ -137,5 +152,8 @@ if with_rev then
   else
     reply[n + 3] = -1
   end
+end
+if with_record then
+  reply[n + 4] = raws[n + 2]
 end
 return reply

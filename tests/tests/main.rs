@@ -60,3 +60,4 @@ mod stateful;
 mod stats_script;
 mod store_contract;
 mod tls_acl;
+mod unseen_keys;

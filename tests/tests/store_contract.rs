@@ -140,6 +140,7 @@ async fn contract<S: Store>(store: &S, name: &str) {
         v.decisions[0].remaining, 2,
         "{name}: the refunded token is back"
     );
+    reading(store, name, &q).await;
     let slots = format!("fg:{{c:{name}}}:bucket:inflight");
     assert!(
         store
@@ -160,6 +161,51 @@ async fn contract<S: Store>(store: &S, name: &str) {
             .await
             .unwrap()
     );
+}
+
+/// A check that reads the request's key record in the same call (a key the edge
+/// never read, `edge/src/pipeline/unseen.rs`): without the record nothing is
+/// decided or written; with it, decided as a plain check and the record's bytes
+/// returned. Refused, nothing sent, where keys span slots (Cluster).
+async fn reading<S: Store>(store: &S, name: &str, q: &Quota) {
+    use floodgate_edge::store::Reading;
+    use floodgate_shared::changes::REV_KEY;
+    let b = format!("fg:{{r:{name}}}:bucket");
+    let record = format!("fg:apikey:{name}-reading");
+    let checks = [Check::new(&b, q, 1)];
+    let read = store.check_reading(&checks, None, REV_KEY, &record).await;
+    if !store.one_slot() {
+        assert!(read.is_err(), "{name}: {read:?}");
+        assert_eq!(store.get(&b).await.unwrap(), None, "{name}");
+        return;
+    }
+    assert_eq!(read.unwrap(), Reading::NoRecord, "{name}");
+    assert_eq!(store.get(&b).await.unwrap(), None, "{name}: nothing minted");
+    let text = br#"{"id":"x"}"#;
+    assert!(
+        store
+            .set(&record, text, SetOptions::default())
+            .await
+            .unwrap()
+    );
+    for remaining in [2, 1, 0] {
+        let Reading::Decided { verdict, record } = store
+            .check_reading(&checks, None, REV_KEY, &record)
+            .await
+            .unwrap()
+        else {
+            panic!("{name}: a record is there");
+        };
+        assert_eq!(record, text, "{name}");
+        assert!(verdict.admitted, "{name}");
+        assert_eq!(verdict.decisions[0].remaining, remaining, "{name}");
+    }
+    let Ok(Reading::Decided { verdict, .. }) =
+        store.check_reading(&checks, None, REV_KEY, &record).await
+    else {
+        panic!("{name}: a record is there");
+    };
+    assert!(!verdict.admitted, "{name}: the bucket is spent");
 }
 
 /// Leases over a store (what bounded policies run): requests decided exactly with

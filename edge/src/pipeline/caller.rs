@@ -229,7 +229,7 @@ where
     /// the instance) may have spent its budget of lookups that found no key. Its
     /// 429 is counted per endpoint like any other (on the route `config`, the
     /// configuration cached, resolves).
-    fn unknown_key_room(
+    pub(super) fn unknown_key_room(
         &self,
         req: &RequestHead<'_>,
         config: Option<&EdgeConfig>,
@@ -407,7 +407,7 @@ where
     /// A caller whose key cannot be verified because the store is unreachable:
     /// forwarded without an identity when every policy the request could match
     /// fails open, else refused (503). Both are marked and counted.
-    fn unverified(
+    pub(super) fn unverified(
         &self,
         config: Option<&EdgeConfig>,
         req: &RequestHead<'_>,

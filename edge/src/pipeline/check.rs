@@ -259,7 +259,7 @@ where
     }
 
     /// What a check that decided tells, and the request's [`Checked`].
-    fn checked(
+    pub(super) fn checked(
         &self,
         limits: &Limits<'_>,
         Credited { verdict, credits }: Credited,
@@ -354,7 +354,7 @@ where
 
     /// Settles a check that missed its deadline after its request was refused:
     /// if Redis admitted it after all, its tokens are given back.
-    fn refund_late(
+    pub(super) fn refund_late(
         &self,
         late: BoxFuture<'static, Result<Credited, StoreError>>,
         owned: Arc<Vec<OwnedCheck>>,

@@ -57,6 +57,7 @@ pub mod revision;
 mod settings;
 pub mod slots;
 pub mod throttled;
+mod unseen;
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -282,6 +283,9 @@ where
         again: bool,
     ) -> Result<Admit, Reply> {
         let secret = caller::credentials(req, self.settings.bearer)?;
+        if again && let Some(answer) = Box::pin(self.unseen(secret, req, later)).await {
+            return answer;
+        }
         let caller = match self.caller(secret, req, later).await {
             Ok(c) => c,
             Err(unverified) => return unverified,
@@ -310,13 +314,24 @@ where
             Err(Undecided::Answered(failure_mode)) => return failure_mode,
             Err(Undecided::Moved) => return Box::pin(self.moved(secret, req, later, again)).await,
         };
+        self.settle(&limits, checked, later).await
+    }
+
+    /// The answer to a request the exact check decided: its quota headers, or
+    /// its 429; admitted, its in-flight slots are taken and it is counted.
+    async fn settle(
+        &self,
+        limits: &limits::Limits<'_>,
+        checked: check::Checked,
+        later: &mut Vec<Task>,
+    ) -> Result<Admit, Reply> {
         let headers = limits.answer_credited(&checked.verdict, checked.credits.as_ref())?;
         let latency = checked.latency;
         let mut checked = Some(checked);
         // admitted: the check is still there (only a refusal gives it back)
-        let held = self.slots(&limits, &mut checked, later).await?;
-        self.count(&limits, Outcome::Allowed, latency);
-        self.count_admitted(&limits, checked.as_ref().map(|c| &c.verdict));
+        let held = self.slots(limits, &mut checked, later).await?;
+        self.count(limits, Outcome::Allowed, latency);
+        self.count_admitted(limits, checked.as_ref().map(|c| &c.verdict));
         let admit = |slots| Admit::caller(&limits.record, limits.route_name(), headers, slots);
         Ok(match held {
             Held::Slots(slots) => admit(slots),

@@ -126,10 +126,26 @@ pub struct Records {
     config: Mutex<Option<Cached<Arc<EdgeConfig>>>>,
     keys: Mutex<KeyCache>,
     rev: Mutex<Rev>,
+    guess: Mutex<Guess>,
     ttl: Micros,
     negative_ttl: Micros,
     max_age: Micros,
 }
+
+/// What the key records this instance read lately had in common: the plan of
+/// the last [`GUESS_AFTER`] (or more) read in a row, none with an identity or
+/// credits (`super::unseen` decides a key not read yet on that guess).
+#[derive(Debug, Default)]
+struct Guess {
+    plan: String,
+    streak: u32,
+}
+
+/// Key records of one plan (no identity, no credits) read in a row before an
+/// unseen key is guessed to be on it: a wrong guess costs a call and its
+/// refund, a right one saves a read, so it pays where nearly every key is
+/// ([`Records::guess`]).
+pub const GUESS_AFTER: u32 = 8;
 
 impl Records {
     /// Records are fresh for `ttl` after they were read or confirmed, known keys
@@ -140,6 +156,7 @@ impl Records {
             config: Mutex::new(None),
             keys: Mutex::new(BoundedMap::new(max_keys, WhenFull::Clear)),
             rev: Mutex::new(Rev::default()),
+            guess: Mutex::new(Guess::default()),
             ttl,
             negative_ttl,
             max_age: max_age.max(ttl),
@@ -249,6 +266,7 @@ impl Records {
         rev: Option<u64>,
     ) {
         let known = record.is_some();
+        self.learn_plan(record.as_deref());
         let life = if known {
             self.max_age
         } else {
@@ -259,6 +277,27 @@ impl Records {
             Cached::new(record, now, now + life, known, rev),
             |c| c.until > now,
         );
+    }
+
+    /// The plan an unseen key is most likely on: the one of the last
+    /// [`GUESS_AFTER`] records read or more, if they all had it (and no identity
+    /// or credits).
+    pub fn guess(&self) -> Option<String> {
+        let g = lock(&self.guess);
+        (g.streak >= GUESS_AFTER).then(|| g.plan.clone())
+    }
+
+    /// A record read (`None`: no such key, which says nothing of plans).
+    fn learn_plan(&self, record: Option<&KeyRecord>) {
+        let Some(r) = record else { return };
+        let mut g = lock(&self.guess);
+        if r.identity.is_some() || r.credits.is_some() {
+            g.streak = 0;
+        } else if g.plan == r.plan {
+            g.streak = g.streak.saturating_add(1);
+        } else {
+            (g.plan, g.streak) = (r.plan.clone(), 1);
+        }
     }
 
     /// Caches the existing key record of `hash` read at `now` with revision

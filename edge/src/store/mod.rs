@@ -496,6 +496,52 @@ pub trait Store: MaybeSync {
         }
     }
 
+    /// [`Store::check_watching`] reading the request's API key record
+    /// `record_key` in the same call (`lua/token_bucket.lua`'s KEYS[n+2]): a
+    /// key this edge has not read yet is decided in ONE round trip and one
+    /// script's commands, its record read with its buckets. No record: nothing
+    /// decided or written ([`Reading::NoRecord`]). Only token buckets, on a
+    /// store of one slot (refused otherwise, nothing sent).
+    fn check_reading(
+        &self,
+        checks: &[Check<'_>],
+        when: impl Into<When> + MaybeSend,
+        rev_key: &str,
+        record_key: &str,
+    ) -> impl Future<Output = Result<Reading, StoreError>> + MaybeSend {
+        async move {
+            if !(self.one_slot() && can_watch(checks)) {
+                return Err(StoreError::protocol(
+                    "a record is read with token buckets on one slot only",
+                ));
+            }
+            let (script, args) = script_call(checks, when)?;
+            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+            keys.extend([rev_key, record_key]);
+            let reply = self.run(script, &keys, &args).await?;
+            let (ints, record) = reading_reply(reply)?;
+            if let Some(stale) = stale_reply(&ints) {
+                return Err(stale.into());
+            }
+            let Some(record) = record else {
+                return match ints.as_slice() {
+                    [4, _] => Ok(Reading::NoRecord),
+                    _ => Err(StoreError::protocol(format!(
+                        "a record-reading reply without its record: {ints:?}"
+                    ))),
+                };
+            };
+            let (reply, revision) = watched_reply(&ints)?;
+            Ok(Reading::Decided {
+                verdict: Verdict {
+                    revision,
+                    ..verdict(checks, reply)?
+                },
+                record,
+            })
+        }
+    }
+
     /// [`Store::check_watching`] for `count` identical requests in ONE call,
     /// decided one after another at one instant
     /// ([`floodgate_shared::script::merge`]): each request's verdict, in order —
@@ -904,6 +950,28 @@ fn string_or_none(reply: Result<Value, StoreError>) -> Result<Option<Vec<u8>>, S
         Err(e) if e.redis() == Some(RedisErrorKind::WrongType) => Ok(None),
         reply => reply?.into_bytes(),
     }
+}
+
+/// What [`Store::check_reading`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    /// No record at the key: nothing was decided or written.
+    NoRecord,
+    /// Decided as a check of the buckets would have been; the record as read.
+    Decided { verdict: Verdict, record: Vec<u8> },
+}
+
+/// A record-reading reply as its integers and, when it ends with one, the
+/// record's bytes.
+fn reading_reply(reply: Value) -> Result<(Vec<i64>, Option<Vec<u8>>), StoreError> {
+    let Value::Array(mut items) = reply.ok()? else {
+        return Err(StoreError::protocol("a record-reading reply is an array"));
+    };
+    let record = match items.last() {
+        Some(Value::Bulk(_) | Value::Status(_)) => items.pop().and_then(|v| v.into_bytes().ok()?),
+        _ => None,
+    };
+    Ok((Value::Array(items).into_ints()?, record))
 }
 
 /// Interprets a bucket script's reply to `checks`: a verdict, or a stale call.

@@ -1,0 +1,150 @@
+//! An exact key this instance has not read yet, decided in ONE global call that
+//! reads its record with its buckets (issue 38: at fan-out, where an instance
+//! has seldom seen a key, exact mode paid a record read per key and instance on
+//! top of the check's four commands: 4.5 billed per request at 48 instances).
+//!
+//! The call is built on a guess: the plan of the last records this instance
+//! read, when they all had it and none had an identity or credits
+//! ([`super::records::GUESS_AFTER`]). The record comes back with the verdict
+//! (`lua/token_bucket.lua`'s KEYS[n+2]) and is cached as a read would have
+//! cached it. When it does not admit the request as guessed — another plan, an
+//! identity or credits, revoked, expired or rotated out — whatever the call
+//! consumed is given back and the request is decided the usual way on the
+//! record just read (or refused by it). A key that does not exist mints
+//! nothing: the script writes nothing without its record. A call that fails
+//! is what a failed record read is: the caller cannot be verified.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use floodgate_shared::apikeys::{KeyRecord, hash_secret, record_key, secret_id};
+use floodgate_shared::changes::{REV_KEY, Revision};
+use floodgate_shared::policy::Consistency;
+use floodgate_shared::script::Credited;
+use floodgate_shared::time::{Clock, MICROS_PER_SEC};
+
+use super::caller::load_key;
+use super::check::Checked;
+use super::guarded::Called;
+use super::limits::as_checks;
+use super::records::Lookup;
+use super::{Admit, Pipeline, Reply, RequestHead, Task, boxed};
+use crate::store::{MaybeSend, MaybeSync, Reading, Store, StoreError};
+
+impl<S, C> Pipeline<S, C>
+where
+    S: Store + Clone + MaybeSend + MaybeSync + 'static,
+    C: Clock,
+{
+    /// The answer to a request of a key this instance never read, decided with
+    /// its record in one call; `None`: not for this path (the key is cached, no
+    /// guess holds, a policy is not an exact token bucket, the store has
+    /// several slots, or the record read does not admit the request as
+    /// guessed): the usual way decides.
+    pub(super) async fn unseen(
+        &self,
+        secret: &str,
+        req: &RequestHead<'_>,
+        later: &mut Vec<Task>,
+    ) -> Option<Result<Admit, Reply>> {
+        if !self.global.store.one_slot() {
+            return None;
+        }
+        let now = self.clock.now();
+        let hash = hash_secret(secret);
+        if self.records.key(&hash, now) != Lookup::Missing {
+            return None;
+        }
+        let (Lookup::Fresh(config) | Lookup::Stale(config)) = self.records.config(now) else {
+            return None;
+        };
+        let plan = self.records.guess()?;
+        let guessed = Arc::new(KeyRecord::new(secret_id(secret)?, "", &plan, 0));
+        if let Err(refused) = self.unknown_key_room(req, Some(&config), now) {
+            return Some(Err(refused));
+        }
+        self.blocked(&config, &guessed, req).ok()?;
+        let limits = self.limits(&config, guessed, req, now).ok()?;
+        let exact = |(_, p): &(String, &floodgate_shared::policy::Policy)| {
+            p.consistency() == Consistency::Exact
+        };
+        if limits.policies.is_empty() || !limits.mergeable() || !limits.policies.iter().all(exact) {
+            return None;
+        }
+        self.recently_throttled(&limits).ok()?;
+        self.totals.key_cache_misses.fetch_add(1, Ordering::Relaxed);
+        let owned = Arc::new(limits.checks());
+        let sent = self.clock.now();
+        let deadline = self.global.deadline(sent);
+        let when = self.until(sent, self.global.ceiling().max(deadline));
+        let (store, calls, name) = (self.global.store.clone(), owned.clone(), record_key(&hash));
+        let fut = boxed(async move {
+            let checks = as_checks(&calls);
+            store.check_reading(&checks, when, REV_KEY, &name).await
+        });
+        let (verdict, raw) = match self.global.call(&self.clock, deadline, fut).await {
+            Called::Done(Reading::Decided { verdict, record }) => (verdict, Some(record)),
+            Called::Done(Reading::NoRecord) => {
+                let at = self.clock.now();
+                load_key(&self.records, &self.totals, hash, None, (at, None));
+                self.unknown_keys.charge(req.client_ip, at);
+                return Some(Err(Reply::json(401, "Invalid API key", None)));
+            }
+            Called::Failed(e, late) => {
+                self.leases.global_answered(false);
+                if let Some(late) = late {
+                    later.push(self.refund_late(admitted_late(late), owned, None));
+                }
+                return Some(self.unverified(Some(&config), req, &e));
+            }
+        };
+        let at = self.clock.now();
+        let seen = match verdict.revision {
+            Revision::Seen(rev) => rev,
+            Revision::NotAsked => None,
+        };
+        let record = load_key(&self.records, &self.totals, hash.clone(), raw, (at, seen));
+        let real = record
+            .filter(|r| {
+                r.credits.is_none() && r.refusal(&hash, at.div_euclid(MICROS_PER_SEC)).is_none()
+            })
+            .and_then(|r| self.limits(&config, r, req, now).ok())
+            .filter(|real| {
+                real.checks_are(&owned) && self.blocked(&config, &real.record, req).is_ok()
+            });
+        let Some(real) = real else {
+            // not as guessed: given back, and decided the usual way on the record
+            if verdict.admitted {
+                later.push(self.refund(Checked {
+                    verdict,
+                    credits: None,
+                    latency: None,
+                    owned,
+                    credit: None,
+                }));
+            }
+            return None;
+        };
+        let credited = Credited {
+            verdict,
+            credits: None,
+        };
+        let checked = self.checked(&real, credited, sent, owned, None, later);
+        Some(self.settle(&real, checked, later).await)
+    }
+}
+
+/// A late record-reading call as the check it is, for its refund.
+fn admitted_late(
+    late: super::BoxFuture<'static, Result<Reading, StoreError>>,
+) -> super::BoxFuture<'static, Result<Credited, StoreError>> {
+    boxed(async move {
+        match late.await? {
+            Reading::Decided { verdict, .. } => Ok(Credited {
+                verdict,
+                credits: None,
+            }),
+            Reading::NoRecord => Err(StoreError::protocol("no record: nothing decided")),
+        }
+    })
+}
