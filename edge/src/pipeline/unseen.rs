@@ -19,17 +19,18 @@ use std::sync::atomic::Ordering;
 
 use floodgate_shared::apikeys::{KeyRecord, hash_secret, record_key, secret_id};
 use floodgate_shared::changes::{REV_KEY, Revision};
-use floodgate_shared::policy::Consistency;
+use floodgate_shared::config::EdgeConfig;
+use floodgate_shared::policy::{Consistency, Policy};
 use floodgate_shared::script::Credited;
-use floodgate_shared::time::{Clock, MICROS_PER_SEC};
+use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
 use super::caller::load_key;
 use super::check::Checked;
 use super::guarded::Called;
-use super::limits::as_checks;
+use super::limits::{Limits, OwnedCheck, as_checks};
 use super::records::Lookup;
 use super::{Admit, Pipeline, Reply, RequestHead, Task, boxed};
-use crate::store::{MaybeSend, MaybeSync, Reading, Store, StoreError};
+use crate::store::{MaybeSend, MaybeSync, Reading, Store, StoreError, StoreErrorKind};
 
 impl<S, C> Pipeline<S, C>
 where
@@ -47,56 +48,39 @@ where
         req: &RequestHead<'_>,
         later: &mut Vec<Task>,
     ) -> Option<Result<Admit, Reply>> {
-        if !self.global.store.one_slot() {
-            return None;
-        }
         let now = self.clock.now();
         let hash = hash_secret(secret);
-        if self.records.key(&hash, now) != Lookup::Missing {
+        if !self.global.store.one_slot() || self.records.key(&hash, now) != Lookup::Missing {
             return None;
         }
         let (Lookup::Fresh(config) | Lookup::Stale(config)) = self.records.config(now) else {
             return None;
         };
-        let plan = self.records.guess()?;
-        let guessed = Arc::new(KeyRecord::new(secret_id(secret)?, "", &plan, 0));
+        let guessed = Arc::new(KeyRecord::new(
+            secret_id(secret)?,
+            "",
+            &self.records.guess()?,
+            0,
+        ));
         if let Err(refused) = self.unknown_key_room(req, Some(&config), now) {
             return Some(Err(refused));
         }
-        self.blocked(&config, &guessed, req).ok()?;
-        let limits = self.limits(&config, guessed, req, now).ok()?;
-        let exact = |(_, p): &(String, &floodgate_shared::policy::Policy)| {
-            p.consistency() == Consistency::Exact
-        };
-        if limits.policies.is_empty() || !limits.mergeable() || !limits.policies.iter().all(exact) {
-            return None;
-        }
-        self.recently_throttled(&limits).ok()?;
+        let limits = self.guessed_limits(&config, guessed, req, now)?;
         self.totals.key_cache_misses.fetch_add(1, Ordering::Relaxed);
         let owned = Arc::new(limits.checks());
         let sent = self.clock.now();
-        let deadline = self.global.deadline(sent);
-        let when = self.until(sent, self.global.ceiling().max(deadline));
-        let (store, calls, name) = (self.global.store.clone(), owned.clone(), record_key(&hash));
-        let fut = boxed(async move {
-            let checks = as_checks(&calls);
-            store.check_reading(&checks, when, REV_KEY, &name).await
-        });
-        let (verdict, raw) = match self.global.call(&self.clock, deadline, fut).await {
-            Called::Done(Reading::Decided { verdict, record }) => (verdict, Some(record)),
-            Called::Done(Reading::NoRecord) => {
+        let (verdict, raw) = match self.check_reading(&owned, &hash, later).await {
+            Ok(Reading::Decided { verdict, record }) => (verdict, Some(record)),
+            Ok(Reading::NoRecord) => {
                 let at = self.clock.now();
                 load_key(&self.records, &self.totals, hash, None, (at, None));
                 self.unknown_keys.charge(req.client_ip, at);
                 return Some(Err(Reply::json(401, "Invalid API key", None)));
             }
-            Called::Failed(e, late) => {
-                self.leases.global_answered(false);
-                if let Some(late) = late {
-                    later.push(self.refund_late(admitted_late(late), owned, None));
-                }
-                return Some(self.unverified(Some(&config), req, &e));
-            }
+            // a store that cannot read a record with a check (a script error,
+            // nothing decided): the usual way
+            Err(None) => return None,
+            Err(Some(e)) => return Some(self.unverified(Some(&config), req, &e)),
         };
         let at = self.clock.now();
         let seen = match verdict.revision {
@@ -131,6 +115,56 @@ where
         };
         let checked = self.checked(&real, credited, sent, owned, None, later);
         Some(self.settle(&real, checked, later).await)
+    }
+
+    /// The limits of `guessed`, when this path can decide them: not blocked,
+    /// every policy an exact token bucket, no 429 remembered.
+    fn guessed_limits<'c>(
+        &self,
+        config: &'c EdgeConfig,
+        guessed: Arc<KeyRecord>,
+        req: &RequestHead<'_>,
+        now: Micros,
+    ) -> Option<Limits<'c>> {
+        self.blocked(config, &guessed, req).ok()?;
+        let limits = self.limits(config, guessed, req, now).ok()?;
+        let exact = |(_, p): &(String, &Policy)| p.consistency() == Consistency::Exact;
+        if limits.policies.is_empty() || !limits.mergeable() || !limits.policies.iter().all(exact) {
+            return None;
+        }
+        self.recently_throttled(&limits).ok()?;
+        Some(limits)
+    }
+
+    /// The check of `owned` reading the record of `hash`, within the global
+    /// store's deadline. `Err(None)`: the store cannot read a record with a
+    /// check (nothing decided); `Err(Some(_))`: it did not answer (a late
+    /// admission is given back).
+    async fn check_reading(
+        &self,
+        owned: &Arc<Vec<OwnedCheck>>,
+        hash: &str,
+        later: &mut Vec<Task>,
+    ) -> Result<Reading, Option<StoreError>> {
+        let sent = self.clock.now();
+        let deadline = self.global.deadline(sent);
+        let when = self.until(sent, self.global.ceiling().max(deadline));
+        let (store, calls, name) = (self.global.store.clone(), owned.clone(), record_key(hash));
+        let fut = boxed(async move {
+            let checks = as_checks(&calls);
+            store.check_reading(&checks, when, REV_KEY, &name).await
+        });
+        match self.global.call(&self.clock, deadline, fut).await {
+            Called::Done(reading) => Ok(reading),
+            Called::Failed(e, None) if e.kind == StoreErrorKind::Protocol => Err(None),
+            Called::Failed(e, late) => {
+                self.leases.global_answered(false);
+                if let Some(late) = late {
+                    later.push(self.refund_late(admitted_late(late), owned.clone(), None));
+                }
+                Err(Some(e))
+            }
+        }
     }
 }
 
