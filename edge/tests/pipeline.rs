@@ -993,7 +993,7 @@ async fn a_key_with_credits_fails_closed_whatever_its_policies_say() {
 }
 
 /// Identical checks arriving together (a busy key) are decided by ONE store call
-/// (`Store::check_many`) — and exactly: each request gets the verdict its own
+/// (`Store::decide` with `Call::count`) — and exactly: each request gets the verdict its own
 /// call would have had, one after another at one instant (3 per minute: three
 /// admitted with 2, 1, 0 left, the rest throttled).
 #[tokio::test]

@@ -234,6 +234,74 @@ impl Credited {
     }
 }
 
+impl From<Verdict> for Credited {
+    /// A verdict of a call without credits.
+    fn from(verdict: Verdict) -> Self {
+        Credited {
+            verdict,
+            credits: None,
+        }
+    }
+}
+
+/// ONE call deciding a request's buckets, all or nothing (a denial consumes
+/// nothing): what the store's one check (`Store::decide`) is asked. What rides
+/// in the same round trip, each optional: the key's credits (`limiter.lua`),
+/// the records' revision (read where the script and store can), the API key
+/// record (an edge that never read it: `token_bucket.lua`'s KEYS[n+2]), and
+/// identical requests decided one after another at one instant (`count`,
+/// [`merge`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub checks: &'a [Check<'a>],
+    pub when: When,
+    pub credits: Option<&'a CreditCheck<'a>>,
+    /// The records' revision counter ([`crate::changes::REV_KEY`]).
+    pub watch: Option<&'a str>,
+    /// The API key record to read: without it nothing is decided
+    /// ([`CallReply::NoRecord`]). Token buckets on a store of one slot only.
+    pub record: Option<&'a str>,
+    /// Identical requests decided in this call (token buckets only; 1: one).
+    pub count: usize,
+}
+
+impl<'a> Call<'a> {
+    /// A plain call: `checks` for one request, by the clock `when` says.
+    pub fn new(checks: &'a [Check<'a>], when: impl Into<When>) -> Self {
+        Call {
+            checks,
+            when: when.into(),
+            credits: None,
+            watch: None,
+            record: None,
+            count: 1,
+        }
+    }
+}
+
+/// What a [`Call`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallReply {
+    /// The call's record is not there: nothing was decided or written.
+    NoRecord,
+    /// Each request's verdict (and credits), in order; the record as read,
+    /// when the call asked for it.
+    Done {
+        each: Vec<Credited>,
+        record: Option<Vec<u8>>,
+    },
+}
+
+impl CallReply {
+    /// The decision of a call of one request (`None`: no record).
+    pub fn one(self) -> Option<Credited> {
+        match self {
+            CallReply::Done { each, .. } => each.into_iter().next(),
+            CallReply::NoRecord => None,
+        }
+    }
+}
+
 /// The script and `ARGV` of one call over `checks` and, when the key has
 /// credits, `credits`: [`script_call`] without credits (so a key without credits
 /// pays exactly what it did), else [`LIMITER`] with the credits as its last entry.

@@ -9,16 +9,36 @@
 //! script gives back exactly what a call spent.
 
 use floodgate_edge::store::Store;
+use floodgate_edge::store::StoreError;
 use floodgate_edge::store::resp::RespStore;
 use floodgate_shared::calendar::{CalendarPeriod, DAY, days_from_civil, month_window};
 use floodgate_shared::credits::{CreditDecision, CreditState, Credits, Interval, Refill};
 use floodgate_shared::policy::Quota;
-use floodgate_shared::script::{Check, CreditCheck, LIMITER, When};
+use floodgate_shared::script::{Call, Check, CreditCheck, Credited, LIMITER, When};
 use floodgate_shared::simulate::Simulator;
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 use floodgate_tests::{RedisServer, unique_key};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+
+/// One call deciding `checks` and the key's `credit`, reading the revision too.
+async fn credited<S: Store>(
+    store: &S,
+    checks: &[Check<'_>],
+    credit: &CreditCheck<'_>,
+    when: When,
+) -> Result<Credited, StoreError> {
+    let call = Call {
+        credits: Some(credit),
+        watch: Some("fg:rev"),
+        ..Call::new(checks, when)
+    };
+    Ok(store
+        .decide(call)
+        .await?
+        .one()
+        .expect("a call of one decides"))
+}
 
 /// 2026-01-30T12:00:00Z: steps of up to a few days cross a month end soon.
 const T0: Micros = 1_769_774_400_000_000;
@@ -216,7 +236,7 @@ fn credits_and_calendar_quotas_agree_with_their_twins_step_by_step() {
                     cost: *credit_cost,
                 };
                 let got = rt
-                    .block_on(store.check_credited(&checks, Some(&credit), When::At(now), "fg:rev"))
+                    .block_on(credited(&store, &checks, &credit, When::At(now)))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let calls: Vec<(&str, &Quota, u32, bool)> = checks
                     .iter()
@@ -395,12 +415,12 @@ fn a_refund_gives_back_exactly_the_credits_and_calendar_counts_a_call_spent() {
     };
     // Redis' own clock: the refund script decides by TIME
     let got = rt
-        .block_on(store.check_credited(&checks, Some(&credit), When::Redis, "fg:rev"))
+        .block_on(credited(&store, &checks, &credit, When::Redis))
         .unwrap();
     assert!(got.verdict.admitted);
     let spent = got.credits.unwrap();
     assert_eq!(spent.state.remaining, 2);
-    rt.block_on(store.refund_credited(&checks, Some(&credit), &got))
+    rt.block_on(store.refund(&checks, Some(&credit), &got))
         .unwrap();
     let raw: String = redis::cmd("GET").arg(&ck).query(&mut conn).unwrap();
     let back = CreditState::parse_stored(&raw).unwrap();
@@ -420,7 +440,7 @@ fn a_refund_gives_back_exactly_the_credits_and_calendar_counts_a_call_spent() {
         }),
         ..got.clone()
     };
-    rt.block_on(store.refund_credited(&[], Some(&credit), &stale))
+    rt.block_on(store.refund(&[], Some(&credit), &stale))
         .unwrap();
     let raw: String = redis::cmd("GET").arg(&ck).query(&mut conn).unwrap();
     assert_eq!(CreditState::parse_stored(&raw).unwrap().remaining, 3);
@@ -498,8 +518,7 @@ async fn credits_share_the_slot_of_the_keys_buckets_on_a_cluster() {
         };
         let mut admitted = 0;
         for _ in 0..5 {
-            let got = store
-                .check_credited(&checks, Some(&credit), When::Redis, "fg:rev")
+            let got = credited(&store, &checks, &credit, When::Redis)
                 .await
                 .unwrap();
             admitted += u32::from(got.verdict.admitted);

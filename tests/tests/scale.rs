@@ -221,7 +221,10 @@ async fn many_instances_share_one_bound() {
         }
         calls.push(under.global_per_request());
     }
-    assert!(calls[0] >= 0.99, "{calls:?}");
+    // exact: a global round trip per request, but for requests of one instance
+    // that meet at its connection and share one write (counted as one): 1.000
+    // alone, 0.9625 once with the whole suite loading both cores
+    assert!(calls[0] >= 0.9, "{calls:?}");
     assert!(calls[1] * 5.0 < calls[0], "leases: {calls:?}");
     assert!(calls[2] * 5.0 < calls[0], "pools: {calls:?}");
 }

@@ -109,7 +109,10 @@ async fn a_refund_gives_back_exactly_what_an_admission_took_for_every_algorithm(
             let other = store.check(&[Check::new(&a, &q, 2)], None).await.unwrap();
             assert!(other.admitted);
             assert_eq!(remaining(&store, &a, &q).await, 10 - u64::from(cost) - 2);
-            store.refund(&first, &refunded).await.unwrap();
+            store
+                .refund(&first, None, &refunded.clone().into())
+                .await
+                .unwrap();
             assert_eq!(
                 remaining(&store, &a, &q).await,
                 8,
@@ -133,7 +136,10 @@ async fn a_refund_of_a_full_bucket_or_a_denial_mints_nothing() {
         .arg(&key)
         .query(&mut server.connection())
         .unwrap();
-    store.refund(&checks, &admitted).await.unwrap();
+    store
+        .refund(&checks, None, &admitted.clone().into())
+        .await
+        .unwrap();
     assert_eq!(remaining(&store, &key, &q).await, 3);
     // a denied verdict consumed nothing and refunds nothing
     for _ in 0..3 {
@@ -141,7 +147,10 @@ async fn a_refund_of_a_full_bucket_or_a_denial_mints_nothing() {
     }
     let denied = store.check(&checks, None).await.unwrap();
     assert!(!denied.admitted);
-    store.refund(&checks, &denied).await.unwrap();
+    store
+        .refund(&checks, None, &denied.clone().into())
+        .await
+        .unwrap();
     assert_eq!(remaining(&store, &key, &q).await, 0);
 }
 
@@ -207,7 +216,10 @@ async fn a_refund_never_gives_back_refill_the_bucket_would_have_wasted() {
     tokio::time::sleep(Duration::from_millis(2_300)).await;
     let second = store.check(&checks, None).await.unwrap();
     assert!(second.admitted, "refilled after 2 s");
-    store.refund(&checks, &refunded).await.unwrap();
+    store
+        .refund(&checks, None, &refunded.clone().into())
+        .await
+        .unwrap();
     assert_eq!(
         remaining(&store, &key, &q).await,
         0,

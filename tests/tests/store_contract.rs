@@ -134,7 +134,10 @@ async fn contract<S: Store>(store: &S, name: &str) {
     let checks = [Check::new(&r, &q, 1)];
     let v = store.check(&checks, None).await.unwrap();
     assert_eq!(v.decisions[0].remaining, 2, "{name}");
-    store.refund(&checks, &v).await.unwrap();
+    store
+        .refund(&checks, None, &v.clone().into())
+        .await
+        .unwrap();
     let v = store.check(&checks, None).await.unwrap();
     assert_eq!(
         v.decisions[0].remaining, 2,
@@ -168,18 +171,23 @@ async fn contract<S: Store>(store: &S, name: &str) {
 /// decided or written; with it, decided as a plain check and the record's bytes
 /// returned. Refused, nothing sent, where keys span slots (Cluster).
 async fn reading<S: Store>(store: &S, name: &str, q: &Quota) {
-    use floodgate_edge::store::Reading;
     use floodgate_shared::changes::REV_KEY;
+    use floodgate_shared::script::{Call, CallReply};
     let b = format!("fg:{{r:{name}}}:bucket");
     let record = format!("fg:apikey:{name}-reading");
     let checks = [Check::new(&b, q, 1)];
-    let read = store.check_reading(&checks, None, REV_KEY, &record).await;
+    let call = Call {
+        watch: Some(REV_KEY),
+        record: Some(&record),
+        ..Call::new(&checks, None)
+    };
+    let read = store.decide(call).await;
     if !store.one_slot() {
         assert!(read.is_err(), "{name}: {read:?}");
         assert_eq!(store.get(&b).await.unwrap(), None, "{name}");
         return;
     }
-    assert_eq!(read.unwrap(), Reading::NoRecord, "{name}");
+    assert_eq!(read.unwrap(), CallReply::NoRecord, "{name}");
     assert_eq!(store.get(&b).await.unwrap(), None, "{name}: nothing minted");
     let text = br#"{"id":"x"}"#;
     assert!(
@@ -188,24 +196,15 @@ async fn reading<S: Store>(store: &S, name: &str, q: &Quota) {
             .await
             .unwrap()
     );
-    for remaining in [2, 1, 0] {
-        let Reading::Decided { verdict, record } = store
-            .check_reading(&checks, None, REV_KEY, &record)
-            .await
-            .unwrap()
-        else {
+    for (admitted, remaining) in [(true, 2), (true, 1), (true, 0), (false, 0)] {
+        let CallReply::Done { each, record } = store.decide(call).await.unwrap() else {
             panic!("{name}: a record is there");
         };
-        assert_eq!(record, text, "{name}");
-        assert!(verdict.admitted, "{name}");
-        assert_eq!(verdict.decisions[0].remaining, remaining, "{name}");
+        assert_eq!(record.as_deref(), Some(&text[..]), "{name}");
+        let v = &each[0].verdict;
+        assert_eq!(v.admitted, admitted, "{name}: the bucket is spent after 3");
+        assert_eq!(v.decisions[0].remaining, remaining, "{name}");
     }
-    let Ok(Reading::Decided { verdict, .. }) =
-        store.check_reading(&checks, None, REV_KEY, &record).await
-    else {
-        panic!("{name}: a record is there");
-    };
-    assert!(!verdict.admitted, "{name}: the bucket is spent");
 }
 
 /// Leases over a store (what bounded policies run): requests decided exactly with

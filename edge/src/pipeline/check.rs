@@ -12,7 +12,7 @@ use floodgate_shared::changes::{REV_KEY, Revision};
 use floodgate_shared::contract::Answer;
 use floodgate_shared::credits::CreditDecision;
 use floodgate_shared::policy::{Consistency, FailureMode, Quota};
-use floodgate_shared::script::{Credited, Verdict, When};
+use floodgate_shared::script::{Call, CallReply, Credited, Verdict, When};
 use floodgate_shared::time::{Clock, Micros};
 
 use super::coalesce::{Role, Share};
@@ -159,9 +159,16 @@ where
         let fut = boxed(async move {
             let checks = as_checks(&calls);
             let credit = credit_call.as_deref().map(OwnedCredit::as_check);
+            let call = Call {
+                credits: credit.as_ref(),
+                watch: Some(REV_KEY),
+                ..Call::new(&checks, when)
+            };
             store
-                .check_credited(&checks, credit.as_ref(), when, REV_KEY)
-                .await
+                .decide(call)
+                .await?
+                .one()
+                .ok_or_else(|| StoreError::protocol("a check decided nothing"))
         });
         match self.global.call(&self.clock, deadline, fut).await {
             Called::Done(credited) => {
@@ -204,7 +211,15 @@ where
         let calls = owned.clone();
         let fut = boxed(async move {
             let checks = as_checks(&calls);
-            store.check_many(&checks, when, REV_KEY, n).await
+            let call = Call {
+                watch: Some(REV_KEY),
+                count: n,
+                ..Call::new(&checks, when)
+            };
+            Ok(match store.decide(call).await? {
+                CallReply::Done { each, .. } => each.into_iter().map(|c| c.verdict).collect(),
+                CallReply::NoRecord => vec![],
+            })
         });
         let called = self
             .global
@@ -368,11 +383,7 @@ where
             {
                 let checks = as_checks(&owned);
                 let credit = credit.as_deref().map(OwnedCredit::as_check);
-                if store
-                    .refund_credited(&checks, credit.as_ref(), &v)
-                    .await
-                    .is_ok()
-                {
+                if store.refund(&checks, credit.as_ref(), &v).await.is_ok() {
                     totals.refunds.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -392,7 +403,11 @@ where
             let Ok(verdicts) = late.await else { return };
             let checks = as_checks(&owned);
             for v in verdicts.iter().filter(|v| v.admitted) {
-                if store.refund(&checks, v).await.is_ok() {
+                if store
+                    .refund(&checks, None, &Credited::from(v.clone()))
+                    .await
+                    .is_ok()
+                {
                     totals.refunds.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -411,7 +426,7 @@ where
                 credits: checked.credits,
             };
             if store
-                .refund_credited(&checks, credit.as_ref(), &credited)
+                .refund(&checks, credit.as_ref(), &credited)
                 .await
                 .is_ok()
             {

@@ -21,7 +21,7 @@ use floodgate_shared::apikeys::{KeyRecord, hash_secret, record_key, secret_id};
 use floodgate_shared::changes::{REV_KEY, Revision};
 use floodgate_shared::config::EdgeConfig;
 use floodgate_shared::policy::{Consistency, Policy};
-use floodgate_shared::script::Credited;
+use floodgate_shared::script::{Call, CallReply, Credited};
 use floodgate_shared::time::{Clock, MICROS_PER_SEC, Micros};
 
 use super::caller::load_key;
@@ -30,7 +30,7 @@ use super::guarded::Called;
 use super::limits::{Limits, OwnedCheck, as_checks};
 use super::records::Lookup;
 use super::{Admit, Pipeline, Reply, RequestHead, Task, boxed};
-use crate::store::{MaybeSend, MaybeSync, Reading, Store, StoreError, StoreErrorKind};
+use crate::store::{MaybeSend, MaybeSync, Store, StoreError, StoreErrorKind};
 
 impl<S, C> Pipeline<S, C>
 where
@@ -70,8 +70,8 @@ where
         let owned = Arc::new(limits.checks());
         let sent = self.clock.now();
         let (verdict, raw) = match self.check_reading(&owned, &hash, later).await {
-            Ok(Reading::Decided { verdict, record }) => (verdict, Some(record)),
-            Ok(Reading::NoRecord) => {
+            Ok(CallReply::Done { each, record }) => (each.into_iter().next()?.verdict, record),
+            Ok(CallReply::NoRecord) => {
                 let at = self.clock.now();
                 load_key(&self.records, &self.totals, hash, None, (at, None));
                 self.unknown_keys.charge(req.client_ip, at);
@@ -145,14 +145,19 @@ where
         owned: &Arc<Vec<OwnedCheck>>,
         hash: &str,
         later: &mut Vec<Task>,
-    ) -> Result<Reading, Option<StoreError>> {
+    ) -> Result<CallReply, Option<StoreError>> {
         let sent = self.clock.now();
         let deadline = self.global.deadline(sent);
         let when = self.until(sent, self.global.ceiling().max(deadline));
         let (store, calls, name) = (self.global.store.clone(), owned.clone(), record_key(hash));
         let fut = boxed(async move {
             let checks = as_checks(&calls);
-            store.check_reading(&checks, when, REV_KEY, &name).await
+            let call = Call {
+                watch: Some(REV_KEY),
+                record: Some(&name),
+                ..Call::new(&checks, when)
+            };
+            store.decide(call).await
         });
         match self.global.call(&self.clock, deadline, fut).await {
             Called::Done(reading) => Ok(reading),
@@ -170,15 +175,11 @@ where
 
 /// A late record-reading call as the check it is, for its refund.
 fn admitted_late(
-    late: super::BoxFuture<'static, Result<Reading, StoreError>>,
+    late: super::BoxFuture<'static, Result<CallReply, StoreError>>,
 ) -> super::BoxFuture<'static, Result<Credited, StoreError>> {
     boxed(async move {
-        match late.await? {
-            Reading::Decided { verdict, .. } => Ok(Credited {
-                verdict,
-                credits: None,
-            }),
-            Reading::NoRecord => Err(StoreError::protocol("no record: nothing decided")),
-        }
+        late.await?
+            .one()
+            .ok_or_else(|| StoreError::protocol("no record: nothing decided"))
     })
 }

@@ -17,12 +17,13 @@ use std::fmt;
 use std::time::Duration;
 
 use floodgate_shared::Micros;
+use floodgate_shared::changes::Revision;
 use floodgate_shared::lease::{LEASE_RETURN, LEASE_TAKE, Taken, leases_key};
 use floodgate_shared::script::merge::{self, SharedClock};
 use floodgate_shared::script::{
-    CallError, Check, CreditCheck, Credited, IN_FLIGHT, LuaScript, Moved, ProtocolError, REFUND,
-    Stale, TOKEN_BUCKET, Verdict, When, can_watch, credited_call, credited_refund_call, interpret,
-    interpret_credited, moved_reply, refund_call, script_call, stale_reply, watched_reply,
+    Call, CallError, CallReply, Check, CreditCheck, Credited, IN_FLIGHT, LuaScript, Moved,
+    ProtocolError, REFUND, Stale, TOKEN_BUCKET, Verdict, When, can_watch, credited_call,
+    credited_refund_call, interpret_credited, moved_reply, stale_reply, watched_reply,
 };
 use floodgate_shared::stats::{STATS_FLUSH, StatsWrite};
 
@@ -454,193 +455,97 @@ pub trait Store: MaybeSync {
         async move { self.run(script, keys, args).await?.into_ints() }
     }
 
-    /// Checks (and, when every bucket has room, consumes) all `checks` atomically
-    /// in one round trip, by the clock `when` says: Redis' `TIME` (`None`), Redis'
-    /// `TIME` only until an instant ([`When::RedisUntil`]: a later call changes
-    /// nothing and fails as a timeout), or an explicit instant (tests).
+    /// Floodgate's one check: decides `call`'s buckets — and what rides along
+    /// ([`Call`]: the key's credits, the records' revision, the API key record,
+    /// identical requests merged) — in ONE atomic round trip, all or nothing (a
+    /// denial consumes nothing), by the clock `call.when` says: Redis' `TIME`
+    /// (`None`), Redis' `TIME` only until an instant ([`When::RedisUntil`]: a
+    /// later call changes nothing and fails as a timeout), or an explicit
+    /// instant (tests). The revision is read where the script and the store
+    /// can (the token bucket script, one slot) and left out elsewhere; merged
+    /// requests, a record and credits are refused, nothing sent, where they
+    /// cannot ride (only token buckets merge; a record is read with token
+    /// buckets on one slot; credits neither merge nor read a record). A
+    /// stale call is [`StoreErrorKind::Stale`], credits that moved
+    /// [`StoreErrorKind::Moved`].
+    fn decide(
+        &self,
+        call: Call<'_>,
+    ) -> impl Future<Output = Result<CallReply, StoreError>> + MaybeSend {
+        async move {
+            let Call {
+                checks,
+                when,
+                credits,
+                watch,
+                record,
+                count,
+            } = call;
+            let (script, mut args) = credited_call(checks, credits, when)?;
+            let merged = count > 1;
+            if merged {
+                let clock = (script.sha1 == TOKEN_BUCKET.sha1 && credits.is_none())
+                    .then(|| SharedClock::parse(&args[0]))
+                    .flatten()
+                    .filter(|_| record.is_none())
+                    .ok_or_else(|| {
+                        StoreError::protocol(format!(
+                            "{count} requests in one call: only token buckets' checks merge"
+                        ))
+                    })?;
+                args[0] = clock.counted(count);
+            }
+            let watch = watch.filter(|_| self.one_slot() && credits.is_none() && can_watch(checks));
+            if record.is_some() && watch.is_none() {
+                return Err(StoreError::protocol(
+                    "a record is read with token buckets on one slot only",
+                ));
+            }
+            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
+            keys.extend(
+                credits
+                    .map(|c| c.key)
+                    .into_iter()
+                    .chain(watch)
+                    .chain(record),
+            );
+            let (ints, read) = reading_reply(self.run(script, &keys, &args).await?)?;
+            if let Some(moved) = moved_reply(&ints) {
+                return Err(moved.into());
+            }
+            if record.is_some() && read.is_none() {
+                return match ints.as_slice() {
+                    [4, _] => Ok(CallReply::NoRecord),
+                    _ => Err(StoreError::protocol(format!(
+                        "a record-reading reply without its record: {ints:?}"
+                    ))),
+                };
+            }
+            let replies = if merged {
+                merge::split_call(keys.len(), &args, &ints)
+                    .map_err(|e| StoreError::protocol(e.to_string()))?
+            } else {
+                vec![ints]
+            };
+            let each = replies
+                .iter()
+                .map(|r| decided_one(checks, credits, watch.is_some(), r))
+                .collect::<Result<_, _>>()?;
+            Ok(CallReply::Done { each, record: read })
+        }
+    }
+
+    /// [`Store::decide`] of a plain call: `checks` for one request.
     fn check(
         &self,
         checks: &[Check<'_>],
         when: impl Into<When> + MaybeSend,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + MaybeSend {
+        let call = Call::new(checks, when);
         async move {
-            let (script, args) = script_call(checks, when)?;
-            let keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-            let reply = self.run_ints(script, &keys, &args).await?;
-            verdict(checks, &reply)
-        }
-    }
-
-    /// [`Store::check`], reading the records' revision counter `rev_key` in the
-    /// same call when the call's script can ([`can_watch`]) and the store is one
-    /// slot ([`Store::one_slot`]): the verdict's `revision` says what it read.
-    fn check_watching(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-        rev_key: &str,
-    ) -> impl Future<Output = Result<Verdict, StoreError>> + MaybeSend {
-        async move {
-            if !(self.one_slot() && can_watch(checks)) {
-                return self.check(checks, when).await;
-            }
-            let (script, args) = script_call(checks, when)?;
-            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-            keys.push(rev_key);
-            let reply = self.run_ints(script, &keys, &args).await?;
-            let (reply, revision) = watched_reply(&reply)?;
-            Ok(Verdict {
-                revision,
-                ..verdict(checks, reply)?
-            })
-        }
-    }
-
-    /// [`Store::check_watching`] reading the request's API key record
-    /// `record_key` in the same call (`lua/token_bucket.lua`'s KEYS[n+2]): a
-    /// key this edge has not read yet is decided in ONE round trip and one
-    /// script's commands, its record read with its buckets. No record: nothing
-    /// decided or written ([`Reading::NoRecord`]). Only token buckets, on a
-    /// store of one slot (refused otherwise, nothing sent).
-    fn check_reading(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-        rev_key: &str,
-        record_key: &str,
-    ) -> impl Future<Output = Result<Reading, StoreError>> + MaybeSend {
-        async move {
-            if !(self.one_slot() && can_watch(checks)) {
-                return Err(StoreError::protocol(
-                    "a record is read with token buckets on one slot only",
-                ));
-            }
-            let (script, args) = script_call(checks, when)?;
-            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-            keys.extend([rev_key, record_key]);
-            let reply = self.run(script, &keys, &args).await?;
-            let (ints, record) = reading_reply(reply)?;
-            if let Some(stale) = stale_reply(&ints) {
-                return Err(stale.into());
-            }
-            let Some(record) = record else {
-                return match ints.as_slice() {
-                    [4, _] => Ok(Reading::NoRecord),
-                    _ => Err(StoreError::protocol(format!(
-                        "a record-reading reply without its record: {ints:?}"
-                    ))),
-                };
-            };
-            let (reply, revision) = watched_reply(&ints)?;
-            Ok(Reading::Decided {
-                verdict: Verdict {
-                    revision,
-                    ..verdict(checks, reply)?
-                },
-                record,
-            })
-        }
-    }
-
-    /// [`Store::check_watching`] for `count` identical requests in ONE call,
-    /// decided one after another at one instant
-    /// ([`floodgate_shared::script::merge`]): each request's verdict, in order —
-    /// what its own call would have answered (a stale call is stale for all).
-    /// Only the token bucket script merges: other checks are refused, never
-    /// made one call after another within one call's deadline.
-    fn check_many(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-        rev_key: &str,
-        count: usize,
-    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + MaybeSend {
-        async move {
-            let when = when.into();
-            let clock = script_call(checks, when)
-                .ok()
-                .filter(|(script, _)| script.sha1 == TOKEN_BUCKET.sha1)
-                .and_then(|(_, args)| SharedClock::parse(&args[0]).map(|c| (c, args)));
-            if count == 1 {
-                return Ok(vec![self.check_watching(checks, when, rev_key).await?]);
-            }
-            let Some((clock, mut args)) = clock else {
-                return Err(StoreError::protocol(format!(
-                    "{count} requests in one call: only token buckets' checks merge"
-                )));
-            };
-            args[0] = clock.counted(count);
-            let watch = self.one_slot();
-            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-            if watch {
-                keys.push(rev_key);
-            }
-            let reply = self.run_ints(&TOKEN_BUCKET, &keys, &args).await?;
-            let replies = merge::split_call(keys.len(), &args, &reply)
-                .map_err(|e| StoreError::protocol(e.to_string()))?;
-            replies
-                .iter()
-                .map(|r| {
-                    if !watch {
-                        return verdict(checks, r);
-                    }
-                    let (r, revision) = watched_reply(r)?;
-                    Ok(Verdict {
-                        revision,
-                        ..verdict(checks, r)?
-                    })
-                })
-                .collect()
-        }
-    }
-
-    /// [`Store::check_watching`] with a key's credits decided in the same atomic
-    /// call (`lua/limiter.lua`'s credits entry, the call's last key): a call
-    /// without credits is exactly [`Store::check_watching`]'s.
-    fn check_credited(
-        &self,
-        checks: &[Check<'_>],
-        credits: Option<&CreditCheck<'_>>,
-        when: impl Into<When> + MaybeSend,
-        rev_key: &str,
-    ) -> impl Future<Output = Result<Credited, StoreError>> + MaybeSend {
-        async move {
-            let Some(credit) = credits else {
-                let verdict = self.check_watching(checks, when, rev_key).await?;
-                return Ok(Credited {
-                    verdict,
-                    credits: None,
-                });
-            };
-            let (script, args) = credited_call(checks, Some(credit), when)?;
-            let mut keys: Vec<&str> = checks.iter().map(|c| c.key).collect();
-            keys.push(credit.key);
-            let reply = self.run_ints(script, &keys, &args).await?;
-            if let Some(stale) = stale_reply(&reply) {
-                return Err(stale.into());
-            }
-            if let Some(moved) = moved_reply(&reply) {
-                return Err(moved.into());
-            }
-            Ok(interpret_credited(checks, Some(credit), &reply)?)
-        }
-    }
-
-    /// [`Store::refund`] for a [`Store::check_credited`] call: its credits too
-    /// (without credits, exactly [`Store::refund`]).
-    fn refund_credited(
-        &self,
-        checks: &[Check<'_>],
-        credits: Option<&CreditCheck<'_>>,
-        credited: &Credited,
-    ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
-        async move {
-            if credits.is_none() {
-                return self.refund(checks, &credited.verdict).await;
-            }
-            match credited_refund_call(checks, credits, credited) {
-                Some((keys, args)) => self.run(&REFUND, &keys, &args).await?.ok().map(|_| ()),
-                None => Ok(()),
+            match self.decide(call).await?.one() {
+                Some(c) => Ok(c.verdict),
+                None => Err(StoreError::protocol("a plain check decided nothing")),
             }
         }
     }
@@ -651,14 +556,16 @@ pub trait Store: MaybeSync {
         true
     }
 
-    /// Gives back what an admitted `verdict` over `checks` consumed
-    /// (`lua/refund.lua`), for a request refused after all.
-    fn refund(
+    /// Gives back what an admitted call over `checks` (and the key's
+    /// `credits`, when it decided them) consumed (`lua/refund.lua`), for a
+    /// request refused after all: the one refund.
+    fn refund<'a>(
         &self,
-        checks: &[Check<'_>],
-        verdict: &Verdict,
+        checks: &[Check<'a>],
+        credits: Option<&CreditCheck<'a>>,
+        credited: &Credited,
     ) -> impl Future<Output = Result<(), StoreError>> + MaybeSend {
-        let call = refund_call(checks, verdict);
+        let call = credited_refund_call(checks, credits, credited);
         async move {
             match call {
                 Some((keys, args)) => self.run(&REFUND, &keys, &args).await?.ok().map(|_| ()),
@@ -952,17 +859,8 @@ fn string_or_none(reply: Result<Value, StoreError>) -> Result<Option<Vec<u8>>, S
     }
 }
 
-/// What [`Store::check_reading`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reading {
-    /// No record at the key: nothing was decided or written.
-    NoRecord,
-    /// Decided as a check of the buckets would have been; the record as read.
-    Decided { verdict: Verdict, record: Vec<u8> },
-}
-
-/// A record-reading reply as its integers and, when it ends with one, the
-/// record's bytes.
+/// A check's reply as its integers and, when it ends with one (a record
+/// read in the same call), the record's bytes.
 fn reading_reply(reply: Value) -> Result<(Vec<i64>, Option<Vec<u8>>), StoreError> {
     let Value::Array(mut items) = reply.ok()? else {
         return Err(StoreError::protocol("a record-reading reply is an array"));
@@ -974,12 +872,25 @@ fn reading_reply(reply: Value) -> Result<(Vec<i64>, Option<Vec<u8>>), StoreError
     Ok((Value::Array(items).into_ints()?, record))
 }
 
-/// Interprets a bucket script's reply to `checks`: a verdict, or a stale call.
-pub fn verdict(checks: &[Check<'_>], reply: &[i64]) -> Result<Verdict, StoreError> {
+/// One request's reply of a [`Store::decide`] call: stale, or its verdict
+/// (and credits), with the revision when the call read it.
+fn decided_one(
+    checks: &[Check<'_>],
+    credits: Option<&CreditCheck<'_>>,
+    watched: bool,
+    reply: &[i64],
+) -> Result<Credited, StoreError> {
     if let Some(stale) = stale_reply(reply) {
         return Err(stale.into());
     }
-    Ok(interpret(checks, reply)?)
+    let (reply, revision) = if watched {
+        watched_reply(reply)?
+    } else {
+        (reply, Revision::NotAsked)
+    };
+    let mut credited = interpret_credited(checks, credits, reply)?;
+    credited.verdict.revision = revision;
+    Ok(credited)
 }
 
 /// The arguments of `lua/in_flight.lua`.

@@ -11,7 +11,7 @@ use floodgate_edge::pipeline::{Admit, Decided, Reply, RequestHead};
 
 /// What the pipeline decided about a request.
 pub type Gate = Result<Admit, Reply>;
-use floodgate_edge::store::{MaybeSend, Store, StoreError, StoreErrorKind, Value};
+use floodgate_edge::store::{Store, StoreError, StoreErrorKind, Value};
 use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, record_key};
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::changes::{Change, Entry, LOG_KEY, REV_KEY, Revision, parse_rev};
@@ -21,7 +21,8 @@ use floodgate_shared::lease::{
 };
 use floodgate_shared::ledger::{self, LEDGER_CHARGE};
 use floodgate_shared::script::{
-    Check, LuaScript, Verdict, When, can_watch, interpret_token_bucket,
+    Call, CallReply, Check, CreditCheck, Credited, LuaScript, Verdict, can_watch,
+    interpret_token_bucket,
 };
 use floodgate_shared::stats::{Minute, StatsWrite};
 use floodgate_shared::time::{FakeClock, Micros};
@@ -42,7 +43,7 @@ pub struct MemStore {
     pub log: Mutex<Vec<String>>,
     /// Bucket decisions.
     pub checks: AtomicUsize,
-    /// Calls deciding several identical requests at once (`check_many`).
+    /// Calls deciding several identical requests at once (`Call::count` > 1).
     pub merged_calls: AtomicUsize,
     pub refunds: AtomicUsize,
     pub down: AtomicBool,
@@ -480,49 +481,31 @@ impl Store for &MemStore {
         Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
     }
 
-    async fn check(
-        &self,
-        checks: &[Check<'_>],
-        _when: impl Into<When> + MaybeSend,
-    ) -> Result<Verdict, StoreError> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
+    /// The token bucket script's twin: `count` identical requests one after
+    /// another at one instant in ONE call (the slowness of one), reading the
+    /// records' revision when asked; credits and records are not in memory.
+    async fn decide(&self, call: Call<'_>) -> Result<CallReply, StoreError> {
+        if call.credits.is_some() || call.record.is_some() {
+            return Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"));
+        }
+        if call.count > 1 {
+            self.merged_calls.fetch_add(1, Ordering::SeqCst);
+        }
+        self.checks.fetch_add(call.count, Ordering::SeqCst);
         self.call_made().await?;
-        Ok(self.decide_now(checks))
-    }
-
-    /// The token bucket script deciding `count` identical requests one after
-    /// another at one instant: ONE call (the slowness of one).
-    async fn check_many(
-        &self,
-        checks: &[Check<'_>],
-        _when: impl Into<When> + MaybeSend,
-        rev_key: &str,
-        count: usize,
-    ) -> Result<Vec<Verdict>, StoreError> {
-        self.merged_calls.fetch_add(1, Ordering::SeqCst);
-        self.checks.fetch_add(count, Ordering::SeqCst);
-        self.call_made().await?;
-        let revision = self.revision(checks, rev_key);
-        Ok((0..count)
-            .map(|_| Verdict {
-                revision,
-                ..self.decide_now(checks)
+        let revision = match call.watch {
+            Some(rev_key) => self.revision(call.checks, rev_key),
+            None => Revision::NotAsked,
+        };
+        let each = (0..call.count)
+            .map(|_| {
+                Credited::from(Verdict {
+                    revision,
+                    ..self.decide_now(call.checks)
+                })
             })
-            .collect())
-    }
-
-    /// The token bucket script's twin reading the records' revision too.
-    async fn check_watching(
-        &self,
-        checks: &[Check<'_>],
-        when: impl Into<When> + MaybeSend,
-        rev_key: &str,
-    ) -> Result<Verdict, StoreError> {
-        let verdict = self.check(checks, when).await?;
-        Ok(Verdict {
-            revision: self.revision(checks, rev_key),
-            ..verdict
-        })
+            .collect();
+        Ok(CallReply::Done { each, record: None })
     }
 
     async fn acquire_slot(
@@ -559,7 +542,13 @@ impl Store for &MemStore {
         Ok(())
     }
 
-    async fn refund(&self, checks: &[Check<'_>], verdict: &Verdict) -> Result<(), StoreError> {
+    async fn refund(
+        &self,
+        checks: &[Check<'_>],
+        _credits: Option<&CreditCheck<'_>>,
+        credited: &Credited,
+    ) -> Result<(), StoreError> {
+        let verdict = &credited.verdict;
         self.refunds.fetch_add(1, Ordering::SeqCst);
         let mut buckets = self.buckets.lock().unwrap();
         for (c, d) in checks.iter().zip(&verdict.decisions) {
