@@ -253,6 +253,10 @@ pub enum RecordSource {
     /// Copies in the region's store loaded whole at an instance's start: no read
     /// per key.
     RegionalBulk,
+    /// A key the instance never read is read in its exact check's own call
+    /// (`edge/src/pipeline/unseen.rs`: no read, no round trip of its own); read
+    /// again at the global store past its lifetime.
+    WithCheck,
 }
 
 /// How a mode decides: where records come from, and how a request whose record
@@ -280,6 +284,9 @@ impl Mechanism for Exact {
     }
     fn confirms_revision(&self) -> bool {
         true
+    }
+    fn records(&self) -> RecordSource {
+        RecordSource::WithCheck
     }
     fn decide(&self, run: &mut KeyRun<'_>, at: Micros, _: usize, trip: &mut Trip) -> bool {
         run.exact_check(at, trip)
@@ -645,9 +652,11 @@ impl<'a> KeyRun<'a> {
         };
         let background = !on_path && h.record_read_at.is_some_and(|r| at >= r + max_age);
         if on_path || background {
+            let first = h.record_read_at.is_none();
             h.record_read_at = Some(at);
             match source {
-                RecordSource::Global => {
+                RecordSource::WithCheck if first => {}
+                RecordSource::Global | RecordSource::WithCheck => {
                     trip.global += u32::from(on_path);
                     self.bill(at, billed::RECORD_READ, 0);
                 }
