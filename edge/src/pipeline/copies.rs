@@ -15,8 +15,13 @@
 //! the `HMGET` of what it missed: the same one command, and every other key
 //! record the region holds with the confirmed revision is cached with it
 //! (while the cache has room), so a fresh or cold instance's next keys are not
-//! each a read. The long tail at fan-out is that: many instances, each seeing
-//! a key seldom, all in one region that has seen it.
+//! each a read. Each scan goes on where the instance's last one stopped (its
+//! cursor), so an instance sweeps every copy the region holds, a page per
+//! scan, rather than the first page again and again. A page is served with the
+//! region's confirmation of the revision when it holds that field, or with the
+//! instance's own confirmation at the global store. The long tail at fan-out is
+//! that: many instances, each seeing a key seldom, all in one region that has
+//! seen it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,8 +61,10 @@ where
         let fresh = self.settings.cache_ttl / 2;
         let count = self.settings.copies_prefetch;
         if count > 0
-            && self.copies_scanned.claim(self.clock.now(), fresh)
-            && let Some(found) = self.scan_copies(region, count, &fields, later).await
+            && let Some(cursor) = self.copies_scanned.claim(self.clock.now(), fresh)
+            && let Some(found) = self
+                .scan_copies(region, count, cursor, &fields, later)
+                .await
         {
             return from_copies(found, self.clock.now(), fresh);
         }
@@ -74,35 +81,41 @@ where
         from_copies(values, now, fresh)
     }
 
-    /// Scans the region's copies (one `HSCAN`, up to `count`), caches every key
-    /// record among them confirmed lately and not held yet: the values of
+    /// Scans the region's copies from `cursor` (one `HSCAN`, up to `count`),
+    /// caches every key record among them confirmed lately and not held yet,
+    /// and keeps the cursor the scan ended at for the next: the values of
     /// `fields`, or `None` when the scan failed or saw only part of the copies
     /// and not all of `fields` (read them as usual).
     async fn scan_copies(
         &self,
         region: &Guarded<S>,
         count: u32,
+        cursor: String,
         fields: &[String],
         later: &mut Vec<Task>,
     ) -> Option<Vec<Option<Vec<u8>>>> {
         let store = region.store.clone();
+        let from = cursor.clone();
         let fut = boxed(async move {
             let count = count.to_string();
             let args: [&[u8]; 5] = [
                 b"HSCAN",
                 COPIES_KEY.as_bytes(),
-                b"0",
+                from.as_bytes(),
                 b"COUNT",
                 count.as_bytes(),
             ];
             Scanned::from_reply(store.command(&args).await?)
         });
         let scanned = region.call_now(&self.clock, fut).await.or_drain(later)?;
+        self.copies_scanned.went_on(&cursor, &scanned.next);
         let now = self.clock.now();
-        for (hash, record, rev) in scanned.records(now, self.settings.cache_ttl / 2) {
+        let fresh = self.settings.cache_ttl / 2;
+        let own = self.records.confirmed(now, fresh);
+        for (hash, record, rev) in scanned.records(now, fresh, own) {
             self.records.adopt_key(hash, record, now, Some(rev));
         }
-        scanned.values(fields)
+        scanned.values(fields, cursor == "0")
     }
 
     /// Copies what the global store answered for `names` (the revision first)
@@ -142,28 +155,43 @@ where
     }
 }
 
-/// When this instance last scanned the region's copies.
+/// When this instance last scanned the region's copies, and the cursor its
+/// next scan starts from (`0`: the start).
 #[derive(Default)]
-pub struct ScanClock(Mutex<Option<Micros>>);
+pub struct ScanClock(Mutex<(Option<Micros>, String)>);
 
 impl ScanClock {
-    /// Whether to scan at `now` (the first time, then at most once per `every`);
-    /// claimed at once, so concurrent misses scan once.
-    fn claim(&self, now: Micros, every: Micros) -> bool {
-        let mut last = lock(&self.0);
-        if last.is_some_and(|at| (0..every).contains(&(now - at))) {
-            return false;
+    /// The cursor to scan from at `now` (the first time, then at most once per
+    /// `every`), or `None`; claimed at once, so concurrent misses scan once.
+    fn claim(&self, now: Micros, every: Micros) -> Option<String> {
+        let mut scan = lock(&self.0);
+        if scan.0.is_some_and(|at| (0..every).contains(&(now - at))) {
+            return None;
         }
-        *last = Some(now);
-        true
+        scan.0 = Some(now);
+        Some(if scan.1.is_empty() {
+            "0".into()
+        } else {
+            scan.1.clone()
+        })
+    }
+
+    /// A scan from `from` ended at `next`: the next scan goes on from there
+    /// (unless another scan moved the cursor meanwhile).
+    fn went_on(&self, from: &str, next: &str) {
+        let mut scan = lock(&self.0);
+        if scan.1 == from || (scan.1.is_empty() && from == "0") {
+            scan.1 = next.to_string();
+        }
     }
 }
 
-/// One `HSCAN` of the region's copies: what it read, and whether that was all.
+/// One `HSCAN` of the region's copies: what it read, and the cursor it ended
+/// at (`0`: the end of the hash).
 #[derive(Debug, Default, PartialEq)]
 pub struct Scanned {
     fields: HashMap<String, Vec<u8>>,
-    whole: bool,
+    next: String,
 }
 
 impl Scanned {
@@ -174,9 +202,9 @@ impl Scanned {
             return Err(bad("no array"));
         };
         let [cursor, items]: [Value; 2] = parts.try_into().map_err(|_| bad("no pair"))?;
-        let whole = match cursor {
-            Value::Int(c) => c == 0,
-            c => c.as_str().ok_or_else(|| bad("no cursor"))? == "0",
+        let next = match cursor {
+            Value::Int(c) => c.to_string(),
+            c => c.as_str().ok_or_else(|| bad("no cursor"))?.to_string(),
         };
         let items = items.into_list()?;
         if items.len() % 2 != 0 {
@@ -190,32 +218,39 @@ impl Scanned {
             };
             fields.insert(String::from_utf8_lossy(&f).into_owned(), v);
         }
-        Ok(Scanned { fields, whole })
+        Ok(Scanned { fields, next })
     }
 
     /// The values of `fields` as `HMGET` would answer them, when the scan saw
-    /// them all or saw every copy; `None`: read them.
-    fn values(&self, fields: &[String]) -> Option<Vec<Option<Vec<u8>>>> {
+    /// them all or saw every copy (it started at the hash's start, `from_start`,
+    /// and ended at its end); `None`: read them.
+    fn values(&self, fields: &[String], from_start: bool) -> Option<Vec<Option<Vec<u8>>>> {
         let values: Vec<Option<Vec<u8>>> =
             fields.iter().map(|f| self.fields.get(f).cloned()).collect();
-        (self.whole || values.iter().all(Option::is_some)).then_some(values)
+        let whole = from_start && self.next == "0";
+        (whole || values.iter().all(Option::is_some)).then_some(values)
     }
 
     /// The key records among the copies (hash, record, revision) that may be
-    /// served at `now`: the region confirmed its revision within `fresh`, and
-    /// each was copied with that revision (records of keys that do not exist
-    /// and records that do not parse are left out).
+    /// served at `now`: the region (in the page read), or else this instance
+    /// (`own`), confirmed their revision at the global store within `fresh`,
+    /// and each was copied with that revision (records of keys that do not
+    /// exist and records that do not parse are left out).
     pub fn records(
         &self,
         now: Micros,
         fresh: Micros,
+        own: Option<u64>,
     ) -> impl Iterator<Item = (String, Arc<KeyRecord>, u64)> + '_ {
+        let own = own.map(|r| r.to_string());
         let rev = self
             .fields
             .get(REV_FIELD)
-            .and_then(|c| confirmed(c, now, fresh));
+            .and_then(|c| confirmed(c, now, fresh))
+            .map(str::to_string)
+            .or(own);
         self.fields.iter().filter_map(move |(name, v)| {
-            let rev = rev?;
+            let rev = rev.as_deref()?;
             let hash = record_hash(name)?;
             let record = copy_of(v, rev)??;
             let record = KeyRecord::from_json(record)?;
@@ -325,26 +360,30 @@ mod tests {
     fn a_scan_serves_what_it_saw_and_says_whether_it_saw_everything() {
         let (a, b2) = (record_key(&"a".repeat(64)), record_key(&"b".repeat(64)));
         let whole = Scanned::from_reply(reply("0", &[REV_FIELD, "7 1000", &a, "7\n-"])).unwrap();
-        assert!(whole.whole);
+        assert_eq!(whole.next, "0");
         let asked = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            whole.values(&asked(&[REV_FIELD, &a])),
+            whole.values(&asked(&[REV_FIELD, &a]), true),
             Some(vec![b("7 1000"), b("7\n-")])
         );
         // every copy seen: one it does not hold is missing, as HMGET says
         assert_eq!(
-            whole.values(&asked(&[REV_FIELD, &b2])),
+            whole.values(&asked(&[REV_FIELD, &b2]), true),
             Some(vec![b("7 1000"), None])
         );
+        // the last page of a sweep that started elsewhere saw only itself
+        assert_eq!(whole.values(&asked(&[REV_FIELD, &b2]), false), None);
         // part of the copies: only what it saw
         let part = Scanned::from_reply(reply("17", &[REV_FIELD, "7 1000", &a, "7\n-"])).unwrap();
-        assert!(part.values(&asked(&[REV_FIELD, &a])).is_some());
-        assert_eq!(part.values(&asked(&[REV_FIELD, &b2])), None);
+        assert!(part.values(&asked(&[REV_FIELD, &a]), true).is_some());
+        assert_eq!(part.values(&asked(&[REV_FIELD, &b2]), true), None);
+        assert_eq!(part.next, "17");
         // an integer cursor, and replies that are not HSCAN's
-        assert!(
+        assert_eq!(
             Scanned::from_reply(Value::Array(vec![Value::Int(0), Value::Array(vec![])]))
                 .unwrap()
-                .whole
+                .next,
+            "0"
         );
         assert!(Scanned::from_reply(reply("0", &["f"])).is_err());
         assert!(Scanned::from_reply(Value::Array(vec![bulk("0")])).is_err());
@@ -372,25 +411,58 @@ mod tests {
         let refs: Vec<&str> = fields.iter().map(String::as_str).collect();
         let scanned = Scanned::from_reply(reply("0", &refs)).unwrap();
         let got: Vec<(String, String, u64)> = scanned
-            .records(1_500, 1_000)
+            .records(1_500, 1_000, None)
             .map(|(h, r, rev)| (h, r.owner.clone(), rev))
             .collect();
         assert_eq!(got, vec![("a".repeat(64), "acme".to_string(), 7)]);
         // a confirmation too old, or none: nothing
-        assert_eq!(scanned.records(2_500, 1_000).count(), 0);
+        assert_eq!(scanned.records(2_500, 1_000, None).count(), 0);
         let unconfirmed =
             Scanned::from_reply(reply("0", &[&a, &record_copy("7", "acme")])).unwrap();
-        assert_eq!(unconfirmed.records(1_500, 1_000).count(), 0);
+        assert_eq!(unconfirmed.records(1_500, 1_000, None).count(), 0);
+        // a page without the region's confirmation serves on the instance's
+        // own, of the same revision only
+        let page = Scanned::from_reply(reply(
+            "33",
+            &[&a, &record_copy("7", "acme"), &b2, &record_copy("6", "old")],
+        ))
+        .unwrap();
+        let owners = |own| {
+            page.records(1_500, 1_000, own)
+                .map(|(_, r, _)| r.owner.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(owners(Some(7)), ["acme"]);
+        assert_eq!(owners(Some(6)), ["old"]);
+        assert!(owners(None).is_empty());
     }
 
     #[test]
     fn concurrent_misses_scan_once_per_interval() {
         let clock = ScanClock::default();
-        assert!(clock.claim(1_000, 500));
-        assert!(!clock.claim(1_000, 500));
-        assert!(!clock.claim(1_499, 500));
-        assert!(clock.claim(1_500, 500));
+        assert!(clock.claim(1_000, 500).is_some());
+        assert!(clock.claim(1_000, 500).is_none());
+        assert!(clock.claim(1_499, 500).is_none());
+        assert!(clock.claim(1_500, 500).is_some());
         // a clock that went back does not stop scans for good
-        assert!(clock.claim(100, 500));
+        assert!(clock.claim(100, 500).is_some());
+    }
+
+    #[test]
+    fn scans_sweep_the_copies_page_by_page_and_start_again_at_the_end() {
+        let clock = ScanClock::default();
+        let from = clock.claim(1_000, 500).unwrap();
+        assert_eq!(from, "0");
+        clock.went_on(&from, "17");
+        let from = clock.claim(2_000, 500).unwrap();
+        assert_eq!(from, "17", "the next page, not the first again");
+        // a slower scan that started earlier does not move the sweep back
+        clock.went_on("0", "9");
+        clock.went_on(&from, "0");
+        assert_eq!(
+            clock.claim(3_000, 500).unwrap(),
+            "0",
+            "the end: from the start"
+        );
     }
 }

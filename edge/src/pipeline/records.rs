@@ -354,6 +354,14 @@ impl Records {
         Observed::Sync { known: rev.known }
     }
 
+    /// The records' revision this instance confirmed at the global store within
+    /// `fresh` of `now`, if it did.
+    pub fn confirmed(&self, now: Micros, fresh: Micros) -> Option<u64> {
+        let rev = lock(&self.rev);
+        let at = rev.confirmed_at?;
+        rev.known.filter(|_| (0..=fresh).contains(&(now - at)))
+    }
+
     /// What changed was read again: the records are consistent with revision
     /// `now_rev` (confirmed at `now` when it is a number).
     pub fn synced(&self, now_rev: Option<u64>, now: Micros) {
