@@ -23,6 +23,13 @@ const LEASE_SCRIPTS: &[(&str, &str)] = &[
     ("LEDGER_DONE", "ledger_done.lua"),
 ];
 
+/// The regional tally (`shared/src/tally.rs`).
+const TALLY_SCRIPTS: &[(&str, &str)] = &[
+    ("TALLY_TAKE", "tally_take.lua"),
+    ("TALLY_DONE", "tally_done.lua"),
+    ("TALLY_ADD", "tally_add.lua"),
+];
+
 /// The configuration's audited save (`shared/src/audit.rs`).
 const AUDIT_SCRIPTS: &[(&str, &str)] = &[("CONFIG_CAS", "config_cas.lua")];
 
@@ -39,6 +46,7 @@ fn main() {
     write_scripts(STATS_SCRIPTS, "stats_sha1.rs");
     write_scripts(SCRIPTS, "script_sha1.rs");
     write_scripts(LEASE_SCRIPTS, "lease_sha1.rs");
+    write_scripts(TALLY_SCRIPTS, "tally_sha1.rs");
     write_scripts(AUDIT_SCRIPTS, "audit_sha1.rs");
     write_scripts(CHANGES_SCRIPTS, "changes_sha1.rs");
     write_scripts(ADMIN_API_SCRIPTS, "adminapi_sha1.rs");

@@ -33,6 +33,7 @@ pub mod script;
 pub mod simulate;
 pub mod slot;
 pub mod stats;
+pub mod tally;
 pub mod time;
 pub mod windows;
 

@@ -1,0 +1,535 @@
+//! The regional tally: how a bounded policy is decided near the caller, in one
+//! plain command, when the edge has a regional store (issue 38).
+//!
+//! At fan-out — hundreds of instances, a long tail of keys — an instance has
+//! seldom seen the key of a request, so what it remembers is usually cold. The
+//! tally decides such a request with ONE `HINCRBY` at its region's store, and
+//! a key an instance sees often with a draw that request makes for it:
+//!
+//! - **The ring.** A region counts what it admits per bucket in three hashes,
+//!   [`slot_key`], one per epoch ([`TallySettings::epoch`], 5 s by default) in
+//!   turn: epoch `e` counts in slot `e mod 3`. A request its instance holds no
+//!   token for is `HINCRBY <slot> <field> <cost + draw>` ([`Field`]: the bucket
+//!   and what charging it takes): admitted while the count stays within the
+//!   region's [`Shares::credit`]; the draw is a few tokens more, sized from the
+//!   key's rate on the instance, spent in its memory until the epoch ends
+//!   ([`DRAW_MARGIN`] before). Past the credit, the request goes to the exact
+//!   path (and what it added is taken back): see [`counted`].
+//! - **Settled behind.** Once an epoch is over ([`SETTLE_AFTER`] later), one
+//!   instance of the region (the one that takes [`LOCK_KEY`]) renames its slot
+//!   to [`SETTLING_KEY`] and reads it with the key's carried counts
+//!   (`lua/tally_take.lua`), charges the global buckets in ONE call
+//!   (`lua/ledger_charge.lua`: into debt if need be), and drops it
+//!   (`lua/tally_done.lua`). A bucket the charge left in debt is blocked in the
+//!   other two slots ([`BLOCKED`] added: its requests go exact until a later
+//!   charge finds the debt repaid). A count of at most [`Shares::carry`]
+//!   (with what was carried before) is carried in [`CARRY_KEY`] instead of
+//!   charged: the long tail's keys cost a charge every few epochs, not every
+//!   one; the whole carry is charged every [`CARRY_SWEEP_EPOCHS`].
+//! - **Chunks for hot keys.** The request whose increment takes a key past half
+//!   its credit in an epoch (or finds the credit spent) tops the slot up in the
+//!   background: a lease of [`Shares::chunk`] tokens taken from the global
+//!   bucket (`lua/lease_take.lua`, cost 0: granted only while the bucket has
+//!   room and the lease book has [`Shares::book`] free), living until the
+//!   epoch ends, then taken off the count (`lua/tally_add.lua`, which adds
+//!   nothing past the epoch's end). A hot key's count then goes below zero and
+//!   its requests keep being admitted by the region.
+//!
+//! **The bound.** Per region and bucket, what was admitted and not yet charged
+//! is at most three slots and the one settling (each within the credit, the
+//! ring reuses a slot not yet settled rather than opening a new one: a region
+//! cut off from the global store stops at four credits), and the carry; what
+//! was charged before it was spent is at most one slot's draws (a slot settled
+//! late, while the epoch reusing it draws); the debt charged before a block
+//! lands is at most the four credits again. So `regions × (10 × credit)`
+//! (carry is half a credit) plus the chunks' book stay within `max_overshoot`:
+//! [`Shares::of`] gives the credit a twentieth of the bound per region and the
+//! book half of it. Property test: `regions_and_instances_never_overshoot_the_bound`
+//! below, with settlers that crash half way, a global store that drops out,
+//! instances that forget everything, and top-ups that land late.
+
+use crate::ledger::Field;
+use crate::script::LuaScript;
+use crate::time::{MICROS_PER_MS, MICROS_PER_SEC, Micros};
+
+pub(crate) mod sha {
+    include!(concat!(env!("OUT_DIR"), "/tally_sha1.rs"));
+}
+
+/// `lua/tally_take.lua`: renames a finished slot for its settlement and reads it.
+pub const TALLY_TAKE: LuaScript = LuaScript {
+    source: sha::TALLY_TAKE_SOURCE,
+    sha1: sha::TALLY_TAKE_SHA1,
+};
+/// `lua/tally_done.lua`: drops the settled slot, writes the carry, blocks.
+pub const TALLY_DONE: LuaScript = LuaScript {
+    source: sha::TALLY_DONE_SOURCE,
+    sha1: sha::TALLY_DONE_SHA1,
+};
+/// `lua/tally_add.lua`: a chunk taken off a slot's count, until a deadline.
+pub const TALLY_ADD: LuaScript = LuaScript {
+    source: sha::TALLY_ADD_SOURCE,
+    sha1: sha::TALLY_ADD_SHA1,
+};
+
+/// The slots of the ring.
+pub const SLOTS: i64 = 3;
+/// A slot being charged (renamed from its slot by its settler).
+pub const SETTLING_KEY: &str = "fg:tally:settling";
+/// Counts carried to a later settlement (field → count).
+pub const CARRY_KEY: &str = "fg:tally:carry";
+/// Who settles a region's finished epoch (`SET NX PX`, the epoch as value).
+pub const LOCK_KEY: &str = "fg:tally:lock";
+/// Added to a blocked bucket's count: far above any credit, far below 2^53.
+pub const BLOCKED: i64 = 1 << 40;
+/// A draw is spent until this long before its epoch ends (on the instance's
+/// clock): clocks that read in whole milliseconds (the Worker's) and a skew
+/// between instances cannot stretch it into the settlement.
+pub const DRAW_MARGIN: Micros = 250 * MICROS_PER_MS;
+/// An epoch's slot is settled this long after the epoch ends at the earliest.
+pub const SETTLE_AFTER: Micros = MICROS_PER_SEC;
+/// A chunk's lease outlives its epoch by this much (at the global store).
+pub const CHUNK_MARGIN: Micros = 500 * MICROS_PER_MS;
+/// The whole carry is charged every this many epochs (and dropped).
+pub const CARRY_SWEEP_EPOCHS: i64 = 60;
+
+/// The slot of epoch `epoch`.
+pub fn slot_key(epoch: i64) -> String {
+    format!("fg:tally:{}", epoch.rem_euclid(SLOTS))
+}
+
+/// How a deployment runs its tallies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TallySettings {
+    /// The length of an epoch (a draw lives at most this long).
+    pub epoch: Micros,
+}
+
+impl Default for TallySettings {
+    /// 5 s: a draw lives 2.5 s on average, and a hot key's chunks turn over
+    /// fast enough for a bound of 500 to carry 40 requests/s
+    /// (`simulate::fanout`'s model; docs/scale.md).
+    fn default() -> Self {
+        Self {
+            epoch: 5 * MICROS_PER_SEC,
+        }
+    }
+}
+
+impl TallySettings {
+    /// The epoch of `now` (µs on the instance's clock).
+    pub fn epoch_of(&self, now: Micros) -> i64 {
+        now.div_euclid(self.epoch.max(1))
+    }
+
+    /// When epoch `epoch` ends.
+    pub fn end_of(&self, epoch: i64) -> Micros {
+        (epoch + 1) * self.epoch.max(1)
+    }
+
+    /// Until when a token drawn in `epoch` may be spent.
+    pub fn draw_until(&self, epoch: i64) -> Micros {
+        self.end_of(epoch) - DRAW_MARGIN
+    }
+}
+
+/// What a policy's bound gives its regions' tallies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    /// What a region may admit per bucket and epoch before it is charged.
+    pub credit: u64,
+    /// Counts this small (with what was carried before) are carried, not charged.
+    pub carry: u64,
+    /// Tokens out on chunks at once, all regions together (the lease book).
+    pub book: u64,
+    /// What one top-up asks for: a quarter of the book per region.
+    pub chunk: u64,
+}
+
+impl Shares {
+    /// `max_overshoot / (20 × regions)` of credit per region, half of it as
+    /// carry, half the bound for the chunks (see the module's bound).
+    pub fn of(max_overshoot: u64, regions: u32) -> Shares {
+        let regions = u64::from(regions.max(1));
+        let credit = max_overshoot / (20 * regions);
+        let book = max_overshoot - 10 * regions * credit;
+        Shares {
+            credit,
+            carry: credit / 2,
+            book,
+            chunk: (book / (4 * regions)).max(1),
+        }
+    }
+}
+
+/// What one increment's reply means (the count after it, `by` = cost + draw).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Admitted with its draw.
+    Admitted,
+    /// Admitted without its draw (past the credit with it): `HINCRBY -draw`.
+    WithoutDraw,
+    /// Past the credit: taken back (`HINCRBY -by`), the exact path decides.
+    Over,
+    /// The bucket is blocked (in debt at the global store): taken back, exact.
+    Blocked,
+}
+
+/// What the count `after` an increment of `cost + draw` means against `credit`.
+pub fn counted(after: i64, cost: u64, draw: u64, credit: u64) -> Counted {
+    if after >= BLOCKED / 2 {
+        return Counted::Blocked;
+    }
+    let credit = credit as i64;
+    if after <= credit {
+        Counted::Admitted
+    } else if after - draw as i64 <= credit && cost > 0 {
+        Counted::WithoutDraw
+    } else {
+        Counted::Over
+    }
+}
+
+/// Whether the increment that took a count from `before` to `after` asks for a
+/// chunk: it crossed half the credit (exactly one request does per crossing),
+/// or it found the credit spent.
+pub fn tops_up(before: i64, after: i64, credit: u64) -> bool {
+    let half = (credit / 2) as i64;
+    (before < half && after >= half) || counted(after, 1, 0, credit) == Counted::Over
+}
+
+/// A key's draw on one instance: its rate there over the time left to spend
+/// it, at most a quarter of the credit (or, without credit, of a chunk).
+pub fn draw_size(seen: u64, over: Micros, left: Micros, shares: &Shares) -> u64 {
+    if seen == 0 || left <= 0 {
+        return 0;
+    }
+    let cap = if shares.credit > 0 {
+        shares.credit / 4
+    } else {
+        shares.chunk / 4
+    };
+    let tokens = u128::from(seen) * left as u128 / over.max(MICROS_PER_SEC) as u128;
+    (tokens as u64).min(cap)
+}
+
+/// One bucket of a slot being settled: its field, the count, and what was
+/// carried for it before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub raw: String,
+    pub field: Field,
+    pub count: i64,
+    pub carried: u64,
+}
+
+/// What `lua/tally_take.lua` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// A slot left settling by a settler that did not finish (it is charged
+    /// first, and the finished slot waits for the next settlement).
+    pub pending: bool,
+    pub entries: Vec<Entry>,
+}
+
+impl Taken {
+    /// `{flag, field, count, carried, ...}` (flag 0: nothing to settle, 1: a
+    /// pending settlement, 2: the slot just renamed). Fields that do not parse
+    /// are dropped (nothing is charged for them).
+    pub fn from_reply(items: &[Vec<u8>]) -> Result<Option<Taken>, String> {
+        let bad = || format!("unexpected tally take reply of {} items", items.len());
+        let (flag, rest) = items.split_first().ok_or_else(bad)?;
+        let flag: i64 = std::str::from_utf8(flag)
+            .ok()
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(bad)?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        if rest.len() % 3 != 0 || !(1..=2).contains(&flag) {
+            return Err(bad());
+        }
+        let number = |b: &[u8]| std::str::from_utf8(b).ok().and_then(|t| t.parse().ok());
+        let entries = rest
+            .chunks(3)
+            .filter_map(|e| {
+                let raw = String::from_utf8(e[0].clone()).ok()?;
+                let field = Field::decode(&raw)?;
+                let count: i64 = number(&e[1])?;
+                let carried = number(&e[2]).unwrap_or(0i64).max(0) as u64;
+                Some(Entry {
+                    raw,
+                    field,
+                    count,
+                    carried,
+                })
+            })
+            .collect();
+        Ok(Some(Taken {
+            pending: flag == 1,
+            entries,
+        }))
+    }
+}
+
+/// What a settlement does with what it took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settlement {
+    /// Charged to the global buckets: (field, tokens).
+    pub charges: Vec<(Entry, u64)>,
+    /// Carried to a later settlement: (raw field, the carried count).
+    pub carried: Vec<(String, u64)>,
+    /// Carried before and charged now: dropped from the carry.
+    pub uncarried: Vec<String>,
+    /// Blocked when they were counted (charged whatever the carry).
+    pub were_blocked: Vec<String>,
+}
+
+/// The settlement of `taken`: each bucket's count (less [`BLOCKED`] if it was
+/// blocked; a negative count is chunk tokens unspent, charged nothing) plus its
+/// carry is carried when at most `carry` (and not blocked), else charged; a
+/// blocked bucket is always in the charge (for 0 tokens if need be: the charge
+/// reads whether it is still in debt). With `sweep`, everything is charged.
+pub fn settle(taken: &Taken, carry: u64, sweep: bool) -> Settlement {
+    let mut s = Settlement::default();
+    for e in &taken.entries {
+        let blocked = e.count >= BLOCKED / 2;
+        let own = if blocked { e.count - BLOCKED } else { e.count };
+        let total = own.max(0) as u64 + e.carried;
+        if blocked {
+            // charged whatever its count (0: the charge only reads the bucket),
+            // so the settler learns whether it is still in debt
+            s.were_blocked.push(e.raw.clone());
+        } else if total == 0 {
+            continue;
+        }
+        if total <= carry && !blocked && !sweep {
+            if total != e.carried {
+                s.carried.push((e.raw.clone(), total));
+            }
+            continue;
+        }
+        if e.carried > 0 {
+            s.uncarried.push(e.raw.clone());
+        }
+        s.charges.push((e.clone(), total));
+    }
+    s
+}
+
+/// The arguments of `lua/tally_done.lua` for `s`, blocking `blocked`.
+pub fn done_args(s: &Settlement, blocked: &[String], sweep: bool) -> Vec<String> {
+    let mut args = vec![
+        BLOCKED.to_string(),
+        if sweep { "1" } else { "0" }.to_string(),
+        s.carried.len().to_string(),
+    ];
+    for (raw, n) in &s.carried {
+        args.extend([raw.clone(), n.to_string()]);
+    }
+    args.push(s.uncarried.len().to_string());
+    args.extend(s.uncarried.iter().cloned());
+    args.push(blocked.len().to_string());
+    args.extend(blocked.iter().cloned());
+    args
+}
+
+/// One bucket's tally on one instance: the tokens it drew, and what sizes the
+/// next draw. Pure: the edge keeps one per bucket it decided lately.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub tokens: u64,
+    /// Spendable until then (local clock).
+    pub until: Micros,
+    /// Requests of the key on this instance since `since`.
+    pub seen: u64,
+    pub since: Micros,
+    /// The epoch this instance last asked for a chunk in, after finding the
+    /// credit spent (once per epoch).
+    pub asked: i64,
+    /// The region's credit and chunks were found spent: the exact path decides
+    /// until then without asking the region.
+    pub out_until: Micros,
+}
+
+/// What an instance does with a request of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Spent from the tokens it drew: admitted, no store call.
+    Spent,
+    /// `HINCRBY <slot of epoch> <field> <cost + draw>`.
+    Count { epoch: i64, cost: u64, draw: u64 },
+    /// The exact path decides (the region's credit was found spent lately).
+    Exact,
+}
+
+/// How long an instance that found a key's credit spent sends it to the exact
+/// path before asking its region again (a chunk may have come meanwhile).
+pub const OUT_FOR: Micros = 500 * MICROS_PER_MS;
+
+impl Held {
+    /// The step for a request of `cost` at `now`.
+    pub fn step(
+        &mut self,
+        settings: &TallySettings,
+        shares: &Shares,
+        cost: u64,
+        now: Micros,
+    ) -> Step {
+        // the rate is measured over the last two epochs or so
+        if now - self.since > 2 * settings.epoch {
+            self.since = now - settings.epoch;
+            self.seen /= 2;
+        }
+        self.seen += 1;
+        if now < self.until && self.tokens >= cost {
+            self.tokens -= cost;
+            return Step::Spent;
+        }
+        if now < self.out_until {
+            return Step::Exact;
+        }
+        let epoch = settings.epoch_of(now);
+        let left = settings.draw_until(epoch) - now;
+        // this request is not part of its own draw
+        let draw = draw_size(self.seen - 1, now - self.since, left, shares);
+        Step::Count { epoch, cost, draw }
+    }
+
+    /// The region counted `cost + draw` in `epoch`: what that means, and
+    /// whether this instance tops the slot up now.
+    pub fn counted(
+        &mut self,
+        settings: &TallySettings,
+        shares: &Shares,
+        (epoch, cost, draw): (i64, u64, u64),
+        after: i64,
+        now: Micros,
+    ) -> (Counted, bool) {
+        let by = (cost + draw) as i64;
+        let c = counted(after, cost, draw, shares.credit);
+        match c {
+            Counted::Admitted => {
+                self.tokens = draw;
+                self.until = settings.draw_until(epoch);
+            }
+            Counted::WithoutDraw => self.tokens = 0,
+            Counted::Over | Counted::Blocked => {
+                self.out_until = now + OUT_FOR;
+            }
+        }
+        let mut top_up = c != Counted::Blocked && tops_up(after - by, after, shares.credit);
+        if top_up && c == Counted::Over {
+            // once per epoch from the one that found the credit spent
+            top_up = self.asked != epoch;
+            self.asked = epoch;
+        }
+        (c, top_up)
+    }
+
+    /// A chunk this instance asked for landed: the region may admit again.
+    pub fn topped_up(&mut self) {
+        self.out_until = 0;
+    }
+}
+
+/// The pure twin of one region's tally (the three slots, the settling slot and
+/// the carry), as the scripts and plain commands change them.
+#[cfg(any(test, feature = "twins"))]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegionTally {
+    pub slots: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
+    pub carry: std::collections::BTreeMap<String, u64>,
+}
+
+#[cfg(any(test, feature = "twins"))]
+impl RegionTally {
+    /// `HINCRBY <slot> <field> <by>`.
+    pub fn incr(&mut self, slot: &str, field: &str, by: i64) -> i64 {
+        let n = self
+            .slots
+            .entry(slot.to_string())
+            .or_default()
+            .entry(field.to_string())
+            .or_default();
+        *n += by;
+        *n
+    }
+
+    /// `lua/tally_take.lua` of `slot`.
+    pub fn take(&mut self, slot: &str) -> Vec<Vec<u8>> {
+        let pending = self.slots.contains_key(SETTLING_KEY);
+        if !pending {
+            match self.slots.remove(slot) {
+                Some(h) => {
+                    self.slots.insert(SETTLING_KEY.to_string(), h);
+                }
+                None => return vec![b"0".to_vec()],
+            }
+        }
+        let flag = if pending { "1" } else { "2" };
+        let mut reply = vec![flag.as_bytes().to_vec()];
+        for (f, n) in &self.slots[SETTLING_KEY] {
+            let carried = self.carry.get(f).copied().unwrap_or(0);
+            reply.extend([
+                f.as_bytes().to_vec(),
+                n.to_string().into_bytes(),
+                carried.to_string().into_bytes(),
+            ]);
+        }
+        reply
+    }
+
+    /// `lua/tally_done.lua` with `args` ([`done_args`]), blocking in `others`.
+    pub fn done(&mut self, others: [&str; 2], args: &[String]) -> Result<(), String> {
+        let bad = || "ERR floodgate: bad tally done arguments".to_string();
+        let blocked: i64 = args.first().and_then(|b| b.parse().ok()).ok_or_else(bad)?;
+        let sweep = args.get(1).ok_or_else(bad)? == "1";
+        let mut rest = &args[2..];
+        let mut list = |per: usize| -> Result<Vec<Vec<String>>, String> {
+            let n: usize = rest.first().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+            let items = rest.get(1..1 + n * per).ok_or_else(bad)?;
+            let out = items.chunks(per).map(|c| c.to_vec()).collect();
+            rest = &rest[1 + n * per..];
+            Ok(out)
+        };
+        let (carried, uncarried, blocks) = (list(2)?, list(1)?, list(1)?);
+        self.slots.remove(SETTLING_KEY);
+        if sweep {
+            self.carry.clear();
+        }
+        for c in carried {
+            self.carry
+                .insert(c[0].clone(), c[1].parse().map_err(|_| bad())?);
+        }
+        for u in uncarried {
+            self.carry.remove(&u[0]);
+        }
+        for b in blocks {
+            for slot in others {
+                self.incr(slot, &b[0], blocked);
+            }
+        }
+        Ok(())
+    }
+
+    /// `lua/tally_add.lua`: `HINCRBY <slot> <field> -<tokens>` while `now`
+    /// (the regional store's clock) is before `until`.
+    pub fn add(
+        &mut self,
+        slot: &str,
+        field: &str,
+        tokens: u64,
+        now: Micros,
+        until: Micros,
+    ) -> bool {
+        if now >= until {
+            return false;
+        }
+        self.incr(slot, field, -(tokens as i64));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;

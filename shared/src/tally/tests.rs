@@ -1,0 +1,540 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::lease::{Central, LeaseConfig};
+
+const T: Micros = 100_000; // 10 tokens/s: the load offered is several times the refill
+const EPOCH: Micros = MICROS_PER_SEC;
+
+fn settings() -> TallySettings {
+    TallySettings { epoch: EPOCH }
+}
+
+fn field() -> Field {
+    Field {
+        bucket: "fg:{k:a}:p".into(),
+        emission: T,
+        burst: 100 * T,
+    }
+}
+
+/// The largest excess over `capacity + (b − a)/T` of the admissions within any
+/// window [a, b] (the exact token bucket's own guarantee has excess ≤ 0).
+fn worst_excess(admitted: &[Micros], capacity: u64) -> i64 {
+    let mut times = admitted.to_vec();
+    times.sort_unstable();
+    let mut worst = i64::MIN;
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let count = (j - i + 1) as i64;
+            let allowed = capacity as i64 + (times[j] - times[i]) / T;
+            worst = worst.max(count - allowed);
+        }
+    }
+    worst
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// A request at an instance (instance index, all regions together).
+    Request(usize),
+    /// An instance of a region tries to settle; `crash`: it dies after the
+    /// take (0), after the charge (1), or finishes (2+).
+    Settle(usize, u8),
+    /// An instance forgets everything (a new isolate).
+    Forget(usize),
+    /// The global store stops / starts answering.
+    Global(bool),
+}
+
+fn event() -> impl Strategy<Value = (Event, Micros)> {
+    let e = prop_oneof![
+        12 => (0usize..9).prop_map(Event::Request),
+        2 => ((0usize..3), 0u8..6).prop_map(|(r, c)| Event::Settle(r, c)),
+        1 => (0usize..9).prop_map(Event::Forget),
+        1 => proptest::bool::ANY.prop_map(Event::Global),
+    ];
+    (e, 0i64..40_000)
+}
+
+/// A top-up on its way: the lease take reaches the global store at `take_at`,
+/// the chunk the region at `add_at`.
+struct TopUp {
+    take_at: Micros,
+    add_at: Micros,
+    region: usize,
+    instance: usize,
+    epoch: i64,
+    granted: Option<u64>,
+}
+
+/// Everything around one bucket: `regions` regions of `per_region` instances,
+/// each deciding as the edge does ([`Held`]), the regions' tallies
+/// ([`RegionTally`]), the global bucket with its lease book ([`Central`]),
+/// settlements that may crash half way, and top-ups that travel `delay` each
+/// way. Returns every admission's instant.
+struct System {
+    shares: Shares,
+    capacity: u64,
+    delay: Micros,
+    regions: usize,
+    per_region: usize,
+    global: Central,
+    global_up: bool,
+    tallies: Vec<RegionTally>,
+    held: Vec<Held>,
+    top_ups: Vec<TopUp>,
+    admitted: Vec<Micros>,
+    ids: u64,
+}
+
+impl System {
+    fn new(bound: u64, capacity: u64, regions: usize, per_region: usize, delay: Micros) -> Self {
+        Self {
+            shares: Shares::of(bound, regions as u32),
+            capacity,
+            delay,
+            regions,
+            per_region,
+            global: Central::default(),
+            global_up: true,
+            tallies: vec![RegionTally::default(); regions],
+            held: vec![Held::default(); regions * per_region],
+            top_ups: vec![],
+            admitted: vec![],
+            ids: 0,
+        }
+    }
+
+    fn burst(&self) -> Micros {
+        self.capacity as Micros * T
+    }
+
+    fn exact(&mut self, now: Micros) {
+        if !self.global_up {
+            return;
+        }
+        let burst = self.burst();
+        let cfg = LeaseConfig::default();
+        if self
+            .global
+            .take(&cfg, now, burst, T, 1, 0, "x", None)
+            .admitted
+        {
+            self.admitted.push(now);
+        }
+    }
+
+    fn request(&mut self, i: usize, now: Micros) {
+        let i = i % self.held.len();
+        let region = i / self.per_region;
+        let (s, shares) = (settings(), self.shares);
+        let step = self.held[i].step(&s, &shares, 1, now);
+        let (epoch, cost, draw) = match step {
+            Step::Spent => return self.admitted.push(now),
+            Step::Exact => return self.exact(now),
+            Step::Count { epoch, cost, draw } => (epoch, cost, draw),
+        };
+        let (slot, f) = (slot_key(epoch), field().encode());
+        let by = (cost + draw) as i64;
+        let after = self.tallies[region].incr(&slot, &f, by);
+        let (c, top_up) = self.held[i].counted(&s, &shares, (epoch, cost, draw), after, now);
+        match c {
+            Counted::Admitted => self.admitted.push(now),
+            Counted::WithoutDraw => {
+                self.tallies[region].incr(&slot, &f, -(draw as i64));
+                self.admitted.push(now);
+            }
+            Counted::Over | Counted::Blocked => {
+                self.tallies[region].incr(&slot, &f, -by);
+                self.exact(now);
+            }
+        }
+        if top_up {
+            self.top_ups.push(TopUp {
+                take_at: now + self.delay,
+                add_at: now + 2 * self.delay,
+                region,
+                instance: i,
+                epoch,
+                granted: None,
+            });
+        }
+    }
+
+    /// Top-ups whose messages have arrived by `now`.
+    fn travel(&mut self, now: Micros) {
+        let (burst, s) = (self.burst(), settings());
+        for t in self.top_ups.iter_mut() {
+            if t.granted.is_none() && t.take_at <= now {
+                let life = s.end_of(t.epoch) + CHUNK_MARGIN - t.take_at;
+                let cfg = LeaseConfig {
+                    max_overshoot: self.shares.book,
+                    max_lease: self.shares.chunk,
+                    lifetime: life.max(1),
+                    ..LeaseConfig::default()
+                };
+                self.ids += 1;
+                let got = if self.global_up && life > 0 {
+                    let id = self.ids.to_string();
+                    let taken =
+                        self.global
+                            .take(&cfg, t.take_at, burst, T, 0, cfg.max_lease, &id, None);
+                    taken.leased
+                } else {
+                    0
+                };
+                t.granted = Some(got);
+            }
+        }
+        let (landed, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.top_ups)
+            .into_iter()
+            .partition(|t| t.add_at <= now && t.granted.is_some());
+        self.top_ups = waiting;
+        for t in landed {
+            let g = t.granted.unwrap_or(0);
+            let until = s.draw_until(t.epoch);
+            if g > 0
+                && self.tallies[t.region].add(
+                    &slot_key(t.epoch),
+                    &field().encode(),
+                    g,
+                    t.add_at,
+                    until,
+                )
+            {
+                self.held[t.instance].topped_up();
+            }
+        }
+    }
+
+    /// One settlement attempt of `region` at `now`: the slots of the two
+    /// epochs before the current one, oldest first, each taken, charged and
+    /// done — unless the settler dies (`crash` 0: after a take, 1: after a
+    /// charge) or the global store is down (stops after the take).
+    fn settle(&mut self, region: usize, crash: u8, now: Micros) {
+        let s = settings();
+        let current = s.epoch_of(now);
+        if now < s.end_of(current - 1) + SETTLE_AFTER {
+            return;
+        }
+        for e in [current - 2, current - 1] {
+            let tally = &mut self.tallies[region];
+            let Some(taken) = Taken::from_reply(&tally.take(&slot_key(e))).unwrap() else {
+                continue;
+            };
+            if crash == 0 || !self.global_up {
+                return;
+            }
+            let plan = settle(&taken, self.shares.carry, e % CARRY_SWEEP_EPOCHS == 0);
+            let mut blocked: Vec<String> = vec![];
+            for (entry, n) in &plan.charges {
+                self.global.full_at = crate::ledger::charged(
+                    Some(self.global.full_at),
+                    now,
+                    entry.field.emission,
+                    *n,
+                );
+            }
+            if self.global.full_at - now > self.capacity as Micros * T {
+                blocked = plan.charges.iter().map(|(e, _)| e.raw.clone()).collect();
+            }
+            if crash == 1 {
+                return;
+            }
+            let others = [slot_key(current), slot_key(current + 1)];
+            let args = done_args(&plan, &blocked, e % CARRY_SWEEP_EPOCHS == 0);
+            self.tallies[region]
+                .done([others[0].as_str(), others[1].as_str()], &args)
+                .unwrap();
+            if taken.pending {
+                // the finished slot waits for the next settlement
+                return;
+            }
+        }
+    }
+
+    fn run(&mut self, events: &[(Event, Micros)]) {
+        let mut now = 10 * EPOCH;
+        for &(event, step) in events {
+            now += step;
+            self.travel(now);
+            match event {
+                Event::Request(i) => self.request(i, now),
+                Event::Settle(r, crash) => self.settle(r % self.regions, crash, now),
+                Event::Forget(i) => {
+                    let i = i % self.held.len();
+                    self.held[i] = Held::default();
+                }
+                Event::Global(up) => self.global_up = up,
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Regions of instances deciding one bucket at their tallies, with draws,
+    /// chunks topped up late, settlements that crash half way or find the
+    /// global store down, instances that forget what they drew: admissions in
+    /// every window stay within capacity + refill × window + max_overshoot.
+    #[test]
+    fn regions_and_instances_never_overshoot_the_bound(
+        capacity in 1u64..40,
+        bound in 1u64..120,
+        regions in 1usize..4,
+        per_region in 1usize..4,
+        delay in 0i64..300_000,
+        events in proptest::collection::vec(event(), 1..300),
+    ) {
+        let mut sys = System::new(bound, capacity, regions, per_region, delay);
+        sys.run(&events);
+        let excess = worst_excess(&sys.admitted, capacity);
+        prop_assert!(excess <= bound as i64, "excess {excess} > bound {bound}");
+    }
+}
+
+#[test]
+fn the_shares_split_the_bound_as_the_module_says() {
+    let s = Shares::of(500, 2);
+    assert_eq!((s.credit, s.carry, s.book, s.chunk), (12, 6, 260, 32));
+    for bound in 1..2_000u64 {
+        for regions in 1..8u32 {
+            let s = Shares::of(bound, regions);
+            let r = u64::from(regions);
+            assert!(
+                10 * r * s.credit + s.book <= bound,
+                "{bound} {regions}: {s:?}"
+            );
+            assert!(s.chunk >= 1 && s.carry <= s.credit / 2);
+        }
+    }
+    assert_eq!(
+        Shares::of(20, 2).credit,
+        0,
+        "too small for credit: chunks only"
+    );
+}
+
+#[test]
+fn an_increment_is_admitted_with_or_without_its_draw_or_taken_back() {
+    assert_eq!(counted(10, 1, 3, 10), Counted::Admitted);
+    assert_eq!(counted(12, 1, 3, 10), Counted::WithoutDraw);
+    assert_eq!(counted(12, 1, 1, 10), Counted::Over);
+    assert_eq!(
+        counted(-40, 1, 3, 0),
+        Counted::Admitted,
+        "chunks: below zero"
+    );
+    assert_eq!(counted(BLOCKED + 1, 1, 0, 10), Counted::Blocked);
+    assert!(tops_up(4, 6, 12), "crossed half the credit");
+    assert!(!tops_up(6, 8, 12));
+    assert!(tops_up(12, 13, 12), "found the credit spent");
+}
+
+#[test]
+fn a_draw_follows_the_keys_rate_on_the_instance_within_a_quarter_of_the_credit() {
+    let s = Shares::of(2_000, 1);
+    assert_eq!(s.credit, 100);
+    // 4 requests in 2 s, 1.5 s left: 3 tokens
+    assert_eq!(draw_size(4, 2 * MICROS_PER_SEC, 1_500_000, &s), 3);
+    assert_eq!(draw_size(1_000, MICROS_PER_SEC, 4 * MICROS_PER_SEC, &s), 25);
+    assert_eq!(draw_size(0, MICROS_PER_SEC, MICROS_PER_SEC, &s), 0);
+    assert_eq!(draw_size(5, MICROS_PER_SEC, 0, &s), 0);
+}
+
+#[test]
+fn an_instance_spends_its_draw_then_counts_then_goes_exact_once_out() {
+    let (s, shares) = (settings(), Shares::of(400, 1));
+    assert_eq!(shares.credit, 20);
+    let mut h = Held::default();
+    let t0 = 10 * EPOCH;
+    let Step::Count { epoch, cost, draw } = h.step(&s, &shares, 1, t0) else {
+        panic!("a cold key is counted");
+    };
+    assert_eq!((epoch, cost, draw), (10, 1, 0), "no rate yet: no draw");
+    assert_eq!(
+        h.counted(&s, &shares, (epoch, 1, 0), 1, t0),
+        (Counted::Admitted, false)
+    );
+    // four more requests within 100 ms: a draw
+    let mut last = None;
+    for k in 1..5 {
+        last = Some(h.step(&s, &shares, 1, t0 + k * 20_000));
+    }
+    let Some(Step::Count { draw, .. }) = last else {
+        panic!("{last:?}");
+    };
+    assert!(draw >= 1, "{draw}");
+    let (c, _) = h.counted(&s, &shares, (10, 1, draw), 2 + draw as i64, t0 + 80_000);
+    assert_eq!(c, Counted::Admitted);
+    assert_eq!(h.step(&s, &shares, 1, t0 + 90_000), Step::Spent);
+    // past its epoch the draw is gone
+    h.tokens = 5;
+    assert!(matches!(
+        h.step(&s, &shares, 1, s.draw_until(10)),
+        Step::Count { .. }
+    ));
+    // the credit found spent: exact for a while, one chunk asked for per epoch
+    let t1 = 11 * EPOCH;
+    let (c, top) = h.counted(&s, &shares, (11, 1, 0), 21, t1);
+    assert_eq!((c, top), (Counted::Over, true));
+    assert_eq!(h.step(&s, &shares, 1, t1 + 1), Step::Exact);
+    let (_, top) = h.counted(&s, &shares, (11, 1, 0), 22, t1 + OUT_FOR);
+    assert!(!top, "asked once this epoch");
+    h.topped_up();
+    assert!(matches!(
+        h.step(&s, &shares, 1, t1 + OUT_FOR + 1),
+        Step::Count { .. }
+    ));
+}
+
+#[test]
+fn a_settlement_carries_small_counts_charges_the_rest_and_sweeps() {
+    let f = |name: &str| Field {
+        bucket: name.into(),
+        emission: T,
+        burst: 100 * T,
+    };
+    let entry = |name: &str, count: i64, carried: u64| Entry {
+        raw: f(name).encode(),
+        field: f(name),
+        count,
+        carried,
+    };
+    let taken = Taken {
+        pending: false,
+        entries: vec![
+            entry("small", 2, 1),
+            entry("big", 30, 0),
+            entry("grew", 3, 4),
+            entry("chunked", -20, 0),
+            entry("blocked", BLOCKED + 2, 0),
+        ],
+    };
+    let s = settle(&taken, 5, false);
+    let names: Vec<(&str, u64)> = s
+        .charges
+        .iter()
+        .map(|(e, n)| (e.field.bucket.as_str(), *n))
+        .collect();
+    assert_eq!(names, [("big", 30), ("grew", 7), ("blocked", 2)]);
+    let only_blocked = Taken {
+        pending: false,
+        entries: vec![entry("blocked", BLOCKED, 0)],
+    };
+    assert_eq!(
+        settle(&only_blocked, 5, false).charges[0].1,
+        0,
+        "read for its debt"
+    );
+    assert_eq!(s.carried, [(f("small").encode(), 3)]);
+    assert_eq!(s.uncarried, [f("grew").encode()]);
+    assert_eq!(s.were_blocked, [f("blocked").encode()]);
+    let swept = settle(&taken, 5, true);
+    assert_eq!(swept.charges.len(), 4);
+    assert!(swept.carried.is_empty());
+}
+
+#[test]
+fn the_twin_renames_settles_carries_and_blocks_as_the_scripts_do() {
+    let mut r = RegionTally::default();
+    let f = field().encode();
+    assert_eq!(r.take("fg:tally:0"), vec![b"0".to_vec()]);
+    r.incr("fg:tally:0", &f, 3);
+    let taken = Taken::from_reply(&r.take("fg:tally:0")).unwrap().unwrap();
+    assert!(!taken.pending);
+    assert_eq!(taken.entries[0].count, 3);
+    // a second take before done: the same slot, pending
+    r.incr("fg:tally:0", &f, 1);
+    let again = Taken::from_reply(&r.take("fg:tally:0")).unwrap().unwrap();
+    assert!(again.pending);
+    let plan = settle(&again, 5, false);
+    let args = done_args(&plan, std::slice::from_ref(&f), false);
+    r.done(["fg:tally:1", "fg:tally:2"], &args).unwrap();
+    assert_eq!(r.carry.get(&f), Some(&3));
+    assert_eq!(r.slots["fg:tally:1"][&f], BLOCKED);
+    assert!(r.done(["a", "b"], &["x".into()]).is_err());
+    assert!(
+        !r.add("fg:tally:1", &f, 5, 10, 10),
+        "past its deadline: nothing"
+    );
+    assert!(r.add("fg:tally:1", &f, 5, 9, 10));
+    assert_eq!(r.slots["fg:tally:1"][&f], BLOCKED - 5);
+}
+
+#[test]
+fn a_take_reply_parses_and_garbage_is_refused() {
+    let f = field().encode();
+    let ok = vec![
+        b"2".to_vec(),
+        f.clone().into_bytes(),
+        b"4".to_vec(),
+        b"1".to_vec(),
+    ];
+    let t = Taken::from_reply(&ok).unwrap().unwrap();
+    assert_eq!(
+        (t.pending, t.entries[0].count, t.entries[0].carried),
+        (false, 4, 1)
+    );
+    assert_eq!(Taken::from_reply(&[b"0".to_vec()]).unwrap(), None);
+    for bad in [
+        vec![],
+        vec![b"x".to_vec()],
+        vec![b"2".to_vec(), b"f".to_vec()],
+        vec![b"7".to_vec()],
+    ] {
+        assert!(Taken::from_reply(&bad).is_err(), "{bad:?}");
+    }
+    // a field that does not parse is dropped, not charged
+    let junk = vec![b"1".to_vec(), b"junk".to_vec(), b"4".to_vec(), b"".to_vec()];
+    assert!(
+        Taken::from_reply(&junk)
+            .unwrap()
+            .unwrap()
+            .entries
+            .is_empty()
+    );
+}
+
+/// A region cut off from the global store for many epochs: every request of a
+/// busy key goes to its tally, every settlement fails; once the store is back,
+/// the backlog is charged into debt and the key is blocked. Admissions stay
+/// within the bound, and the region did admit on credit meanwhile (each of
+/// its three slots and the one settling up to the credit, no more).
+#[test]
+fn a_region_cut_off_from_the_global_store_stops_at_four_credits() {
+    let (bound, capacity) = (200, 10);
+    let mut sys = System::new(bound, capacity, 1, 2, 0);
+    let credit = sys.shares.credit as usize;
+    assert_eq!(credit, 10);
+    let mut events = vec![(Event::Global(false), 0)];
+    for epoch in 0..12 {
+        for k in 0..40 {
+            events.push((Event::Request(k % 2), EPOCH / 40));
+        }
+        if epoch % 2 == 0 {
+            events.push((Event::Settle(0, 5), 0));
+        }
+    }
+    events.push((Event::Global(true), 0));
+    for _ in 0..8 {
+        for k in 0..20 {
+            events.push((Event::Request(k % 2), EPOCH / 20));
+        }
+        events.push((Event::Settle(0, 5), 0));
+    }
+    sys.run(&events);
+    let excess = worst_excess(&sys.admitted, capacity);
+    assert!(excess <= bound as i64, "excess {excess} > bound {bound}");
+    let cut_off = sys
+        .admitted
+        .iter()
+        .filter(|&&t| t < 10 * EPOCH + 12 * EPOCH)
+        .count();
+    assert!(
+        (credit..=4 * credit).contains(&cut_off),
+        "{cut_off} admitted while cut off (credit {credit})"
+    );
+}
