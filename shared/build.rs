@@ -16,11 +16,6 @@ const SCRIPTS: &[(&str, &str)] = &[
 const LEASE_SCRIPTS: &[(&str, &str)] = &[
     ("LEASE_TAKE", "lease_take.lua"),
     ("LEASE_RETURN", "lease_return.lua"),
-    ("POOL_TAKE", "pool_take.lua"),
-    ("POOL_ADD", "pool_add.lua"),
-    ("LEDGER_TAKE", "ledger_take.lua"),
-    ("LEDGER_CHARGE", "ledger_charge.lua"),
-    ("LEDGER_DONE", "ledger_done.lua"),
 ];
 
 /// The regional tally (`shared/src/tally.rs`).
@@ -28,6 +23,7 @@ const TALLY_SCRIPTS: &[(&str, &str)] = &[
     ("TALLY_TAKE", "tally_take.lua"),
     ("TALLY_DONE", "tally_done.lua"),
     ("TALLY_ADD", "tally_add.lua"),
+    ("TALLY_CHARGE", "tally_charge.lua"),
 ];
 
 /// The configuration's audited save (`shared/src/audit.rs`).

@@ -132,10 +132,10 @@ pub struct EdgeSettings {
     /// regional store).
     #[arg(long, env = "FLOODGATE_LEASE_LIFETIME_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(100..=60_000))]
     pub lease_lifetime_ms: u32,
-    /// How long a regional pool's chunk of bounded consistency lives, and so at
-    /// most an instance's sub-lease of it (with a regional store).
-    #[arg(long, env = "FLOODGATE_POOL_LIFETIME_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u32).range(1_000..=300_000))]
-    pub pool_lifetime_ms: u32,
+    /// How long an epoch of a regional tally of bounded consistency lasts, and
+    /// so at most what an instance draws from it (with a regional store).
+    #[arg(long, env = "FLOODGATE_TALLY_EPOCH_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u32).range(2_000..=60_000))]
+    pub tally_epoch_ms: u32,
 }
 
 /// A header-name setting: an HTTP token, kept in lower case.
@@ -254,7 +254,9 @@ impl EdgeSettings {
             unknown_keys_per_min: self.unknown_keys_per_min,
             leases: LeaseSettings {
                 lifetime: ms(self.lease_lifetime_ms),
-                pool_lifetime: ms(self.pool_lifetime_ms),
+                tally: floodgate_shared::tally::TallySettings {
+                    epoch: ms(self.tally_epoch_ms),
+                },
                 ..LeaseSettings::default()
             },
             // not settings of the deployment
@@ -307,11 +309,11 @@ mod tests {
         assert_eq!(s.cache_ttl_ms, 5_000);
         assert_eq!(s.max_body_bytes, 10 * 1024 * 1024);
         assert_eq!(s.lease_lifetime_ms, 2_000);
-        assert_eq!(s.pool_lifetime_ms, 60_000);
+        assert_eq!(s.tally_epoch_ms, 5_000);
         let leases = s.pipeline(Protocol::Rest).leases;
         assert_eq!(
-            (leases.lifetime, leases.pool_lifetime),
-            (2_000_000, 60_000_000)
+            (leases.lifetime, leases.tally.epoch),
+            (2_000_000, 5_000_000)
         );
         assert!(!s.forward_key);
         let rules = s.rules("http://u");
@@ -368,8 +370,8 @@ mod tests {
             ("DEADLINE_MS", "0"),
             ("LEASE_LIFETIME_MS", "50"),
             ("LEASE_LIFETIME_MS", "60001"),
-            ("POOL_LIFETIME_MS", "999"),
-            ("POOL_LIFETIME_MS", "300001"),
+            ("TALLY_EPOCH_MS", "1999"),
+            ("TALLY_EPOCH_MS", "60001"),
             ("BREAKER_THRESHOLD", "0"),
             ("CACHE_TTL_MS", "soon"),
             ("KEY_HEADER", "a b"),

@@ -11,39 +11,44 @@
 //! follows the edge (`edge/src/pipeline/`): the key record cache of
 //! `records.rs` (fresh for a TTL after a read or a revision confirmation, read
 //! again on the path when missing or older than two TTLs, in the background
-//! when past its own lifetime), the sub-leases of `leases.rs` (sized from the
-//! key's rate on the instance, spent in memory, drawn ahead when less than one
-//! is left for a quarter of a lifetime), the regional pools and the global
-//! bucket through their pure twins ([`Pool`], [`Central`]), and a refill's
-//! chunk landing a global round trip later. Approximated: a regional call is
-//! decided at the instant the request is (its round trip is short against the
-//! global one, and is counted in the latency estimate); the draw of companion
-//! keys with a key's own (one pool call for several keys) is left out, so the
-//! model's regional bill is an upper bound; per-instance bookkeeping that does
-//! not depend on the key (statistics flushes, revision reads, the
-//! configuration's re-read) is counted from the instance's request rate, not
-//! simulated; a key's traffic is spread evenly over every instance (the worst
-//! case: a real tenant's callers cluster in a few locations).
+//! when past its own lifetime), and the bounded decision of `tally.rs` with the
+//! same pure per-bucket state the edge keeps ([`tally::Held`]: what it drew,
+//! the rate that sizes its next draw) against its region's tally (the epoch's
+//! count, its credit, top-ups with chunks leased from the global bucket's twin
+//! [`Central`] landing a global round trip later, settlements behind with the
+//! carry of [`tally::settle`]). Approximated: a regional call is decided at the
+//! instant the request is (its round trip is short against the global one, and
+//! is counted in the latency estimate); a region's settlement is made at its
+//! epoch's end plus [`tally::SETTLE_AFTER`], its fixed cost (lock tries, take,
+//! charge call, done) counted per region and epoch rather than simulated;
+//! per-instance bookkeeping that does not depend on the key (statistics
+//! flushes, revision reads, the configuration's re-read) is counted from the
+//! instance's request rate, not simulated; a key's traffic is spread evenly
+//! over every instance (the worst case: a real tenant's callers cluster in a
+//! few locations).
 //!
 //! **How it stays fast.** Keys are independent in this model (everything a key
-//! costs is its own record reads, sub-leases, pool and bucket), so the model
+//! costs is its own record reads, draws, tally and bucket), so the model
 //! runs one key at a time through every request of its Poisson arrivals, on
 //! per-instance state reset by a stamp rather than cleared: every request of
 //! the window is simulated, a few million per row, in about a second.
 //!
-//! **A new mechanism** (a regional copy of key records, a cheaper cold-key
-//! path, a standing allowance) is one more [`Mechanism`]: it says where a
-//! missing record is read and how a request whose record is at hand is decided,
-//! using the same [`KeyRun`] steps; [`RegionalRecords`] is one such, a what-if.
+//! **A new mechanism** (another cheaper cold-key path, records loaded in bulk)
+//! is one more [`Mechanism`]: it says where a missing record is read and how a
+//! request whose record is at hand is decided, using the same [`KeyRun`] steps;
+//! [`PrefetchedRecords`] is one such, a what-if.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::lease::{Central, LeaseConfig, LocalLease, Pool, PoolAsk, RateMeter, SubLease};
+use crate::lease::{Central, LeaseConfig, LocalLease, Mode, ModeSwitch};
+use crate::tally::{
+    self, CARRY_SWEEP_EPOCHS, CHUNK_MARGIN, Counted, SETTLE_AFTER, Shares, TallySettings,
+};
 use crate::time::{MICROS_PER_SEC, Micros};
 
 /// What the edge does, in the numbers the model follows (the edge's defaults;
-/// `edge/src/settings.rs`, `edge/src/pipeline/leases.rs`, `leasing.rs`).
+/// `edge/src/settings.rs`, `edge/src/pipeline/leases.rs`, `tally.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EdgeDefaults {
     /// Records are fresh this long after a read or a revision confirmation
@@ -53,8 +58,8 @@ pub struct EdgeDefaults {
     pub records_max_age: Micros,
     /// Statistics are written at most this often (`--stats-flush-ms`).
     pub stats_flush_every: Micros,
-    /// A regional pool chunk's life, and so a sub-lease's (`--pool-lifetime-ms`).
-    pub pool_lifetime: Micros,
+    /// The regional tallies' epochs (`--tally-epoch-ms`).
+    pub tally: TallySettings,
 }
 
 impl Default for EdgeDefaults {
@@ -63,26 +68,10 @@ impl Default for EdgeDefaults {
             cache_ttl: 5 * MICROS_PER_SEC,
             records_max_age: 300 * MICROS_PER_SEC,
             stats_flush_every: 10 * MICROS_PER_SEC,
-            pool_lifetime: 60 * MICROS_PER_SEC,
+            tally: TallySettings::default(),
         }
     }
 }
-
-/// `leases.rs`: a sub-lease is at most this share of a pool refill...
-const SUB_LEASES_PER_CHUNK: u64 = 8;
-/// ...but never below this (or half a refill).
-const SUB_LEASE_FLOOR: u64 = 8;
-/// Requests a sub-lease's size is measured over.
-const SIZING_REQUESTS: u64 = 8;
-/// The most traffic a key's first sub-lease covers, before its rate is measured.
-const FIRST_SUB_LEASE: Micros = 5 * MICROS_PER_SEC;
-/// The chunks a region's pool may hold at once.
-const CHUNKS_PER_REGION: u64 = 3;
-/// `leasing.rs`: a chunk dies this long before its lease, a sub-lease before
-/// its chunk.
-const POOL_MARGIN: Micros = 50_000;
-/// `leasing.rs`: the longest a pool's refill lock lives (ms).
-const REFILL_LOCK_MAX_MS: Micros = 5_000;
 
 /// Commands billed per call, as Upstash bills them (every command a script
 /// runs, and the call itself; docs/cost.md).
@@ -93,10 +82,16 @@ pub mod billed {
     pub const RECORD_READ: u64 = 1;
     /// One GET of the records' revision.
     pub const REVISION_READ: u64 = 1;
-    /// `lua/pool_take.lua` for one bucket: EVALSHA, TIME, MGET, SET.
-    pub const POOL_TAKE: u64 = 4;
-    /// `lua/pool_add.lua`: EVALSHA, TIME, SET.
-    pub const POOL_ADD: u64 = 3;
+    /// A count at the region's tally, or its take-back: one `HINCRBY`.
+    pub const TALLY_COUNT: u64 = 1;
+    /// `lua/tally_add.lua`: EVALSHA, TIME, HINCRBY.
+    pub const TALLY_ADD: u64 = 3;
+    /// A region's settlement of one epoch besides one `SET` per bucket
+    /// charged: the take (EVALSHA, EXISTS, RENAME, HGETALL, HMGET) and the done
+    /// (EVALSHA, DEL, HSET, HDEL) at the region...
+    pub const SETTLE_REGIONAL: u64 = 9;
+    /// ...and the charge's EVALSHA, TIME, MGET at the global store.
+    pub const SETTLE_GLOBAL: u64 = 3;
     /// `lua/lease_take.lua` before its SETs: EVALSHA, TIME, MGET.
     pub const LEASE_TAKE_BASE: u64 = 3;
     /// `lua/stats_flush.lua` per flush: EVALSHA, HSET, LPUSH...
@@ -124,29 +119,8 @@ impl Limit {
         self.capacity as Micros * self.emission()
     }
 
-    /// `LeaseSettings::credit`: what a region admits unconfirmed.
-    fn credit(&self, regions: u32) -> u64 {
-        self.max_overshoot / (4 * u64::from(regions.max(1)))
-    }
-
-    /// What the global store leases: the bound less the regions' credit.
-    fn leasable(&self, regions: u32) -> u64 {
-        self.max_overshoot - u64::from(regions.max(1)) * self.credit(regions)
-    }
-
-    /// `LeaseSettings::pool_target`: one pool refill.
-    fn pool_target(&self, regions: u32) -> u64 {
-        (self.leasable(regions) / (CHUNKS_PER_REGION * u64::from(regions.max(1)))).max(1)
-    }
-
-    /// `LeaseSettings::sub_lease_for`: half a `lifetime` of `tokens` over `over`.
-    fn sub_lease_for(&self, regions: u32, lifetime: Micros, tokens: u64, over: Micros) -> u64 {
-        let target = self.pool_target(regions);
-        let max = (target / SUB_LEASES_PER_CHUNK)
-            .max(SUB_LEASE_FLOOR.min(target / 2))
-            .max(1);
-        let half = (u128::from(tokens) * lifetime as u128 / 2 / over.max(1) as u128) as u64;
-        half.clamp(1, max)
+    fn shares(&self, regions: u32) -> Shares {
+        Shares::of(self.max_overshoot, regions)
     }
 }
 
@@ -207,8 +181,9 @@ pub struct Figures {
     pub waited_global: u64,
     /// Requests by the added latency their round trips make (µs).
     pub latency: BTreeMap<Micros, u64>,
-    /// Of the global bill: per-instance bookkeeping (statistics, revision and
-    /// configuration reads), counted from the instances' request rate.
+    /// Of the bill: per-instance bookkeeping (statistics, revision and
+    /// configuration reads), counted from the instances' request rate, and the
+    /// tallies' settlements, counted per region and epoch.
     pub bookkeeping: f64,
 }
 
@@ -271,6 +246,14 @@ pub trait Mechanism {
     fn confirms_revision(&self) -> bool {
         false
     }
+    /// Regional and global commands per second of this mode's fixed costs
+    /// (not per key), all instances together.
+    fn regional_per_sec(&self, _d: &Deployment) -> f64 {
+        0.0
+    }
+    fn global_per_sec(&self, _d: &Deployment) -> f64 {
+        0.0
+    }
     /// Decides one request at `at` on `instance`: admitted or not.
     fn decide(&self, run: &mut KeyRun<'_>, at: Micros, instance: usize, trip: &mut Trip) -> bool;
 }
@@ -293,71 +276,59 @@ impl Mechanism for Exact {
     }
 }
 
-/// Bounded with regional pools and sub-leases, as the edge decides today.
+/// Bounded at the regions' tallies, as the edge decides: records read from the
+/// region's copy (one read per miss).
 pub struct Bounded;
 
 impl Mechanism for Bounded {
     fn name(&self) -> String {
         "bounded".into()
     }
-    fn decide(&self, run: &mut KeyRun<'_>, at: Micros, instance: usize, trip: &mut Trip) -> bool {
-        run.bounded(at, instance, trip)
-    }
-}
-
-/// What-if (not built): [`Bounded`] with key records read from a copy in the
-/// region's store instead of the global one.
-pub struct RegionalRecords;
-
-impl Mechanism for RegionalRecords {
-    fn name(&self) -> String {
-        "bounded + regional records (what-if)".into()
-    }
     fn records(&self) -> RecordSource {
         RecordSource::Regional
     }
+    fn regional_per_sec(&self, d: &Deployment) -> f64 {
+        tally_overhead_per_sec(d).1
+    }
+    fn global_per_sec(&self, d: &Deployment) -> f64 {
+        tally_overhead_per_sec(d).0
+    }
     fn decide(&self, run: &mut KeyRun<'_>, at: Micros, instance: usize, trip: &mut Trip) -> bool {
         run.bounded(at, instance, trip)
     }
 }
 
-/// What-if: a cold key (not hot on its instance) is decided by ONE plain
-/// command at its region's store — `HINCRBY` of the key's count in the
-/// region's ledger, admitted while the count stays within the region's share
-/// of the bound — and the ledger is charged to the global buckets once per
-/// settle interval (one `SET` per key with a count, the rest amortized over
-/// every key); hot keys keep their sub-leases. Records come from a copy in
-/// the region (bulk-loaded: no read per key).
-pub struct Ledger {
-    /// How often a region's ledger is charged to the global store.
-    pub settle_every: Micros,
-    /// A key this many requests a second on an instance takes sub-leases.
-    pub hot_per_sec: u64,
-}
+/// What-if (not built): [`Bounded`] with every record a region holds loaded
+/// at an instance's start (no read per key).
+pub struct PrefetchedRecords;
 
-impl Mechanism for Ledger {
+impl Mechanism for PrefetchedRecords {
     fn name(&self) -> String {
-        format!(
-            "ledger (what-if): settled every {} s, sub-leases from {}/s",
-            self.settle_every / MICROS_PER_SEC,
-            self.hot_per_sec
-        )
+        "bounded, records prefetched (what-if)".into()
     }
     fn records(&self) -> RecordSource {
         RecordSource::RegionalBulk
     }
+    fn regional_per_sec(&self, d: &Deployment) -> f64 {
+        tally_overhead_per_sec(d).1
+    }
+    fn global_per_sec(&self, d: &Deployment) -> f64 {
+        tally_overhead_per_sec(d).0
+    }
     fn decide(&self, run: &mut KeyRun<'_>, at: Micros, instance: usize, trip: &mut Trip) -> bool {
-        run.ledger(self, at, instance, trip)
+        run.bounded(at, instance, trip)
     }
 }
 
-/// A region's ledger of one key: the settle interval it counts in, its count,
-/// and until when the key is blocked (its global bucket in debt).
-#[derive(Debug, Clone, Copy, Default)]
-struct LedgerEntry {
-    interval: Micros,
-    count: u64,
-    blocked_until: Micros,
+/// The tallies' fixed cost per second, (global, regional), all regions: each
+/// epoch, a quarter of a region's instances try the settle lock, and the
+/// settler's take, done and charge call.
+fn tally_overhead_per_sec(d: &Deployment) -> (f64, f64) {
+    let regions = f64::from(d.regions.max(1));
+    let per_region = d.instances() as f64 / regions;
+    let epochs = MICROS_PER_SEC as f64 / d.edge.tally.epoch as f64;
+    let regional = regions * epochs * (per_region / 4.0 + billed::SETTLE_REGIONAL as f64);
+    (regions * epochs * billed::SETTLE_GLOBAL as f64, regional)
 }
 
 /// The round trips on one request's path.
@@ -374,104 +345,71 @@ struct Held {
     stamp: u32,
     incarnation: u32,
     record_read_at: Option<Micros>,
+    tally: tally::Held,
+    /// A key hot on the instance leases from the global bucket (`leases.rs`).
+    switch: ModeSwitch,
     leases: Vec<LocalLease>,
     refilling: bool,
-    sub_retry_at: Micros,
-    sub_size: u64,
-    sub_size_at: Micros,
-    seen: u64,
-    meter: RateMeter,
-    done: Vec<(String, u64)>,
+    /// Spent leases, retired by the next take.
+    retire: Vec<String>,
 }
 
-impl Held {
-    fn at_hand(&self, at: Micros) -> u64 {
-        self.leases
-            .iter()
-            .filter(|l| l.live(at))
-            .map(|l| l.tokens)
-            .sum()
+/// `LeaseSettings::default()`: an instance lease lives 2 s; a key turns hot on
+/// an instance at 50 requests/s, cools at 10.
+fn instance_leases(limit: &Limit, regions: u32) -> LeaseConfig {
+    let book = limit.shares(regions).book;
+    LeaseConfig {
+        max_overshoot: book,
+        max_lease: (book / 2).max(1),
+        lifetime: 2 * MICROS_PER_SEC,
+        hot_per_sec: 50,
+        cool_per_sec: 10,
     }
+}
 
-    /// Drops the sub-leases past their life: reported done.
-    fn drop_dead(&mut self, at: Micros) {
-        let done = &mut self.done;
-        self.leases.retain(|l| {
-            if !l.live(at) {
-                done.push((l.member.clone(), l.granted));
-            }
-            l.live(at)
-        });
-    }
-
-    /// `Held::spend` of one token: from the sub-lease expiring first; one spent
-    /// out is reported done (every sub-lease held has a token left).
-    fn spend(&mut self, at: Micros) -> bool {
-        self.drop_dead(at);
-        let first = (0..self.leases.len()).min_by_key(|&j| self.leases[j].until);
-        let Some(j) = first else {
-            return false;
-        };
-        self.leases[j].tokens -= 1;
-        if self.leases[j].tokens == 0 {
-            let l = self.leases.swap_remove(j);
-            self.done.push((l.member, l.granted));
-        }
-        true
-    }
-
-    /// `Held::sub_size`.
-    fn sub_size(&mut self, limit: &Limit, regions: u32, lifetime: Micros, at: Micros) -> u64 {
-        let elapsed = at - self.sub_size_at;
-        if self.sub_size == 0 {
-            let per_sec = self.meter.per_sec(at);
-            let first = lifetime.min(2 * FIRST_SUB_LEASE);
-            self.sub_size = limit.sub_lease_for(regions, first, per_sec, MICROS_PER_SEC);
-            (self.sub_size_at, self.seen) = (at, 0);
-        } else if elapsed >= MICROS_PER_SEC
-            && (self.seen >= SIZING_REQUESTS || elapsed >= lifetime / 2)
-        {
-            self.sub_size = limit.sub_lease_for(regions, lifetime, self.seen, elapsed);
-            (self.sub_size_at, self.seen) = (at, 0);
-        }
-        self.sub_size
-    }
-
-    /// `Leases::sub_leased`.
-    fn sub_leased(&mut self, parts: &[SubLease], sent: Micros, lifetime: Micros) {
-        self.refilling = false;
-        match parts.iter().map(|p| p.life).max() {
-            None => self.sub_retry_at = sent + lifetime / 8,
-            Some(life) if life <= lifetime / 4 => self.sub_retry_at = sent + life,
-            Some(_) => {}
-        }
-        self.leases.extend(parts.iter().map(|p| LocalLease {
-            member: p.chunk.clone(),
-            tokens: p.tokens,
-            granted: p.tokens,
-            until: sent + p.life,
-        }));
-    }
+/// One region's tally of one key: the epoch counting, its count, the one
+/// before (until it is settled), the carry, and until which epoch the key is
+/// blocked (its bucket in debt).
+#[derive(Debug, Clone, Copy, Default)]
+struct RegionKey {
+    epoch: i64,
+    count: i64,
+    previous: Option<(i64, i64)>,
+    carry: u64,
+    blocked_until: Option<i64>,
+    /// Chunk tokens added to the next epoch's slot ahead of it.
+    ahead: (i64, i64),
 }
 
 /// Work in flight to the global store and back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Work {
-    /// A pool refill's lease take reaches the global store.
+    /// A top-up's lease take reaches the global store...
     Take {
         region: usize,
-        id: String,
-        charge: u64,
+        instance: usize,
+        epoch: i64,
+    },
+    /// An instance lease's take reaches the global store...
+    Lease {
+        instance: usize,
+        want: u64,
         retire: String,
     },
-    /// Its chunk reaches the pool (`lua/pool_add.lua`).
-    Add {
-        region: usize,
+    /// ...and comes back to its instance.
+    Leased {
+        instance: usize,
         member: String,
         tokens: u64,
-        life: Micros,
-        charged: u64,
-        clear: bool,
+        sent: Micros,
+    },
+    /// ...and its chunk the region (`lua/tally_add.lua`, until its lease ends).
+    Add {
+        region: usize,
+        instance: usize,
+        epoch: i64,
+        tokens: u64,
+        until: Micros,
     },
 }
 
@@ -494,16 +432,15 @@ impl PartialOrd for Due {
     }
 }
 
-/// One key's run through a deployment: its global bucket, its regional pools,
-/// its state on every instance, its work in flight, and what it billed.
+/// One key's run through a deployment: its global bucket, its regions'
+/// tallies, its state on every instance, its work in flight, and what it billed.
 pub struct KeyRun<'a> {
     d: &'a Deployment,
     limit: Limit,
     stamp: u32,
     held: Vec<Held>,
     central: Central,
-    pools: Vec<Pool>,
-    ledgers: Vec<LedgerEntry>,
+    regions: Vec<RegionKey>,
     due: BinaryHeap<Reverse<Due>>,
     seq: u64,
     /// Billed so far (global, regional) within the measured window.
@@ -520,8 +457,7 @@ impl<'a> KeyRun<'a> {
             stamp: 0,
             held: vec![Held::default(); d.instances()],
             central: Central::default(),
-            pools: vec![Pool::default(); d.regions.max(1) as usize],
-            ledgers: vec![LedgerEntry::default(); d.regions.max(1) as usize],
+            regions: vec![RegionKey::default(); d.regions.max(1) as usize],
             due: BinaryHeap::new(),
             seq: 0,
             global: 0,
@@ -535,10 +471,9 @@ impl<'a> KeyRun<'a> {
         self.stamp += 1;
         self.limit = limit;
         self.central = Central::default();
-        self.pools.iter_mut().for_each(|p| *p = Pool::default());
-        self.ledgers
+        self.regions
             .iter_mut()
-            .for_each(|l| *l = LedgerEntry::default());
+            .for_each(|r| *r = RegionKey::default());
         self.due.clear();
     }
 
@@ -578,64 +513,103 @@ impl<'a> KeyRun<'a> {
     }
 
     fn run_work(&mut self, at: Micros, work: Work) {
-        let ow = self.d.global_one_way;
+        let (ow, limit) = (self.d.global_one_way, self.limit);
+        let shares = limit.shares(self.d.regions);
         match work {
             Work::Take {
                 region,
-                id,
-                charge,
-                retire,
+                instance,
+                epoch,
             } => {
-                let (regions, limit) = (self.d.regions, self.limit);
-                let want = limit.pool_target(regions);
+                let until = self.d.edge.tally.end_of(epoch) + CHUNK_MARGIN;
                 let cfg = LeaseConfig {
-                    max_overshoot: limit.leasable(regions),
-                    max_lease: want,
-                    lifetime: self.d.edge.pool_lifetime,
+                    max_overshoot: shares.book,
+                    max_lease: shares.chunk,
+                    lifetime: (until - at).max(1),
                     ..LeaseConfig::default()
                 };
                 let (burst, t) = (limit.burst(), limit.emission());
-                let taken = self.central.take_charging(
-                    &cfg,
+                let taken = self
+                    .central
+                    .take(&cfg, at, burst, t, 0, shares.chunk, "c", None);
+                self.bill(
                     at,
-                    burst,
-                    t,
-                    charge,
-                    want,
-                    &id,
-                    Some(retire.as_str()),
-                    true,
+                    billed::LEASE_TAKE_BASE + 2 * u64::from(taken.leased > 0),
+                    0,
                 );
-                let sets = u64::from(charge + taken.leased > 0)
-                    + u64::from(taken.leased > 0 || !retire.is_empty());
-                self.bill(at, billed::LEASE_TAKE_BASE + sets, 0);
-                let life = cfg.lifetime - 2 * ow - POOL_MARGIN;
-                let (member, tokens) = if taken.leased > 0 && life > 0 {
-                    (taken.member(&id, t), taken.leased)
-                } else {
-                    (String::new(), 0)
+                if taken.leased > 0 {
+                    let add = Work::Add {
+                        region,
+                        instance,
+                        epoch,
+                        tokens: taken.leased,
+                        until,
+                    };
+                    self.schedule(at + ow, add);
+                }
+            }
+            Work::Lease {
+                instance,
+                want,
+                retire,
+            } => {
+                let cfg = instance_leases(&limit, self.d.regions);
+                let (burst, t) = (limit.burst(), limit.emission());
+                self.seq += 1;
+                let id = self.seq.to_string();
+                let taken = self
+                    .central
+                    .take(&cfg, at, burst, t, 0, want, &id, Some(&retire));
+                self.bill(
+                    at,
+                    billed::LEASE_TAKE_BASE + 2 * u64::from(taken.leased > 0),
+                    0,
+                );
+                let back = Work::Leased {
+                    instance,
+                    member: taken.member(&id, t),
+                    tokens: taken.leased,
+                    sent: at - ow,
                 };
-                let clear = taken.full_at - taken.now <= burst;
-                let add = Work::Add {
-                    region,
-                    member,
-                    tokens,
-                    life: life.max(0),
-                    charged: charge,
-                    clear,
-                };
-                self.schedule(at + ow, add);
+                self.schedule(at + ow, back);
+            }
+            Work::Leased {
+                instance,
+                member,
+                tokens,
+                sent,
+            } => {
+                let h = self.held(instance, at);
+                h.refilling = false;
+                if tokens > 0 {
+                    h.leases.push(LocalLease {
+                        member,
+                        tokens,
+                        granted: tokens,
+                        until: sent + 2 * MICROS_PER_SEC,
+                    });
+                }
             }
             Work::Add {
                 region,
-                member,
+                instance,
+                epoch,
                 tokens,
-                life,
-                charged,
-                clear,
+                until,
             } => {
-                self.pools[region].add(&member, tokens, life, charged, clear, at);
-                self.bill(at, 0, billed::POOL_ADD);
+                self.bill(at, 0, billed::TALLY_ADD);
+                let r = &mut self.regions[region];
+                if at < until && (r.epoch == epoch || r.epoch + 1 == epoch) {
+                    if r.epoch == epoch {
+                        r.count -= tokens as i64;
+                    } else if r.ahead.0 == epoch {
+                        r.ahead.1 += tokens as i64;
+                    } else {
+                        r.ahead = (epoch, tokens as i64);
+                    }
+                    let h = self.held(instance, at);
+                    h.tally.topped_up();
+                }
             }
         }
     }
@@ -680,130 +654,143 @@ impl<'a> KeyRun<'a> {
             .admitted
     }
 
-    /// A bounded decision (`leasing.rs`' `try_leased` with a regional store):
-    /// spent from the instance's sub-leases (drawing more ahead in the
-    /// background), else at the region's pool on the path, else exact.
+    /// A bounded decision (`tally.rs`' `tallied`): a token this instance drew,
+    /// else ONE count at its region's tally (with a draw), else exact.
     pub fn bounded(&mut self, at: Micros, i: usize, trip: &mut Trip) -> bool {
-        let h = self.held(i, at);
-        h.seen += 1;
-        h.meter.record(at, 1);
-        if h.spend(at) {
-            if self.sub_due(at, i) {
-                self.pool_take(at, i, 0);
-            }
-            return true;
-        }
-        trip.regional += 1;
-        if self.pool_take(at, i, 1) {
-            return true;
-        }
-        self.exact_check(at, trip)
-    }
-
-    /// [`Ledger`]'s decision: sub-leases for a key hot on the instance, else one
-    /// `HINCRBY` at the region's ledger (within its share of the bound), else
-    /// exact.
-    fn ledger(&mut self, l: &Ledger, at: Micros, i: usize, trip: &mut Trip) -> bool {
-        let h = self.held(i, at);
-        let hot = h.meter.per_sec(at) >= l.hot_per_sec || !h.leases.is_empty();
-        if hot {
-            return self.bounded(at, i, trip);
-        }
-        let h = self.held(i, at);
-        h.seen += 1;
-        h.meter.record(at, 1);
         let region = self.d.region_of(i);
-        self.settle(region, at, l.settle_every);
-        let share = (self.limit.max_overshoot / (8 * u64::from(self.d.regions.max(1)))).max(1);
-        let entry = self.ledgers[region];
-        if entry.blocked_until > at {
+        let (settings, shares) = (self.d.edge.tally, self.limit.shares(self.d.regions));
+        self.settle(region, at);
+        if self.leased(at, i) {
+            return true;
+        }
+        let h = &mut self.held(i, at).tally;
+        h.record(&settings, at);
+        if h.can_spend(1, at) {
+            h.spend(1);
+            return true;
+        }
+        let Some(ask) = h.ask(&settings, &shares, 1, at) else {
             return self.exact_check(at, trip);
-        }
-        if entry.count >= share {
-            // busy in the region this interval: its pool decides
-            return self.bounded(at, i, trip);
-        }
-        trip.regional += 1;
-        self.bill(at, 0, 1);
-        self.ledgers[region].count += 1;
-        true
-    }
-
-    /// Charges `region`'s ledger of this key to the global bucket when its
-    /// settle interval has passed (one SET; into debt, which blocks the key in
-    /// the region until the bucket is out of it).
-    fn settle(&mut self, region: usize, at: Micros, every: Micros) {
-        let interval = at / every;
-        let entry = self.ledgers[region];
-        if entry.interval == interval {
-            return;
-        }
-        let settled_at = interval * every;
-        if entry.count > 0 {
-            self.bill(settled_at, 1, 0);
-            let (burst, t) = (self.limit.burst(), self.limit.emission());
-            let base = self.central.full_at.max(settled_at);
-            self.central.full_at = base + entry.count as Micros * t;
-            if self.central.full_at - settled_at > burst {
-                self.ledgers[region].blocked_until = self.central.full_at - burst;
-            }
-        }
-        self.ledgers[region].interval = interval;
-        self.ledgers[region].count = 0;
-    }
-
-    /// `Leases::sub_due` (share 1): less than a sub-lease at hand for a
-    /// quarter of a lifetime, no draw in flight or paused; marks one in flight.
-    fn sub_due(&mut self, at: Micros, i: usize) -> bool {
-        let (limit, regions, lifetime) = (self.limit, self.d.regions, self.d.edge.pool_lifetime);
-        let h = self.held(i, at);
-        let size = h.sub_size(&limit, regions, lifetime, at);
-        if at < h.sub_retry_at || h.refilling || h.at_hand(at + lifetime / 4) >= size {
-            return false;
-        }
-        h.refilling = true;
-        true
-    }
-
-    /// One `lua/pool_take.lua` call of `cost` for instance `i`'s region, its
-    /// sub-lease held by the instance, a refill started when it was asked
-    /// for: whether the pool admitted.
-    fn pool_take(&mut self, at: Micros, i: usize, cost: u64) -> bool {
-        let (limit, regions, lifetime) = (self.limit, self.d.regions, self.d.edge.pool_lifetime);
-        let region = self.d.region_of(i);
-        let h = self.held(i, at);
-        h.drop_dead(at);
-        let want = h.sub_size(&limit, regions, lifetime, at);
-        let ask = PoolAsk {
-            cost,
-            low: limit.pool_target(regions) / 2 + 1,
-            credit: limit.credit(regions),
-            want,
-            done: std::mem::take(&mut h.done),
         };
-        let lock = (lifetime / 2_000).clamp(1, REFILL_LOCK_MAX_MS) * 1_000;
-        let ahead = lifetime / 4 + POOL_MARGIN;
-        let taken = Pool::take_ahead(
-            &mut [&mut self.pools[region]],
-            &[ask],
-            at,
-            lock,
-            POOL_MARGIN,
-            ahead,
-        );
-        self.bill(at, 0, billed::POOL_TAKE);
-        self.held(i, at).sub_leased(&taken.leases[0], at, lifetime);
-        if taken.refill[0] {
-            self.seq += 1;
+        trip.regional += 1;
+        self.bill(at, 0, billed::TALLY_COUNT);
+        let r = &mut self.regions[region];
+        r.count += ask.by();
+        let after = if r.blocked_until.is_some_and(|b| b >= ask.epoch) {
+            tally::BLOCKED + r.count
+        } else {
+            r.count
+        };
+        let h = &mut self.held(i, at).tally;
+        let (c, top_up) = h.counted(&settings, &shares, ask, after, at);
+        if top_up {
             let take = Work::Take {
                 region,
-                id: self.seq.to_string(),
-                charge: taken.unconfirmed[0],
-                retire: taken.retire[0].join(" "),
+                instance: i,
+                epoch: settings.top_up_epoch(at),
             };
             self.schedule(at + self.d.global_one_way, take);
         }
-        taken.admitted
+        match c {
+            Counted::Admitted => true,
+            Counted::WithoutDraw => {
+                self.regions[region].count -= ask.draw as i64;
+                self.bill(at, 0, billed::TALLY_COUNT);
+                true
+            }
+            Counted::Over | Counted::Blocked => {
+                self.regions[region].count -= ask.by();
+                self.bill(at, 0, billed::TALLY_COUNT);
+                self.exact_check(at, trip)
+            }
+        }
+    }
+
+    /// A key hot on instance `i` spends its instance lease (refilled ahead in
+    /// the background): whether it did.
+    fn leased(&mut self, at: Micros, i: usize) -> bool {
+        let (cfg, ow) = (
+            instance_leases(&self.limit, self.d.regions),
+            self.d.global_one_way,
+        );
+        let h = self.held(i, at);
+        if h.switch.observe(&cfg, at, 1) == Mode::Exact {
+            h.leases.clear();
+            return false;
+        }
+        let (live, gone): (Vec<_>, Vec<_>) =
+            h.leases.drain(..).partition(|l| l.live(at) && l.tokens > 0);
+        h.leases = live;
+        h.retire
+            .extend(gone.into_iter().filter(|l| l.tokens == 0).map(|l| l.member));
+        let want = cfg.lease_size(h.switch.meter.per_sec(at));
+        let soon: u64 = h
+            .leases
+            .iter()
+            .filter(|l| l.live(at + cfg.lifetime / 4))
+            .map(|l| l.tokens)
+            .sum();
+        if soon < want && !h.refilling {
+            h.refilling = true;
+            let retire = std::mem::take(&mut h.retire).join(" ");
+            let take = Work::Lease {
+                instance: i,
+                want,
+                retire,
+            };
+            self.schedule(at + ow, take);
+        }
+        let h = self.held(i, at);
+        h.leases.iter_mut().any(|l| l.spend(1, at))
+    }
+
+    /// `region`'s tally moves to the epoch of `at`: the epoch before is kept
+    /// until [`SETTLE_AFTER`] past its end, then charged (its count with the
+    /// carry, one `SET` when charged; into debt, which blocks the key for the
+    /// region's next two epochs) or carried.
+    fn settle(&mut self, region: usize, at: Micros) {
+        let settings = self.d.edge.tally;
+        let epoch = settings.epoch_of(at);
+        let r = self.regions[region];
+        if r.epoch != epoch {
+            let r = &mut self.regions[region];
+            if let Some(p) = r.previous {
+                // a settlement not made yet is made now (the model's settler is
+                // never late by more than an epoch)
+                r.previous = None;
+                self.charge(region, p, settings.end_of(p.0) + SETTLE_AFTER);
+            }
+            let r = &mut self.regions[region];
+            r.previous = Some((r.epoch, r.count));
+            let ahead = if r.ahead.0 == epoch { r.ahead.1 } else { 0 };
+            (r.epoch, r.count) = (epoch, -ahead);
+        }
+        if let Some(p) = self.regions[region].previous
+            && at >= settings.end_of(p.0) + SETTLE_AFTER
+        {
+            self.regions[region].previous = None;
+            self.charge(region, p, at);
+        }
+    }
+
+    /// Charges (or carries) the count of one past epoch of `region` at `at`.
+    fn charge(&mut self, region: usize, (epoch, count): (i64, i64), at: Micros) {
+        let carry_max = self.limit.shares(self.d.regions).carry;
+        let r = &mut self.regions[region];
+        let total = count.max(0) as u64 + r.carry;
+        let sweep = epoch.rem_euclid(CARRY_SWEEP_EPOCHS) == 0;
+        if total == 0 || (total <= carry_max && !sweep && r.blocked_until.is_none_or(|b| b < epoch))
+        {
+            r.carry = total;
+            return;
+        }
+        r.carry = 0;
+        self.bill(at, 1, 0);
+        let (burst, t) = (self.limit.burst(), self.limit.emission());
+        self.central.full_at = tally::charged(Some(self.central.full_at), at, t, total);
+        if self.central.full_at - at > burst {
+            self.regions[region].blocked_until = Some(epoch + 3);
+        }
     }
 
     /// One request: its record, then its decision; the round trips it waited.
@@ -871,8 +858,11 @@ pub fn run(d: &Deployment, mode: &dyn Mechanism) -> Figures {
     }
     f.global = run.global as f64;
     f.regional = run.regional as f64;
-    f.bookkeeping = bookkeeping_per_sec(d, mode) * d.measured as f64 / MICROS_PER_SEC as f64;
+    let secs = d.measured as f64 / MICROS_PER_SEC as f64;
+    f.bookkeeping = (bookkeeping_per_sec(d, mode) + mode.global_per_sec(d)) * secs;
     f.global += f.bookkeeping;
+    f.regional += mode.regional_per_sec(d) * secs;
+    f.bookkeeping += mode.regional_per_sec(d) * secs;
     f
 }
 
@@ -970,21 +960,27 @@ mod tests {
     }
 
     /// One instance with one hot key bills a fraction of a command per request
-    /// and never waits for the global store once warm; 1,200 instances over
-    /// 10,000 cold keys bill more than exact's 4 and wait on most requests.
+    /// and never waits for the global store once warm (its instance leases);
+    /// 1,200 instances over 10,000 cold keys bill more, a command or two per
+    /// request at their regions' tallies, below exact's 4, and seldom wait.
     #[test]
     fn one_hot_instance_bills_less_than_many_cold_ones() {
         let hot = run(&deployment(1, 1, 1), &Bounded);
         let cold = run(&deployment(300, 4, 10_000), &Bounded);
-        assert!(hot.billed_per_request() < 1.0, "{hot:?}");
+        assert!(hot.billed_per_request() < 0.2, "{hot:?}");
         assert_eq!(hot.waited_global, 0);
         assert!(
-            cold.billed_per_request() > 10.0 * hot.billed_per_request(),
+            cold.billed_per_request() > 5.0 * hot.billed_per_request(),
             "{} vs {}",
             cold.billed_per_request(),
             hot.billed_per_request()
         );
-        assert!(cold.share_waited() > 0.5, "{}", cold.share_waited());
+        // (at 0.17 requests/s per instance, each instance's own bookkeeping,
+        // its statistics and revision reads, is half the bill; the rest is a
+        // count and the read of the key's record from its region's copy)
+        let decisions = (cold.global + cold.regional - cold.bookkeeping) / cold.requests as f64;
+        assert!(decisions < 2.5, "{decisions}: {cold:?}");
+        assert!(cold.share_waited() < 0.05, "{}", cold.share_waited());
         let exact = run(&deployment(1, 1, 1), &Exact);
         assert!(exact.global_per_request() >= 4.0, "{exact:?}");
         assert_eq!(exact.share_waited(), 1.0);
@@ -1007,39 +1003,59 @@ mod tests {
         }
     }
 
-    /// Prints the model's figures for a few mechanisms (`cargo test -p
-    /// floodgate-shared fanout -- --ignored --nocapture`): a quick look while
-    /// designing, not a check.
+    /// At the bench's shape the tally bills well below exact at every fan-out,
+    /// seldom waits for the global store, and the curve from 4 to 48 instances
+    /// rises less than twofold (about a command per request at 4, cold
+    /// instances at 48 pay a count for most requests).
+    /// Prints the model's figures at the bench's shapes (`cargo test -p
+    /// floodgate-shared --features twins print_the_shapes -- --ignored
+    /// --nocapture`): a quick look while designing, not a check.
     #[test]
     #[ignore]
-    fn print_the_ledger_what_if() {
+    fn print_the_shapes() {
         for (n, keys, zipf) in [
             (4, 400, 1.1),
             (16, 400, 1.1),
             (48, 400, 1.1),
             (48, 1_000, 0.9),
         ] {
-            let mut d = deployment(n, 1, keys);
-            d.zipf = zipf;
-            d.measured = 60 * MICROS_PER_SEC;
-            for hot in [2, 5, 1_000] {
-                let l = Ledger {
-                    settle_every: 10 * MICROS_PER_SEC,
-                    hot_per_sec: hot,
-                };
-                let modes: [&dyn Mechanism; 3] = [&Bounded, &Exact, &l];
-                for m in modes {
-                    let f = run(&d, m);
-                    println!(
-                        "{n:>3} {keys:>5} {zipf}: {:<50} billed {:.2} ({:.2} + {:.2}) waited {:.1} %",
-                        m.name(),
-                        f.billed_per_request(),
-                        f.global_per_request(),
-                        f.regional_per_request(),
-                        100.0 * f.share_waited()
-                    );
-                }
+            let d = Deployment {
+                measured: 60 * MICROS_PER_SEC,
+                zipf,
+                ..deployment(n, 1, keys)
+            };
+            let modes: [&dyn Mechanism; 3] = [&Bounded, &PrefetchedRecords, &Exact];
+            for m in modes {
+                let f = run(&d, m);
+                println!(
+                    "{n:>3} {keys:>5} {zipf}: {:<40} billed {:.2} ({:.2} + {:.2}, bookkeeping {:.2}) waited {:.1} %",
+                    m.name(),
+                    f.billed_per_request(),
+                    f.global_per_request(),
+                    f.regional_per_request(),
+                    f.bookkeeping / f.requests as f64,
+                    100.0 * f.share_waited()
+                );
             }
         }
+    }
+
+    #[test]
+    fn the_tally_bills_below_exact_at_every_fan_out() {
+        let mut at = vec![];
+        for n in [4, 16, 48] {
+            let d = Deployment {
+                measured: 60 * MICROS_PER_SEC,
+                ..deployment(n, 1, 400)
+            };
+            let (b, e) = (run(&d, &Bounded), run(&d, &Exact));
+            assert!(
+                b.billed_per_request() < 0.5 * e.billed_per_request(),
+                "{n}: {b:?}"
+            );
+            assert!(b.share_waited() < 0.02, "{n}: {}", b.share_waited());
+            at.push(b.billed_per_request());
+        }
+        assert!(at[2] < 2.0 && at[2] < 2.0 * at[0], "{at:?}");
     }
 }

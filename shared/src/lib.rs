@@ -24,7 +24,6 @@ pub mod keychanges;
 pub mod keyrecord;
 pub mod keys;
 pub mod lease;
-pub mod ledger;
 pub mod policy;
 #[cfg(any(test, feature = "twins"))]
 pub mod reference;

@@ -19,7 +19,7 @@
 //!   instance of the region (the one that takes [`LOCK_KEY`]) renames its slot
 //!   to [`SETTLING_KEY`] and reads it with the key's carried counts
 //!   (`lua/tally_take.lua`), charges the global buckets in ONE call
-//!   (`lua/ledger_charge.lua`: into debt if need be), and drops it
+//!   (`lua/tally_charge.lua`: into debt if need be, [`charged`]), and drops it
 //!   (`lua/tally_done.lua`). A bucket the charge left in debt is blocked in the
 //!   other two slots ([`BLOCKED`] added: its requests go exact until a later
 //!   charge finds the debt repaid). A count of at most [`Shares::carry`]
@@ -32,7 +32,8 @@
 //!   bucket (`lua/lease_take.lua`, cost 0: granted only while the bucket has
 //!   room and the lease book has [`Shares::book`] free), living until the
 //!   epoch ends, then taken off the count (`lua/tally_add.lua`, which adds
-//!   nothing past the epoch's end). A hot key's count then goes below zero and
+//!   nothing past the lease's end). In an epoch's last quarter the chunk goes
+//!   to the next epoch's slot instead ([`TallySettings::top_up_epoch`]). A hot key's count then goes below zero and
 //!   its requests keep being admitted by the region.
 //!
 //! **The bound.** Per region and bucket, what was admitted and not yet charged
@@ -48,7 +49,6 @@
 //! below, with settlers that crash half way, a global store that drops out,
 //! instances that forget everything, and top-ups that land late.
 
-use crate::ledger::Field;
 use crate::script::LuaScript;
 use crate::time::{MICROS_PER_MS, MICROS_PER_SEC, Micros};
 
@@ -71,15 +71,67 @@ pub const TALLY_ADD: LuaScript = LuaScript {
     source: sha::TALLY_ADD_SOURCE,
     sha1: sha::TALLY_ADD_SHA1,
 };
+/// `lua/tally_charge.lua`: what a region admitted charged to the global buckets.
+pub const TALLY_CHARGE: LuaScript = LuaScript {
+    source: sha::TALLY_CHARGE_SOURCE,
+    sha1: sha::TALLY_CHARGE_SHA1,
+};
+
+/// The pure twin of `lua/tally_charge.lua` for one bucket: its full_at after
+/// `count` tokens are charged at `now` (into debt if need be).
+pub fn charged(full_at: Option<Micros>, now: Micros, emission: Micros, count: u64) -> Micros {
+    full_at.unwrap_or(0).max(now) + count as Micros * emission
+}
+
+/// Whether a bucket of `burst` with `full_at` is in debt at `now`.
+pub fn in_debt(full_at: Micros, now: Micros, burst: Micros) -> bool {
+    full_at - now > burst
+}
+
+/// A tally's field: the bucket, with what settling it takes (its µs per token
+/// and burst window, and the count it carries at most), so the settler needs
+/// no configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub bucket: String,
+    pub emission: Micros,
+    pub burst: Micros,
+    pub carry: u64,
+}
+
+impl Field {
+    /// `<bucket>\t<emission>\t<burst>\t<carry>` (a bucket key holds no tab).
+    pub fn encode(&self) -> String {
+        format!(
+            "{}\t{}\t{}\t{}",
+            self.bucket, self.emission, self.burst, self.carry
+        )
+    }
+
+    /// The field [`Field::encode`] wrote (`None`: not one).
+    pub fn decode(text: &str) -> Option<Field> {
+        let mut parts = text.rsplitn(4, '\t');
+        let carry = parts.next()?.parse().ok()?;
+        let burst = parts.next()?.parse().ok().filter(|b: &Micros| *b > 0)?;
+        let emission = parts.next()?.parse().ok().filter(|e: &Micros| *e > 0)?;
+        let bucket = parts.next().filter(|b| !b.is_empty())?.to_string();
+        Some(Field {
+            bucket,
+            emission,
+            burst,
+            carry,
+        })
+    }
+}
 
 /// The slots of the ring.
 pub const SLOTS: i64 = 3;
 /// A slot being charged (renamed from its slot by its settler).
-pub const SETTLING_KEY: &str = "fg:tally:settling";
+pub const SETTLING_KEY: &str = "fg:{tally}:settling";
 /// Counts carried to a later settlement (field → count).
-pub const CARRY_KEY: &str = "fg:tally:carry";
+pub const CARRY_KEY: &str = "fg:{tally}:carry";
 /// Who settles a region's finished epoch (`SET NX PX`, the epoch as value).
-pub const LOCK_KEY: &str = "fg:tally:lock";
+pub const LOCK_KEY: &str = "fg:{tally}:lock";
 /// Added to a blocked bucket's count: far above any credit, far below 2^53.
 pub const BLOCKED: i64 = 1 << 40;
 /// A draw is spent until this long before its epoch ends (on the instance's
@@ -93,9 +145,11 @@ pub const CHUNK_MARGIN: Micros = 500 * MICROS_PER_MS;
 /// The whole carry is charged every this many epochs (and dropped).
 pub const CARRY_SWEEP_EPOCHS: i64 = 60;
 
-/// The slot of epoch `epoch`.
+/// The slot of epoch `epoch`. (Every key of the tally has the hash tag
+/// `{tally}`: one Redis Cluster slot, so its scripts run on a regional cluster
+/// too.)
 pub fn slot_key(epoch: i64) -> String {
-    format!("fg:tally:{}", epoch.rem_euclid(SLOTS))
+    format!("fg:{{tally}}:{}", epoch.rem_euclid(SLOTS))
 }
 
 /// How a deployment runs its tallies.
@@ -125,6 +179,18 @@ impl TallySettings {
     /// When epoch `epoch` ends.
     pub fn end_of(&self, epoch: i64) -> Micros {
         (epoch + 1) * self.epoch.max(1)
+    }
+
+    /// The epoch a chunk asked for at `now` goes to: the current one, or in
+    /// its last quarter the next one (so a hot key's next epoch starts with
+    /// tokens, not with its instances' first draws racing its credit).
+    pub fn top_up_epoch(&self, now: Micros) -> i64 {
+        let epoch = self.epoch_of(now);
+        if now >= self.end_of(epoch) - self.epoch / 4 {
+            epoch + 1
+        } else {
+            epoch
+        }
     }
 
     /// Until when a token drawn in `epoch` may be spent.
@@ -190,16 +256,23 @@ pub fn counted(after: i64, cost: u64, draw: u64, credit: u64) -> Counted {
     }
 }
 
+/// A count crossing half the credit asks for a chunk only from this many on: a
+/// key with a few requests per epoch in its region is cheaper on credit (a
+/// chunk costs a lease take and an add, five commands and more).
+pub const TOP_UP_FROM: i64 = 4;
+
 /// Whether the increment that took a count from `before` to `after` asks for a
-/// chunk: it crossed half the credit (exactly one request does per crossing),
-/// or it found the credit spent.
+/// chunk: it crossed half the credit (exactly one request does per crossing;
+/// not below [`TOP_UP_FROM`]), or it found the credit spent.
 pub fn tops_up(before: i64, after: i64, credit: u64) -> bool {
-    let half = (credit / 2) as i64;
+    let half = ((credit / 2) as i64).max(TOP_UP_FROM);
     (before < half && after >= half) || counted(after, 1, 0, credit) == Counted::Over
 }
 
-/// A key's draw on one instance: its rate there over the time left to spend
-/// it, at most a quarter of the credit (or, without credit, of a chunk).
+/// A key's draw on one instance: half of what its rate there says it will
+/// spend in the time left (what is drawn and not spent is lost to the
+/// region's credit: at a few requests per epoch an instance's rate is a rough
+/// guess), at most a quarter of the credit (or, without credit, of a chunk).
 pub fn draw_size(seen: u64, over: Micros, left: Micros, shares: &Shares) -> u64 {
     if seen == 0 || left <= 0 {
         return 0;
@@ -209,7 +282,7 @@ pub fn draw_size(seen: u64, over: Micros, left: Micros, shares: &Shares) -> u64 
     } else {
         shares.chunk / 4
     };
-    let tokens = u128::from(seen) * left as u128 / over.max(MICROS_PER_SEC) as u128;
+    let tokens = u128::from(seen) * left as u128 / over.max(MICROS_PER_SEC) as u128 / 2;
     (tokens as u64).min(cap)
 }
 
@@ -287,14 +360,16 @@ pub struct Settlement {
 
 /// The settlement of `taken`: each bucket's count (less [`BLOCKED`] if it was
 /// blocked; a negative count is chunk tokens unspent, charged nothing) plus its
-/// carry is carried when at most `carry` (and not blocked), else charged; a
+/// carry is carried when at most its field's carry (and not blocked), else charged; a
 /// blocked bucket is always in the charge (for 0 tokens if need be: the charge
 /// reads whether it is still in debt). With `sweep`, everything is charged.
-pub fn settle(taken: &Taken, carry: u64, sweep: bool) -> Settlement {
+pub fn settle(taken: &Taken, sweep: bool) -> Settlement {
     let mut s = Settlement::default();
     for e in &taken.entries {
+        // blocked once or more (each settlement that found the bucket in debt
+        // adds a block): the count is what is left of the blocks
         let blocked = e.count >= BLOCKED / 2;
-        let own = if blocked { e.count - BLOCKED } else { e.count };
+        let own = (e.count + BLOCKED / 2).rem_euclid(BLOCKED) - BLOCKED / 2;
         let total = own.max(0) as u64 + e.carried;
         if blocked {
             // charged whatever its count (0: the charge only reads the bucket),
@@ -303,7 +378,7 @@ pub fn settle(taken: &Taken, carry: u64, sweep: bool) -> Settlement {
         } else if total == 0 {
             continue;
         }
-        if total <= carry && !blocked && !sweep {
+        if total <= e.field.carry && !blocked && !sweep {
             if total != e.carried {
                 s.carried.push((e.raw.clone(), total));
             }
@@ -335,7 +410,8 @@ pub fn done_args(s: &Settlement, blocked: &[String], sweep: bool) -> Vec<String>
 }
 
 /// One bucket's tally on one instance: the tokens it drew, and what sizes the
-/// next draw. Pure: the edge keeps one per bucket it decided lately.
+/// next draw. Pure: the edge keeps one per bucket it decided lately
+/// (`edge/src/pipeline/tally.rs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Held {
     pub tokens: u64,
@@ -352,15 +428,20 @@ pub struct Held {
     pub out_until: Micros,
 }
 
-/// What an instance does with a request of a bucket.
+/// What an instance asks its region for a request of a bucket: `HINCRBY <slot
+/// of epoch> <field> <cost + draw>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Spent from the tokens it drew: admitted, no store call.
-    Spent,
-    /// `HINCRBY <slot of epoch> <field> <cost + draw>`.
-    Count { epoch: i64, cost: u64, draw: u64 },
-    /// The exact path decides (the region's credit was found spent lately).
-    Exact,
+pub struct Ask {
+    pub epoch: i64,
+    pub cost: u64,
+    pub draw: u64,
+}
+
+impl Ask {
+    /// What the increment adds.
+    pub fn by(&self) -> i64 {
+        (self.cost + self.draw) as i64
+    }
 }
 
 /// How long an instance that found a key's credit spent sends it to the exact
@@ -368,32 +449,45 @@ pub enum Step {
 pub const OUT_FOR: Micros = 500 * MICROS_PER_MS;
 
 impl Held {
-    /// The step for a request of `cost` at `now`.
-    pub fn step(
-        &mut self,
-        settings: &TallySettings,
-        shares: &Shares,
-        cost: u64,
-        now: Micros,
-    ) -> Step {
-        // the rate is measured over the last two epochs or so
+    /// Counts a request of the key at `now` (its rate is measured over the last
+    /// two epochs or so).
+    pub fn record(&mut self, settings: &TallySettings, now: Micros) {
         if now - self.since > 2 * settings.epoch {
             self.since = now - settings.epoch;
             self.seen /= 2;
         }
         self.seen += 1;
-        if now < self.until && self.tokens >= cost {
-            self.tokens -= cost;
-            return Step::Spent;
-        }
+    }
+
+    /// Whether `cost` can be spent from what this instance drew.
+    pub fn can_spend(&self, cost: u64, now: Micros) -> bool {
+        now < self.until && self.tokens >= cost
+    }
+
+    /// Spends `cost` it [`Held::can_spend`].
+    pub fn spend(&mut self, cost: u64) {
+        self.tokens -= cost;
+    }
+
+    /// What to ask the region for a request of `cost` at `now` (its tokens at
+    /// hand do not cover it): `None` while the region was found spent lately
+    /// (the exact path decides).
+    pub fn ask(
+        &self,
+        settings: &TallySettings,
+        shares: &Shares,
+        cost: u64,
+        now: Micros,
+    ) -> Option<Ask> {
         if now < self.out_until {
-            return Step::Exact;
+            return None;
         }
         let epoch = settings.epoch_of(now);
         let left = settings.draw_until(epoch) - now;
-        // this request is not part of its own draw
-        let draw = draw_size(self.seen - 1, now - self.since, left, shares);
-        Step::Count { epoch, cost, draw }
+        // the request itself is not part of its draw
+        let seen = self.seen.saturating_sub(1);
+        let draw = draw_size(seen, now - self.since, left, shares);
+        Some(Ask { epoch, cost, draw })
     }
 
     /// The region counted `cost + draw` in `epoch`: what that means, and
@@ -402,11 +496,12 @@ impl Held {
         &mut self,
         settings: &TallySettings,
         shares: &Shares,
-        (epoch, cost, draw): (i64, u64, u64),
+        ask: Ask,
         after: i64,
         now: Micros,
     ) -> (Counted, bool) {
-        let by = (cost + draw) as i64;
+        let Ask { epoch, cost, draw } = ask;
+        let by = ask.by();
         let c = counted(after, cost, draw, shares.credit);
         match c {
             Counted::Admitted => {

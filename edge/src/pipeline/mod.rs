@@ -49,13 +49,13 @@ pub mod health;
 pub mod lane;
 pub mod leases;
 pub mod leasing;
-mod ledger;
 pub mod limits;
 pub mod offset;
 mod records;
 pub mod revision;
 mod settings;
 pub mod slots;
+mod tally;
 pub mod throttled;
 mod unseen;
 
@@ -128,8 +128,8 @@ pub struct Pipeline<S, C> {
     settings: PipelineConfig,
     /// The global store (every exact decision, records, slots, statistics).
     global: Guarded<S>,
-    /// A regional store holding the region's pools of leased tokens, behind its
-    /// own breaker (a regional outage sends bounded requests to the exact path).
+    /// A regional store holding the region's tally, behind its own breaker (a
+    /// regional outage sends bounded requests to the exact path).
     regional: Option<Guarded<S>>,
     records: Arc<Records>,
     unknown_keys: UnknownKeyBudget,
@@ -144,8 +144,9 @@ pub struct Pipeline<S, C> {
     leases: Arc<Leases>,
     /// Identical concurrent exact checks, decided by one call.
     coalescer: coalesce::Coalescer,
-    /// When this instance next tries to settle its region's ledger ([`ledger`]).
-    ledger_settle_at: std::sync::atomic::AtomicI64,
+    /// The last epoch this instance tried to settle its region's tally in
+    /// ([`tally`]).
+    tally_settle_tried: std::sync::atomic::AtomicI64,
     /// When this instance last scanned its region's record copies ([`copies`]).
     copies_scanned: copies::ScanClock,
 }
@@ -184,7 +185,7 @@ where
             leases: Arc::new(Leases::new(settings.leases, clock.now(), false)),
             regional: None,
             coalescer: coalesce::Coalescer::default(),
-            ledger_settle_at: std::sync::atomic::AtomicI64::new(0),
+            tally_settle_tried: std::sync::atomic::AtomicI64::new(i64::MIN),
             copies_scanned: copies::ScanClock::default(),
             global,
             stats,
@@ -220,8 +221,9 @@ where
         )
     }
 
-    /// Decides bounded policies against the pools of a regional store (one regional
-    /// round trip per request) instead of this instance's own leases.
+    /// Decides bounded policies at a regional store's tally (one regional round
+    /// trip for a request whose tokens this instance has not drawn) instead of
+    /// this instance's own leases.
     pub fn with_regional(self, store: S) -> Self {
         let deadline = self.settings.deadline;
         self.with_regional_within(store, deadline)
@@ -240,7 +242,7 @@ where
             &self.totals,
         );
         self.regional = Some(regional);
-        // the tokens this instance holds are sub-leases of the region's pools now
+        // the tokens this instance holds are drawn from the region's tally now
         self.leases = Arc::new(Leases::new(self.settings.leases, self.clock.now(), true));
         self
     }

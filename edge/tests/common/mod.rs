@@ -1,6 +1,7 @@
 //! What the pipeline tests share: a store in memory that runs the pure twins of
-//! every script (bucket checks, refunds, in-flight slots, leases and regional
-//! pools), a fake clock moved together with it, and small readers of answers.
+//! every script (bucket checks, refunds, in-flight slots, leases and the
+//! regional tally), a fake clock moved together with it, and small readers of
+//! answers.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -16,15 +17,13 @@ use floodgate_shared::apikeys::{KeyRecord, KeyStatus, hash_secret, new_secret, r
 use floodgate_shared::bucket::{BucketState, decide};
 use floodgate_shared::changes::{Change, Entry, LOG_KEY, REV_KEY, Revision, parse_rev};
 use floodgate_shared::config::CONFIG_KEY;
-use floodgate_shared::lease::{
-    Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig, POOL_ADD, POOL_TAKE, Pool, PoolAsk,
-};
-use floodgate_shared::ledger::{self, LEDGER_CHARGE};
+use floodgate_shared::lease::{Central, LEASE_RETURN, LEASE_TAKE, LeaseConfig};
 use floodgate_shared::script::{
     Call, CallReply, Check, CreditCheck, Credited, LuaScript, Verdict, can_watch,
     interpret_token_bucket,
 };
 use floodgate_shared::stats::{Minute, StatsWrite};
+use floodgate_shared::tally::{self, RegionTally, TALLY_ADD, TALLY_CHARGE, TALLY_DONE, TALLY_TAKE};
 use floodgate_shared::time::{FakeClock, Micros};
 
 pub const T0: Micros = 1_764_000_000_000_000;
@@ -58,8 +57,6 @@ pub struct MemStore {
     pub writes: Mutex<Vec<StatsWrite>>,
     /// Lease bookkeeping per bucket (its full_at lives in `buckets`).
     pub leases: Mutex<HashMap<String, Central>>,
-    /// Regional pools per pool key.
-    pub pools: Mutex<HashMap<String, Pool>>,
     /// Script calls, per script's SHA-1.
     pub runs: Mutex<HashMap<&'static str, usize>>,
     /// Tokens given back by lease returns.
@@ -71,15 +68,14 @@ pub struct MemStore {
     /// store's (a busy store); a take run after its stale guard changes nothing
     /// and fails as stale, as `lua/in_flight.lua` does.
     pub slot_takes: Mutex<Option<(&'static FakeClock, Micros)>>,
-    /// A region's ledger (`floodgate_shared::ledger`), the one being settled,
-    /// and until when its settle lock is held.
-    pub ledger: Mutex<HashMap<String, i64>>,
-    pub settling: Mutex<Option<HashMap<String, i64>>>,
-    pub ledger_lock_until: Mutex<Micros>,
-    /// `HINCRBY`s of the ledger (admissions and take-backs).
-    pub ledger_incrs: AtomicUsize,
-    /// Tokens the ledger's settlements charged to the global buckets.
-    pub ledger_charged: AtomicUsize,
+    /// A region's tally (`floodgate_shared::tally`), and until when its settle
+    /// lock is held.
+    pub tally: Mutex<RegionTally>,
+    pub tally_lock_until: Mutex<Micros>,
+    /// `HINCRBY`s of the tally (counts, take-backs), alone or in a pipeline.
+    pub tally_incrs: AtomicUsize,
+    /// Tokens the tally's settlements charged to the global buckets.
+    pub charged: AtomicUsize,
     /// A region's copies of the records (`pipeline::copies`), and its reads.
     pub copies: Mutex<HashMap<String, Vec<u8>>>,
     pub copy_reads: AtomicUsize,
@@ -173,63 +169,7 @@ impl MemStore {
             *self.returned.lock().unwrap() += refunded;
             return Ok(vec![refunded as i64, now, central.full_at]);
         }
-        if script.sha1 == POOL_TAKE.sha1 {
-            let n = keys.len();
-            let asks: Vec<PoolAsk> = (0..n)
-                .map(|i| PoolAsk {
-                    cost: num(1 + 5 * i) as u64,
-                    low: num(2 + 5 * i) as u64,
-                    credit: num(3 + 5 * i) as u64,
-                    want: num(4 + 5 * i) as u64,
-                    done: args[5 + 5 * i]
-                        .split_whitespace()
-                        .map(|d| {
-                            let (m, k) = d.split_once('=').unwrap();
-                            (m.to_string(), k.parse().unwrap())
-                        })
-                        .collect(),
-                })
-                .collect();
-            let lock = num(1 + 5 * n) * 1000;
-            let margin = num(2 + 5 * n);
-            let ahead = if args.len() > 3 + 5 * n {
-                num(3 + 5 * n)
-            } else {
-                0
-            };
-            let mut pools = self.pools.lock().unwrap();
-            let mut taken: Vec<Pool> = keys
-                .iter()
-                .map(|k| pools.remove(*k).unwrap_or_default())
-                .collect();
-            let got = {
-                let mut refs: Vec<&mut Pool> = taken.iter_mut().collect();
-                Pool::take_ahead(&mut refs, &asks, now, lock, margin, ahead)
-            };
-            for (k, p) in keys.iter().zip(taken) {
-                pools.insert(k.to_string(), p);
-            }
-            let member =
-                |m: &str| -> Vec<i64> { m.split(':').map(|v| v.parse().unwrap()).collect() };
-            let mut reply = vec![i64::from(got.admitted), got.now];
-            for i in 0..n {
-                reply.push(got.left[i] as i64);
-                reply.push(i64::from(got.refill[i]));
-                reply.push(got.unconfirmed[i] as i64);
-                reply.push(got.retire[i].len() as i64);
-                for m in &got.retire[i] {
-                    reply.extend(member(m));
-                }
-                reply.push(got.leases[i].len() as i64);
-                for part in &got.leases[i] {
-                    reply.extend(member(&part.chunk));
-                    reply.push(part.tokens as i64);
-                    reply.push(part.life);
-                }
-            }
-            return Ok(reply);
-        }
-        if script.sha1 == LEDGER_CHARGE.sha1 {
+        if script.sha1 == TALLY_CHARGE.sha1 {
             let mut buckets = self.buckets.lock().unwrap();
             let mut reply = vec![now];
             for (i, k) in keys.iter().enumerate() {
@@ -237,26 +177,13 @@ impl MemStore {
                 let before = buckets.get(*k).map(|b| b.full_at);
                 let mut full_at = before.unwrap_or(0);
                 if count > 0 {
-                    self.ledger_charged
-                        .fetch_add(count as usize, Ordering::SeqCst);
-                    full_at = ledger::charged(before, now, t, count);
+                    self.charged.fetch_add(count as usize, Ordering::SeqCst);
+                    full_at = tally::charged(before, now, t, count);
                     buckets.insert(k.to_string(), BucketState { full_at });
                 }
                 reply.push(full_at);
             }
             return Ok(reply);
-        }
-        if script.sha1 == POOL_ADD.sha1 {
-            let mut pools = self.pools.lock().unwrap();
-            let total = pools.entry(keys[0].to_string()).or_default().add(
-                &args[0],
-                num(1) as u64,
-                num(2),
-                num(3) as u64,
-                args[4] == "1",
-                now,
-            );
-            return Ok(vec![total as i64]);
         }
         Err(StoreError::new(
             StoreErrorKind::Protocol,
@@ -266,35 +193,49 @@ impl MemStore {
 }
 
 impl MemStore {
-    /// The twins of the ledger's regional scripts (their replies are not all
+    /// The twins of the tally's regional scripts (their replies are not all
     /// integers): `None` for any other script.
-    fn ledger_script(&self, script: &LuaScript, args: &[String]) -> Option<Value> {
-        if script.sha1 == ledger::LEDGER_TAKE.sha1 {
-            *self.runs.lock().unwrap().entry(script.sha1).or_default() += 1;
-            let mut settling = self.settling.lock().unwrap();
-            if settling.is_none() {
-                let taken = std::mem::take(&mut *self.ledger.lock().unwrap());
-                *settling = (!taken.is_empty()).then_some(taken);
+    fn tally_script(&self, script: &LuaScript, keys: &[&str], args: &[String]) -> Option<Value> {
+        let bulk = |b: Vec<u8>| Value::Bulk(b);
+        let mut t = self.tally.lock().unwrap();
+        let reply = if script.sha1 == TALLY_TAKE.sha1 {
+            Value::Array(t.take(keys[0]).into_iter().map(bulk).collect())
+        } else if script.sha1 == TALLY_DONE.sha1 {
+            t.done([keys[2], keys[3]], args).unwrap();
+            Value::Int(0)
+        } else if script.sha1 == TALLY_ADD.sha1 {
+            let now = *self.now.lock().unwrap();
+            let until = args[0].trim_start_matches('<').parse().unwrap();
+            let tokens = args[2].parse().unwrap();
+            match t.add(keys[0], &args[1], tokens, now, until) {
+                true => Value::Int(t.slots[keys[0]][&args[1]]),
+                false => Value::Nil,
             }
-            let items = settling.iter().flatten().flat_map(|(f, n)| {
-                [
-                    Value::Bulk(f.clone().into_bytes()),
-                    Value::Bulk(n.to_string().into_bytes()),
-                ]
-            });
-            return Some(Value::Array(items.collect()));
-        }
-        if script.sha1 == ledger::LEDGER_DONE.sha1 {
-            *self.runs.lock().unwrap().entry(script.sha1).or_default() += 1;
-            *self.settling.lock().unwrap() = None;
-            let by: i64 = args[0].parse().unwrap();
-            let mut l = self.ledger.lock().unwrap();
-            for f in &args[1..] {
-                *l.entry(f.clone()).or_default() += by;
+        } else {
+            return None;
+        };
+        *self.runs.lock().unwrap().entry(script.sha1).or_default() += 1;
+        Some(reply)
+    }
+
+    /// `HINCRBY <slot> <field> <by>` of the tally.
+    fn tally_incr(&self, args: &[&[u8]]) -> Option<Value> {
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        match text.as_slice() {
+            [cmd, key, field, by] if cmd == "HINCRBY" && key.starts_with("fg:{tally}:") => {
+                self.tally_incrs.fetch_add(1, Ordering::SeqCst);
+                let n = self
+                    .tally
+                    .lock()
+                    .unwrap()
+                    .incr(key, field, by.parse().unwrap());
+                Some(Value::Int(n))
             }
-            return Some(Value::Int(args.len() as i64 - 1));
+            _ => None,
         }
-        None
     }
 
     /// A store call: refused while down, slow when told to be.
@@ -380,7 +321,10 @@ impl Store for &MemStore {
         keys: &[&str],
         args: &[String],
     ) -> Result<Value, StoreError> {
-        if let Some(v) = self.ledger_script(script, args) {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        if let Some(v) = self.tally_script(script, keys, args) {
             return Ok(v);
         }
         let ints = self.run_ints_in_memory(script, keys, args)?;
@@ -436,16 +380,12 @@ impl Store for &MemStore {
                 }
                 Ok(Value::Int(1))
             }
-            ["HINCRBY", key, field, by] if *key == ledger::LEDGER_KEY => {
-                self.ledger_incrs.fetch_add(1, Ordering::SeqCst);
-                let mut l = self.ledger.lock().unwrap();
-                let n = l.entry(field.to_string()).or_default();
-                *n += by.parse::<i64>().unwrap();
-                Ok(Value::Int(*n))
-            }
-            ["SET", key, _, "PX", ms, "NX"] if *key == ledger::LOCK_KEY => {
+            ["HINCRBY", ..] => self
+                .tally_incr(args)
+                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "not in memory")),
+            ["SET", key, _, "PX", ms, "NX"] if *key == tally::LOCK_KEY => {
                 let now = *self.now.lock().unwrap();
-                let mut until = self.ledger_lock_until.lock().unwrap();
+                let mut until = self.tally_lock_until.lock().unwrap();
                 if *until > now {
                     return Ok(Value::Nil);
                 }
@@ -477,8 +417,19 @@ impl Store for &MemStore {
         }
     }
 
-    async fn pipeline(&self, _: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
-        Err(StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+    /// The tally's increments, in memory.
+    async fn pipeline(&self, commands: &[Vec<Vec<u8>>]) -> Result<Vec<Value>, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(StoreErrorKind::Connect, "down"));
+        }
+        commands
+            .iter()
+            .map(|c| {
+                let args: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
+                self.tally_incr(&args)
+                    .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "not in memory"))
+            })
+            .collect()
     }
 
     /// The token bucket script's twin: `count` identical requests one after

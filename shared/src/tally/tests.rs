@@ -15,6 +15,7 @@ fn field() -> Field {
         bucket: "fg:{k:a}:p".into(),
         emission: T,
         burst: 100 * T,
+        carry: 0,
     }
 }
 
@@ -85,6 +86,8 @@ struct System {
     held: Vec<Held>,
     top_ups: Vec<TopUp>,
     admitted: Vec<Micros>,
+    /// Requests the exact path decided.
+    exact_calls: usize,
     ids: u64,
 }
 
@@ -102,8 +105,18 @@ impl System {
             held: vec![Held::default(); regions * per_region],
             top_ups: vec![],
             admitted: vec![],
+            exact_calls: 0,
             ids: 0,
         }
+    }
+
+    /// The bucket's field, carrying what its shares carry.
+    fn field(&self) -> String {
+        Field {
+            carry: self.shares.carry,
+            ..field()
+        }
+        .encode()
     }
 
     fn burst(&self) -> Micros {
@@ -111,6 +124,7 @@ impl System {
     }
 
     fn exact(&mut self, now: Micros) {
+        self.exact_calls += 1;
         if !self.global_up {
             return;
         }
@@ -129,16 +143,19 @@ impl System {
         let i = i % self.held.len();
         let region = i / self.per_region;
         let (s, shares) = (settings(), self.shares);
-        let step = self.held[i].step(&s, &shares, 1, now);
-        let (epoch, cost, draw) = match step {
-            Step::Spent => return self.admitted.push(now),
-            Step::Exact => return self.exact(now),
-            Step::Count { epoch, cost, draw } => (epoch, cost, draw),
+        let h = &mut self.held[i];
+        h.record(&s, now);
+        if h.can_spend(1, now) {
+            h.spend(1);
+            return self.admitted.push(now);
+        }
+        let Some(ask) = h.ask(&s, &shares, 1, now) else {
+            return self.exact(now);
         };
-        let (slot, f) = (slot_key(epoch), field().encode());
-        let by = (cost + draw) as i64;
+        let (epoch, draw, by) = (ask.epoch, ask.draw, ask.by());
+        let (slot, f) = (slot_key(epoch), self.field());
         let after = self.tallies[region].incr(&slot, &f, by);
-        let (c, top_up) = self.held[i].counted(&s, &shares, (epoch, cost, draw), after, now);
+        let (c, top_up) = self.held[i].counted(&s, &shares, ask, after, now);
         match c {
             Counted::Admitted => self.admitted.push(now),
             Counted::WithoutDraw => {
@@ -191,18 +208,11 @@ impl System {
             .into_iter()
             .partition(|t| t.add_at <= now && t.granted.is_some());
         self.top_ups = waiting;
+        let f = self.field();
         for t in landed {
             let g = t.granted.unwrap_or(0);
             let until = s.draw_until(t.epoch);
-            if g > 0
-                && self.tallies[t.region].add(
-                    &slot_key(t.epoch),
-                    &field().encode(),
-                    g,
-                    t.add_at,
-                    until,
-                )
-            {
+            if g > 0 && self.tallies[t.region].add(&slot_key(t.epoch), &f, g, t.add_at, until) {
                 self.held[t.instance].topped_up();
             }
         }
@@ -226,15 +236,11 @@ impl System {
             if crash == 0 || !self.global_up {
                 return;
             }
-            let plan = settle(&taken, self.shares.carry, e % CARRY_SWEEP_EPOCHS == 0);
+            let plan = settle(&taken, e % CARRY_SWEEP_EPOCHS == 0);
             let mut blocked: Vec<String> = vec![];
             for (entry, n) in &plan.charges {
-                self.global.full_at = crate::ledger::charged(
-                    Some(self.global.full_at),
-                    now,
-                    entry.field.emission,
-                    *n,
-                );
+                self.global.full_at =
+                    charged(Some(self.global.full_at), now, entry.field.emission, *n);
             }
             if self.global.full_at - now > self.capacity as Micros * T {
                 blocked = plan.charges.iter().map(|(e, _)| e.raw.clone()).collect();
@@ -331,14 +337,16 @@ fn an_increment_is_admitted_with_or_without_its_draw_or_taken_back() {
     assert!(tops_up(4, 6, 12), "crossed half the credit");
     assert!(!tops_up(6, 8, 12));
     assert!(tops_up(12, 13, 12), "found the credit spent");
+    assert!(!tops_up(0, 1, 2), "a small credit: not at half of it");
+    assert!(tops_up(2, 3, 2), "but once spent");
 }
 
 #[test]
-fn a_draw_follows_the_keys_rate_on_the_instance_within_a_quarter_of_the_credit() {
+fn a_draw_is_half_the_keys_rate_on_the_instance_within_a_quarter_of_the_credit() {
     let s = Shares::of(2_000, 1);
     assert_eq!(s.credit, 100);
-    // 4 requests in 2 s, 1.5 s left: 3 tokens
-    assert_eq!(draw_size(4, 2 * MICROS_PER_SEC, 1_500_000, &s), 3);
+    // 4 requests in 2 s, 3 s left: half the 6 expected, 3 tokens
+    assert_eq!(draw_size(4, 2 * MICROS_PER_SEC, 3_000_000, &s), 3);
     assert_eq!(draw_size(1_000, MICROS_PER_SEC, 4 * MICROS_PER_SEC, &s), 25);
     assert_eq!(draw_size(0, MICROS_PER_SEC, MICROS_PER_SEC, &s), 0);
     assert_eq!(draw_size(5, MICROS_PER_SEC, 0, &s), 0);
@@ -350,44 +358,46 @@ fn an_instance_spends_its_draw_then_counts_then_goes_exact_once_out() {
     assert_eq!(shares.credit, 20);
     let mut h = Held::default();
     let t0 = 10 * EPOCH;
-    let Step::Count { epoch, cost, draw } = h.step(&s, &shares, 1, t0) else {
-        panic!("a cold key is counted");
-    };
-    assert_eq!((epoch, cost, draw), (10, 1, 0), "no rate yet: no draw");
+    h.record(&s, t0);
+    assert!(!h.can_spend(1, t0));
+    let ask = h.ask(&s, &shares, 1, t0).unwrap();
     assert_eq!(
-        h.counted(&s, &shares, (epoch, 1, 0), 1, t0),
+        ask,
+        Ask {
+            epoch: 10,
+            cost: 1,
+            draw: 0
+        },
+        "no rate yet: no draw"
+    );
+    assert_eq!(
+        h.counted(&s, &shares, ask, 1, t0),
         (Counted::Admitted, false)
     );
     // four more requests within 100 ms: a draw
-    let mut last = None;
     for k in 1..5 {
-        last = Some(h.step(&s, &shares, 1, t0 + k * 20_000));
+        h.record(&s, t0 + k * 20_000);
     }
-    let Some(Step::Count { draw, .. }) = last else {
-        panic!("{last:?}");
-    };
-    assert!(draw >= 1, "{draw}");
-    let (c, _) = h.counted(&s, &shares, (10, 1, draw), 2 + draw as i64, t0 + 80_000);
+    let ask = h.ask(&s, &shares, 1, t0 + 80_000).unwrap();
+    assert!(ask.draw >= 1, "{ask:?}");
+    let (c, _) = h.counted(&s, &shares, ask, 1 + ask.by(), t0 + 80_000);
     assert_eq!(c, Counted::Admitted);
-    assert_eq!(h.step(&s, &shares, 1, t0 + 90_000), Step::Spent);
+    assert!(h.can_spend(1, t0 + 90_000));
     // past its epoch the draw is gone
-    h.tokens = 5;
-    assert!(matches!(
-        h.step(&s, &shares, 1, s.draw_until(10)),
-        Step::Count { .. }
-    ));
+    assert!(!h.can_spend(1, s.draw_until(10)));
     // the credit found spent: exact for a while, one chunk asked for per epoch
     let t1 = 11 * EPOCH;
-    let (c, top) = h.counted(&s, &shares, (11, 1, 0), 21, t1);
-    assert_eq!((c, top), (Counted::Over, true));
-    assert_eq!(h.step(&s, &shares, 1, t1 + 1), Step::Exact);
-    let (_, top) = h.counted(&s, &shares, (11, 1, 0), 22, t1 + OUT_FOR);
+    let ask = Ask {
+        epoch: 11,
+        cost: 1,
+        draw: 0,
+    };
+    assert_eq!(h.counted(&s, &shares, ask, 21, t1), (Counted::Over, true));
+    assert_eq!(h.ask(&s, &shares, 1, t1 + 1), None, "exact for a while");
+    let (_, top) = h.counted(&s, &shares, ask, 22, t1 + OUT_FOR);
     assert!(!top, "asked once this epoch");
     h.topped_up();
-    assert!(matches!(
-        h.step(&s, &shares, 1, t1 + OUT_FOR + 1),
-        Step::Count { .. }
-    ));
+    assert!(h.ask(&s, &shares, 1, t1 + OUT_FOR + 1).is_some());
 }
 
 #[test]
@@ -396,6 +406,7 @@ fn a_settlement_carries_small_counts_charges_the_rest_and_sweeps() {
         bucket: name.into(),
         emission: T,
         burst: 100 * T,
+        carry: 5,
     };
     let entry = |name: &str, count: i64, carried: u64| Entry {
         raw: f(name).encode(),
@@ -411,57 +422,88 @@ fn a_settlement_carries_small_counts_charges_the_rest_and_sweeps() {
             entry("grew", 3, 4),
             entry("chunked", -20, 0),
             entry("blocked", BLOCKED + 2, 0),
+            entry("twice", 2 * BLOCKED - 3, 0),
         ],
     };
-    let s = settle(&taken, 5, false);
+    let s = settle(&taken, false);
     let names: Vec<(&str, u64)> = s
         .charges
         .iter()
         .map(|(e, n)| (e.field.bucket.as_str(), *n))
         .collect();
-    assert_eq!(names, [("big", 30), ("grew", 7), ("blocked", 2)]);
+    assert_eq!(
+        names,
+        [("big", 30), ("grew", 7), ("blocked", 2), ("twice", 0)]
+    );
     let only_blocked = Taken {
         pending: false,
         entries: vec![entry("blocked", BLOCKED, 0)],
     };
     assert_eq!(
-        settle(&only_blocked, 5, false).charges[0].1,
+        settle(&only_blocked, false).charges[0].1,
         0,
         "read for its debt"
     );
     assert_eq!(s.carried, [(f("small").encode(), 3)]);
     assert_eq!(s.uncarried, [f("grew").encode()]);
-    assert_eq!(s.were_blocked, [f("blocked").encode()]);
-    let swept = settle(&taken, 5, true);
-    assert_eq!(swept.charges.len(), 4);
+    assert_eq!(s.were_blocked, [f("blocked").encode(), f("twice").encode()]);
+    let swept = settle(&taken, true);
+    assert_eq!(swept.charges.len(), 5);
     assert!(swept.carried.is_empty());
 }
 
 #[test]
 fn the_twin_renames_settles_carries_and_blocks_as_the_scripts_do() {
     let mut r = RegionTally::default();
-    let f = field().encode();
-    assert_eq!(r.take("fg:tally:0"), vec![b"0".to_vec()]);
-    r.incr("fg:tally:0", &f, 3);
-    let taken = Taken::from_reply(&r.take("fg:tally:0")).unwrap().unwrap();
+    let f = Field {
+        carry: 5,
+        ..field()
+    }
+    .encode();
+    assert_eq!(r.take("fg:{tally}:0"), vec![b"0".to_vec()]);
+    r.incr("fg:{tally}:0", &f, 3);
+    let taken = Taken::from_reply(&r.take("fg:{tally}:0")).unwrap().unwrap();
     assert!(!taken.pending);
     assert_eq!(taken.entries[0].count, 3);
     // a second take before done: the same slot, pending
-    r.incr("fg:tally:0", &f, 1);
-    let again = Taken::from_reply(&r.take("fg:tally:0")).unwrap().unwrap();
+    r.incr("fg:{tally}:0", &f, 1);
+    let again = Taken::from_reply(&r.take("fg:{tally}:0")).unwrap().unwrap();
     assert!(again.pending);
-    let plan = settle(&again, 5, false);
+    let plan = settle(&again, false);
     let args = done_args(&plan, std::slice::from_ref(&f), false);
-    r.done(["fg:tally:1", "fg:tally:2"], &args).unwrap();
+    r.done(["fg:{tally}:1", "fg:{tally}:2"], &args).unwrap();
     assert_eq!(r.carry.get(&f), Some(&3));
-    assert_eq!(r.slots["fg:tally:1"][&f], BLOCKED);
+    assert_eq!(r.slots["fg:{tally}:1"][&f], BLOCKED);
     assert!(r.done(["a", "b"], &["x".into()]).is_err());
     assert!(
-        !r.add("fg:tally:1", &f, 5, 10, 10),
+        !r.add("fg:{tally}:1", &f, 5, 10, 10),
         "past its deadline: nothing"
     );
-    assert!(r.add("fg:tally:1", &f, 5, 9, 10));
-    assert_eq!(r.slots["fg:tally:1"][&f], BLOCKED - 5);
+    assert!(r.add("fg:{tally}:1", &f, 5, 9, 10));
+    assert_eq!(r.slots["fg:{tally}:1"][&f], BLOCKED - 5);
+}
+
+#[test]
+fn a_field_round_trips_and_garbage_is_none() {
+    let f = Field {
+        bucket: "fg:{k:ab}:search:e:x".into(),
+        emission: 6_000,
+        burst: 60_000_000,
+        carry: 7,
+    };
+    assert_eq!(Field::decode(&f.encode()), Some(f));
+    for bad in [
+        "",
+        "x",
+        "a\t1\t2",
+        "a\t0\t5\t1",
+        "\t1\t2\t0",
+        "a\t1\t-2\t0",
+        "a\tz\t2\t0",
+        "a\t1\t2\t-1",
+    ] {
+        assert_eq!(Field::decode(bad), None, "{bad:?}");
+    }
 }
 
 #[test]
@@ -537,4 +579,29 @@ fn a_region_cut_off_from_the_global_store_stops_at_four_credits() {
         (credit..=4 * credit).contains(&cut_off),
         "{cut_off} admitted while cut off (credit {credit})"
     );
+}
+
+/// A key hotter than its region's credit is admitted by the region anyway,
+/// from the chunks its slots are topped up with: 50 requests/s for 3 s (a
+/// burst of 400 holds them all) are all admitted, the slots counted below
+/// zero, and the bound holds.
+#[test]
+fn a_hot_key_is_served_from_chunks_past_its_credit() {
+    let (bound, capacity) = (400, 400);
+    let mut sys = System::new(bound, capacity, 1, 2, 20_000);
+    assert_eq!(sys.shares.credit, 20);
+    let mut events = vec![];
+    for k in 0..150 {
+        events.push((Event::Request(k % 2), 20_000));
+    }
+    sys.run(&events);
+    assert_eq!(
+        sys.admitted.len(),
+        150,
+        "a hot key below its quota: all admitted"
+    );
+    // 3 epochs of 50 against a credit of 20 each: the region decided past it
+    assert!(sys.exact_calls < 20, "{} exact", sys.exact_calls);
+    assert!(sys.global.full_at > 0, "chunks came from the bucket");
+    assert!(worst_excess(&sys.admitted, capacity) <= bound as i64);
 }

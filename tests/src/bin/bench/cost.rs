@@ -87,15 +87,14 @@ pub fn cost(cpu: Option<usize>, scale: usize, lifetimes_ms: &[u32], rt: &tokio::
     let world = rt.block_on(World::start_on(2, &config(&[LOAD, QUOTA], 2), cpu));
     world.set_one_way(ONE_WAY);
     let zipf = Subjects::Zipf(Arc::new(Zipf::new(16, 1.1)));
-    let default_life = LeaseSettings::default().pool_lifetime;
+    let default_life = LeaseSettings::default().tally.epoch;
     let mut rows = vec![];
     let mut lifetimes: Vec<Micros> = lifetimes_ms
         .iter()
         .map(|&ms| Micros::from(ms) * 1_000)
         .collect();
     if lifetimes.is_empty() {
-        lifetimes = vec![2_000_000, default_life];
-        lifetimes.dedup();
+        lifetimes = vec![default_life];
     }
     let mut cases = vec![(Mode::ExactGlobal, default_life)];
     cases.extend(lifetimes.iter().map(|&l| (Mode::RegionalPools, l)));
@@ -122,11 +121,7 @@ fn worker_built() -> bool {
 fn mode_name(mode: Mode, lifetime: Micros) -> String {
     match mode {
         Mode::ExactGlobal => "exact".into(),
-        _ => format!(
-            "{}, chunk lifetime {} s",
-            mode.name(),
-            lifetime as f64 / 1e6
-        ),
+        _ => format!("{}, tally epoch {} s", mode.name(), lifetime as f64 / 1e6),
     }
 }
 
@@ -188,8 +183,7 @@ async fn native(
 ) -> Vec<Row> {
     let settings = PipelineConfig {
         leases: LeaseSettings {
-            lifetime,
-            pool_lifetime: lifetime,
+            tally: floodgate_shared::tally::TallySettings { epoch: lifetime },
             ..LeaseSettings::default()
         },
         ..PipelineConfig::default()
@@ -305,9 +299,7 @@ async fn worker(
         per_region: PER_REGION,
         cache_ttl_ms: 5_000,
         stats_flush_ms: 10_000,
-        env: ["LEASE_LIFETIME_MS", "POOL_LIFETIME_MS"]
-            .map(|v| (v.to_string(), (lifetime / 1_000).to_string()))
-            .to_vec(),
+        env: vec![("TALLY_EPOCH_MS".to_string(), (lifetime / 1_000).to_string())],
     };
     let workers = WorkerRegions::start_with(world, mode == Mode::RegionalPools, &setup).await;
     workers.set_one_way(ONE_WAY);

@@ -516,18 +516,10 @@ fn internet(zipf: f64, lifetime_s: i64, scale: usize) -> model::Deployment {
 
 fn print_model(scale: usize) {
     let started = std::time::Instant::now();
-    let ledger = model::Ledger {
-        settle_every: 10 * MICROS_PER_SEC,
-        hot_per_sec: 2,
-    };
-    let modes: [&dyn model::Mechanism; 4] = [
-        &model::Bounded,
-        &model::Exact,
-        &model::RegionalRecords,
-        &ledger,
-    ];
+    let modes: [&dyn model::Mechanism; 3] =
+        [&model::Bounded, &model::Exact, &model::PrefetchedRecords];
     println!(
-        "\n## Fan-out, modelled (floodgate_shared::simulate::fanout: the edge's per-instance logic on the pure twins of the pool and lease scripts, no servers; every request of the window simulated, key by key)"
+        "\n## Fan-out, modelled (floodgate_shared::simulate::fanout: the edge's per-instance logic (tally draws, instance leases of hot keys, record cache) on the pure twins of the tally and lease scripts, no servers; every request of the window simulated, key by key)"
     );
     println!("\n### The measured shape, modelled ({RATE} req/s, 2 regions, 50 ms one way)");
     model_header("instances, keys");
@@ -556,7 +548,7 @@ fn print_model(scale: usize) {
         }
     }
     println!(
-        "\n(model: {:.1} s; its approximations are in the module's doc: regional calls decided at the request's instant, companion draws left out, per-instance bookkeeping counted from the request rate, traffic spread evenly over every instance)",
+        "\n(model: {:.1} s; its approximations are in the module's doc: regional calls decided at the request's instant, settlements at each epoch's end and their fixed cost counted per region, per-instance bookkeeping counted from the request rate, traffic spread evenly over every instance)",
         started.elapsed().as_secs_f64()
     );
 }

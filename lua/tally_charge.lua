@@ -1,5 +1,5 @@
--- Floodgate regional ledger: charge what a region admitted to the global buckets,
--- in ONE call whatever the number of buckets (shared/src/ledger.rs, `charged`).
+-- Floodgate regional tally: charge what a region admitted to the global buckets,
+-- in ONE call whatever the number of buckets (shared/src/tally.rs, `charged`).
 --
 -- KEYS[i]          bucket i (token bucket; under Redis Cluster, one slot per call)
 -- ARGV[1]          the clock: "" for Redis TIME, or µs (tests)
@@ -13,7 +13,7 @@
 -- #include clock
 local n = #KEYS
 if n < 1 or #ARGV ~= 3 * n + 1 then
-  return redis.error_reply('ERR floodgate: ledger charge expects 1 + 3 x #KEYS arguments')
+  return redis.error_reply('ERR floodgate: tally charge expects 1 + 3 x #KEYS arguments')
 end
 local now = clock(ARGV[1])
 if now == nil or string.sub(ARGV[1], 1, 1) == '<' then
