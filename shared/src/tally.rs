@@ -12,11 +12,13 @@
 //!   token for is `HINCRBY <slot> <field> <cost + draw>` ([`Field`]: the bucket
 //!   and what charging it takes): admitted while the count stays within the
 //!   region's [`Shares::credit`]; the draw is a few tokens more, sized from the
-//!   key's rate on the instance, spent in its memory until the epoch ends
-//!   ([`DRAW_MARGIN`] before). Past the credit, the request goes to the exact
-//!   path (and what it added is taken back): see [`counted`].
-//! - **Settled behind.** Once an epoch is over ([`SETTLE_AFTER`] later), one
-//!   instance of the region (the one that takes [`LOCK_KEY`]) renames its slot
+//!   key's rate on the instance, spent in its memory until the next epoch ends
+//!   ([`DRAW_MARGIN`] before; a draw of chunk tokens, below zero, only until
+//!   its own epoch ends). Past the credit, the request goes to the exact path
+//!   (and what it added is taken back): see [`counted`].
+//! - **Settled behind.** Once the epoch after it is over ([`SETTLE_AFTER`]
+//!   later), one instance of the region (the one that takes [`LOCK_KEY`])
+//!   renames an epoch's slot
 //!   to [`SETTLING_KEY`] and reads it with the key's carried counts
 //!   (`lua/tally_take.lua`), charges the global buckets in ONE call
 //!   (`lua/tally_charge.lua`: into debt if need be, [`charged`]), and drops it
@@ -138,7 +140,8 @@ pub const BLOCKED: i64 = 1 << 40;
 /// clock): clocks that read in whole milliseconds (the Worker's) and a skew
 /// between instances cannot stretch it into the settlement.
 pub const DRAW_MARGIN: Micros = 250 * MICROS_PER_MS;
-/// An epoch's slot is settled this long after the epoch ends at the earliest.
+/// An epoch's slot is settled this long after the epoch after it ends, at the
+/// earliest.
 pub const SETTLE_AFTER: Micros = MICROS_PER_SEC;
 /// A chunk's lease outlives its epoch by this much (at the global store).
 pub const CHUNK_MARGIN: Micros = 500 * MICROS_PER_MS;
@@ -183,10 +186,12 @@ impl TallySettings {
 
     /// The epoch a chunk asked for at `now` goes to: the current one, or in
     /// its last quarter the next one (so a hot key's next epoch starts with
-    /// tokens, not with its instances' first draws racing its credit).
-    pub fn top_up_epoch(&self, now: Micros) -> i64 {
+    /// tokens, not with its instances' first draws racing its credit) —
+    /// unless it was asked for because this epoch's credit and chunks are
+    /// spent (`now_out`).
+    pub fn top_up_epoch(&self, now: Micros, now_out: bool) -> i64 {
         let epoch = self.epoch_of(now);
-        if now >= self.end_of(epoch) - self.epoch / 4 {
+        if !now_out && now >= self.end_of(epoch) - self.epoch / 4 {
             epoch + 1
         } else {
             epoch
@@ -262,18 +267,24 @@ pub fn counted(after: i64, cost: u64, draw: u64, credit: u64) -> Counted {
 pub const TOP_UP_FROM: i64 = 4;
 
 /// Whether the increment that took a count from `before` to `after` asks for a
-/// chunk: it crossed half the credit (exactly one request does per crossing;
-/// not below [`TOP_UP_FROM`]), or it found the credit spent.
-pub fn tops_up(before: i64, after: i64, credit: u64) -> bool {
-    let half = ((credit / 2) as i64).max(TOP_UP_FROM);
-    (before < half && after >= half) || counted(after, 1, 0, credit) == Counted::Over
+/// chunk (of `chunk` tokens): it crossed half the credit (exactly one request
+/// does per crossing; not below [`TOP_UP_FROM`]), or half a chunk below zero
+/// (the chunks it holds run low: a count is below zero only with chunks), or
+/// it found the credit spent.
+pub fn tops_up(before: i64, after: i64, shares: &Shares) -> bool {
+    let crossed = |level: i64| before < level && after >= level;
+    let half = ((shares.credit / 2) as i64).max(TOP_UP_FROM);
+    crossed(half)
+        || crossed(-((shares.chunk / 2) as i64))
+        || counted(after, 1, 0, shares.credit) == Counted::Over
 }
 
-/// A key's draw on one instance: half of what its rate there says it will
-/// spend in the time left (what is drawn and not spent is lost to the
-/// region's credit: at a few requests per epoch an instance's rate is a rough
-/// guess), at most a quarter of the credit (or, without credit, of a chunk).
-pub fn draw_size(seen: u64, over: Micros, left: Micros, shares: &Shares) -> u64 {
+/// A key's draw on one instance: what its rate there says it will spend in
+/// the time left — half of it unless its last draw was spent out (what is
+/// drawn and not spent is lost to the region's credit: at a few requests per
+/// epoch an instance's rate is a rough guess) — at most a quarter of the
+/// credit (or, without credit, of a chunk).
+pub fn draw_size(seen: u64, over: Micros, left: Micros, shares: &Shares, whole: bool) -> u64 {
     if seen == 0 || left <= 0 {
         return 0;
     }
@@ -282,7 +293,8 @@ pub fn draw_size(seen: u64, over: Micros, left: Micros, shares: &Shares) -> u64 
     } else {
         shares.chunk / 4
     };
-    let tokens = u128::from(seen) * left as u128 / over.max(MICROS_PER_SEC) as u128 / 2;
+    let tokens = u128::from(seen) * left as u128 / over.max(MICROS_PER_SEC) as u128;
+    let tokens = if whole { tokens } else { tokens / 2 };
     (tokens as u64).min(cap)
 }
 
@@ -426,6 +438,11 @@ pub struct Held {
     /// The region's credit and chunks were found spent: the exact path decides
     /// until then without asking the region.
     pub out_until: Micros,
+    /// The count the region last replied for the key: below zero, its
+    /// requests spend chunks (a draw of them dies with its epoch).
+    pub last_count: i64,
+    /// The last draw was spent to its last token before it died.
+    pub spent_out: bool,
 }
 
 /// What an instance asks its region for a request of a bucket: `HINCRBY <slot
@@ -445,8 +462,10 @@ impl Ask {
 }
 
 /// How long an instance that found a key's credit spent sends it to the exact
-/// path before asking its region again (a chunk may have come meanwhile).
-pub const OUT_FOR: Micros = 500 * MICROS_PER_MS;
+/// path before asking its region again (a chunk may have come meanwhile: a
+/// top-up takes a global round trip; asking a region found spent costs two
+/// commands, the exact path four).
+pub const OUT_FOR: Micros = 100 * MICROS_PER_MS;
 
 impl Held {
     /// Counts a request of the key at `now` (its rate is measured over the last
@@ -467,6 +486,7 @@ impl Held {
     /// Spends `cost` it [`Held::can_spend`].
     pub fn spend(&mut self, cost: u64) {
         self.tokens -= cost;
+        self.spent_out = self.tokens == 0;
     }
 
     /// What to ask the region for a request of `cost` at `now` (its tokens at
@@ -483,10 +503,13 @@ impl Held {
             return None;
         }
         let epoch = settings.epoch_of(now);
-        let left = settings.draw_until(epoch) - now;
+        // a draw of credit lives until the next epoch ends, one of chunks
+        // until this one does
+        let lives = epoch + i64::from(self.last_count >= 0);
+        let left = settings.draw_until(lives) - now;
         // the request itself is not part of its draw
         let seen = self.seen.saturating_sub(1);
-        let draw = draw_size(seen, now - self.since, left, shares);
+        let draw = draw_size(seen, now - self.since, left, shares, self.spent_out);
         Some(Ask { epoch, cost, draw })
     }
 
@@ -503,17 +526,23 @@ impl Held {
         let Ask { epoch, cost, draw } = ask;
         let by = ask.by();
         let c = counted(after, cost, draw, shares.credit);
+        self.last_count = after;
         match c {
             Counted::Admitted => {
                 self.tokens = draw;
-                self.until = settings.draw_until(epoch);
+                self.spent_out = false;
+                // tokens of credit (the count stayed at or above zero) are
+                // charged only after the next epoch: they may be spent until
+                // it ends; tokens of chunks die with the chunks' epoch
+                let credit = after - by >= 0;
+                self.until = settings.draw_until(epoch + i64::from(credit));
             }
             Counted::WithoutDraw => self.tokens = 0,
             Counted::Over | Counted::Blocked => {
                 self.out_until = now + OUT_FOR;
             }
         }
-        let mut top_up = c != Counted::Blocked && tops_up(after - by, after, shares.credit);
+        let mut top_up = c != Counted::Blocked && tops_up(after - by, after, shares);
         if top_up && c == Counted::Over {
             // once per epoch from the one that found the credit spent
             top_up = self.asked != epoch;

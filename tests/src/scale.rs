@@ -238,9 +238,9 @@ pub fn billed_by_name(conn: &mut redis::Connection) -> Vec<(String, u64)> {
     calls
 }
 
-/// Decisions the regional `servers` made together: script calls, and the
-/// ledger's `HINCRBY`s (a cold key's request decided by its region's ledger).
-pub fn regional_scripts(servers: &[RedisServer]) -> u64 {
+/// Calls the regional `servers` served together: script calls, and the
+/// tallies' `HINCRBY`s (a request decided by its region's tally is one).
+pub fn regional_calls(servers: &[RedisServer]) -> u64 {
     servers
         .iter()
         .map(|s| {
@@ -261,9 +261,10 @@ pub enum Mode {
     /// Bounded, no regional store: each instance spends tokens leased from the
     /// global Redis.
     InstanceLeases,
-    /// Bounded with a regional store: each request is one regional round trip to
-    /// the region's pool, filled from the global Redis.
-    RegionalPools,
+    /// Bounded with a regional store: a request whose instance drew no token is
+    /// one regional round trip to the region's tally, topped up from the global
+    /// Redis.
+    RegionalTally,
     /// `auto` with a regional store: exact until a key is hot on an instance.
     Auto,
 }
@@ -273,7 +274,7 @@ impl Mode {
         Mode::ExactGlobal,
         Mode::Independent,
         Mode::InstanceLeases,
-        Mode::RegionalPools,
+        Mode::RegionalTally,
         Mode::Auto,
     ];
 
@@ -282,8 +283,8 @@ impl Mode {
             Mode::ExactGlobal => "exact, global Redis",
             Mode::Independent => "independent limits, Redis per region",
             Mode::InstanceLeases => "bounded, instance leases",
-            Mode::RegionalPools => "bounded, regional pools",
-            Mode::Auto => "auto, regional pools",
+            Mode::RegionalTally => "bounded, regional tally",
+            Mode::Auto => "auto, regional tally",
         }
     }
 
@@ -291,13 +292,13 @@ impl Mode {
     pub fn consistency(self) -> &'static str {
         match self {
             Mode::ExactGlobal | Mode::Independent => "exact",
-            Mode::InstanceLeases | Mode::RegionalPools => "bounded",
+            Mode::InstanceLeases | Mode::RegionalTally => "bounded",
             Mode::Auto => "auto",
         }
     }
 
-    fn pools(self) -> bool {
-        matches!(self, Mode::RegionalPools | Mode::Auto)
+    fn regional(self) -> bool {
+        matches!(self, Mode::RegionalTally | Mode::Auto)
     }
 }
 
@@ -527,7 +528,7 @@ impl World {
                 };
                 let mut edge = Pipeline::new(connect(global).await, SystemClock, settings.clone())
                     .with_stats_sink(self.paths.clone());
-                if mode.pools() {
+                if mode.regional() {
                     edge = edge.with_regional(connect(regional.url()).await);
                 }
                 edges.push(Arc::new(edge));
@@ -539,12 +540,12 @@ impl World {
 
     /// Commands the global Redis has served (see [`all_calls`]).
     /// Round trips to the global Redis so far (writes through the proxies),
-    /// and decisions made by the regional Redis servers together (scripts and
-    /// ledger `HINCRBY`s).
+    /// and calls the regional Redis servers served together (scripts and tally
+    /// `HINCRBY`s).
     pub fn calls(&self) -> (u64, u64) {
         (
             self.proxies.iter().map(LatencyProxy::writes).sum(),
-            regional_scripts(&self.regionals),
+            regional_calls(&self.regionals),
         )
     }
 
@@ -1085,7 +1086,7 @@ impl World {
         let deadline = settings.deadline;
         let mut edge = Pipeline::new(connect(global).await, SystemClock, settings)
             .with_stats_sink(self.paths.clone());
-        if mode.pools() {
+        if mode.regional() {
             let regional = connect(self.regionals[region].url()).await;
             edge = edge.with_regional_within(regional, deadline);
         }

@@ -1007,11 +1007,11 @@ async fn the_traffic_page_shows_each_bounded_limits_local_share_calls_saved_and_
         .unwrap();
     let t = op.json("leasing", &[("range", "15m")]).await;
     assert_eq!(t["regions"], 2, "{t}");
-    // 50 - 2 x (50/16 + 2 x 50/32): credit and two ledger shares per region
-    assert_eq!(leasing_row(&t, "search")["leasable"], 40, "{t}");
+    // 50 - 10 x 2 x 50/40: what the tallies' credit leaves
+    assert_eq!(leasing_row(&t, "search")["leasable"], 30, "{t}");
     let (_, html) = op.page("/").await;
     let html = html.replace("<!>", "");
-    assert!(html.contains("10.0 of 40 tokens (25 %)"), "{html}");
+    assert!(html.contains("10.0 of 30 tokens (33 %)"), "{html}");
     assert!(html.contains("With 2 regions"));
     // refills that cost more than local decisions saved are explained
     seed_leasing(&redis, minute, "search", [0, 0, 200, 0]);

@@ -6,8 +6,8 @@
 //! no connection is reset, a new connection is refused once the listener is
 //! closed, the health answer says `draining`, and the process exits after the
 //! drain period. Also what the stopping edge gives back: its pending traffic
-//! counts, its leases and its sub-leases. (The Worker has no SIGTERM:
-//! docs/deploy.md.)
+//! counts, its leases and what it drew from its region's tally. (The Worker
+//! has no SIGTERM: docs/deploy.md.)
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -362,41 +362,81 @@ async fn a_stopping_edge_hands_its_leases_back() {
     );
 }
 
-/// The tokens out on instances' sub-leases, over every pool of the Redis at `url`
-/// (`"<used>:<uncharged>|<lock>|<member>=<free>,<out>,<expires> ...|<spent> ..."`).
-fn sub_leased_out(url: &str) -> u64 {
-    strings(url, "*:rpool")
-        .iter()
-        .filter_map(|(_, pool)| pool.split('|').nth(2).map(str::to_string))
-        .flat_map(|chunks| {
-            chunks
-                .split_whitespace()
-                .filter_map(|c| c.split_once('=')?.1.split(',').nth(1)?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
+/// A bounded policy of a regional deployment: 1,000 an hour, a bound of 1,000
+/// over one region (a credit of 50 per epoch, draws of up to 12).
+const TALLIED: &str = r#"{"policies":[{"name":"default","dimensions":["api_key"],
+  "quota":{"capacity":1000,"refill":1,"period":"1h"},"failure_mode":"fail_closed",
+  "consistency":"bounded","max_overshoot":1000}],"plans":{"free":["default"]},"regions":1}"#;
+
+/// Everything the tally of the Redis at `url` counted, over its slots and the
+/// one settling.
+fn tallied(url: &str) -> i64 {
+    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys = [
+        floodgate_shared::tally::slot_key(0),
+        floodgate_shared::tally::slot_key(1),
+        floodgate_shared::tally::slot_key(2),
+        floodgate_shared::tally::SETTLING_KEY.to_string(),
+    ];
+    keys.iter()
+        .map(|k| {
+            let h: std::collections::HashMap<String, i64> =
+                redis::cmd("HGETALL").arg(k).query(&mut c).unwrap();
+            h.values().sum::<i64>()
         })
         .sum()
 }
 
+/// A stopping edge takes what it drew from its region's tally and did not
+/// spend off the count (one pipeline): the region's count is then what its
+/// clients were admitted, not what it drew. (Epochs of a minute, the test
+/// started well inside one: nothing is settled meanwhile.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopping_edge_reports_its_sub_leases_done() {
+async fn a_stopping_edge_gives_back_what_it_drew_from_its_regions_tally() {
     let global = RedisServer::start();
     let regional = RedisServer::start();
-    let secret = seed(&global, BOUNDED).await.secret;
+    let secret = seed(&global, TALLIED).await.secret;
     let (upstream, _stop) = serve(upstream(Arc::default())).await;
     let region = regional.url();
-    let args = ["--regional-redis", region.as_str()];
+    let epoch_ms = 60_000u64;
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        % epoch_ms;
+    if into > epoch_ms - 20_000 {
+        // start in the next epoch, with 40 s of it ahead
+        std::thread::sleep(Duration::from_millis(epoch_ms - into + 1_000));
+    }
+    let args = [
+        "--regional-redis",
+        region.as_str(),
+        "--tally-epoch-ms",
+        "60000",
+    ];
     let (edge, port) = edge(&global, &upstream, &args, &[("FLOODGATE_DRAIN_MS", "100")]);
-    let out = tokio::task::spawn_blocking(move || {
-        until(port, &secret, "a sub-lease is drawn", || {
-            sub_leased_out(&region) > 0
-        });
+    let (held, after, sent) = tokio::task::spawn_blocking(move || {
+        let mut sent = 0;
+        // 10 requests/s (below where a key leases): a draw soon
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while tallied(&region) <= sent {
+            assert!(Instant::now() < deadline, "a draw within 15 s");
+            requests(port, &secret, 1);
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let held = tallied(&region);
         stop(edge);
-        sub_leased_out(&region)
+        (held, tallied(&region), sent)
     })
     .await
     .unwrap();
+    assert!(
+        held > sent,
+        "drawn ahead: {held} counted for {sent} requests"
+    );
     assert_eq!(
-        out, 0,
-        "the stopped edge reports its sub-leases done (their chunks can retire)"
+        after, sent,
+        "the stopped edge took back its unspent draw ({held} counted before the stop)"
     );
 }

@@ -14,7 +14,7 @@ use crate::describe::consistency_label;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeasingFigures {
     pub policies: Vec<PolicyLeasing>,
-    /// The configuration's `regions` (regional pools holding credit).
+    /// The configuration's `regions` (regional tallies holding credit).
     pub regions: u32,
 }
 
@@ -27,13 +27,14 @@ pub struct PolicyLeasing {
     pub consistency: Consistency,
     /// The policy's `max_overshoot`.
     pub bound: u64,
-    /// What the global store leases of the bound: the bound less what the regions
-    /// may admit on credit (the edge's own `LeaseSettings::for_policy` computes it).
+    /// What the global store leases of the bound: the bound less what the regions'
+    /// tallies may admit on credit (the edge's own `LeaseSettings::for_policy`
+    /// computes it).
     pub leasable: u64,
     /// Requests decided from tokens at hand, and on the exact path.
     pub local: u64,
     pub exact: u64,
-    /// Global calls that refilled a lease or a regional pool.
+    /// Global calls that refilled a lease or topped a regional tally up.
     pub refills: u64,
     /// Tokens outstanding at those refills, summed.
     pub outstanding: u64,

@@ -492,10 +492,9 @@ mod tests {
             ))
             .unwrap()
         };
-        // without regions the whole bound is leased; with 2, each region holds
-        // credit and two ledger shares (the edge's LeaseSettings::leasable):
-        // search 50 - 2 x (50/16 + 2 x 50/32) = 40; burst's bound is too small
-        // for a ledger, so 10 - 2 x 10/8 = 8
+        // without regions the whole bound is leased; with 2, the tallies' book
+        // (the edge's LeaseSettings::leasable): search 50 - 10 x 2 x 50/40 =
+        // 30; burst's bound is too small for credit, all of it is the book
         let rows = leasing_policies(&config(0));
         let shown: Vec<(&str, u64, u64)> = rows
             .iter()
@@ -507,7 +506,7 @@ mod tests {
             .iter()
             .map(|r| (r.policy.as_str(), r.leasable))
             .collect();
-        assert_eq!(shown, [("burst", 8), ("search", 40)]);
+        assert_eq!(shown, [("burst", 10), ("search", 30)]);
         let hashes = vec![
             vec![
                 ("policy:search|local".to_string(), 90),

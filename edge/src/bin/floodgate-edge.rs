@@ -89,8 +89,8 @@ struct Args {
     /// Most client connections held at once (default: from the descriptor limit).
     #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: Option<u32>,
-    /// A regional Redis holding this region's pools of leased tokens (bounded
-    /// consistency): redis:// or rediss:// URL, or redis+cluster://.
+    /// A regional Redis holding this region's tally of bounded consistency:
+    /// redis:// or rediss:// URL, or redis+cluster://.
     #[arg(
         long,
         env = "FLOODGATE_REGIONAL_REDIS",

@@ -12,10 +12,10 @@
 //!   ([`floodgate_shared::tally`], [`super::tally`]): ONE `HINCRBY` next door,
 //!   or nothing at all for tokens this instance drew with an earlier request.
 //!   This file keeps, per bucket, what the instance drew ([`tally::Held`]). A
-//!   key hot on this instance (`hot_per_sec`, until it cools to
-//!   `cool_per_sec`) leases from the global bucket as above beside it: a
-//!   tally's epoch carries at most its book of chunks, a lease is retired as
-//!   soon as it is spent.
+//!   key hot on this instance (`regional_hot_per_sec`, until it cools to
+//!   `regional_cool_per_sec`) leases from the global bucket as above beside
+//!   it: a tally's epoch carries at most its book of chunks, a lease is
+//!   retired as soon as it is spent.
 //!
 //! A request with any exact (or shadow, or in-flight-limited) policy, or whose
 //! bounded buckets are not decided so, is decided by the exact path: ONE global
@@ -48,6 +48,11 @@ pub struct LeaseSettings {
     pub hot_per_sec: u64,
     /// ...and exact again at or below this many.
     pub cool_per_sec: u64,
+    /// With a regional store, a `bounded` key this many requests/s on an
+    /// instance leases from the global bucket beside its region's tally...
+    pub regional_hot_per_sec: u64,
+    /// ...until it cools to this many.
+    pub regional_cool_per_sec: u64,
 }
 
 impl Default for LeaseSettings {
@@ -55,13 +60,19 @@ impl Default for LeaseSettings {
     /// instance's traffic, at most half the bound; at 30 s, ten instances
     /// leasing one key of a tight bound left most of them deciding exactly at
     /// the global store, `many_instances_share_one_bound`); tallies count in
-    /// epochs of 5 s.
+    /// epochs of 5 s; beside a tally, a key of 20 requests/s on an instance
+    /// leases (a lease then holds a second of its requests for a take of five
+    /// commands, about what its counts would bill, and the book it shares
+    /// with the tally's chunks turns over when a lease is spent, not at the
+    /// epoch's end: a hot key is not held to a book per epoch).
     fn default() -> Self {
         Self {
             lifetime: 2 * MICROS_PER_SEC,
             tally: TallySettings::default(),
             hot_per_sec: 50,
             cool_per_sec: 10,
+            regional_hot_per_sec: 20,
+            regional_cool_per_sec: 5,
         }
     }
 }
@@ -109,10 +120,15 @@ struct Held {
     /// dropped before its background tasks were spawned, an isolate evicted), so
     /// a claim older than [`REFILL_LOST_AFTER`] is taken as lost.
     refilling: Option<Micros>,
+    /// No refill before then: the last take was granted nothing (the book or
+    /// the bucket was full), asking again at once would only repeat it.
+    retry_at: Micros,
     /// Members of leases spent to the last token: retired by the next take.
     retire: Vec<String>,
-    /// What it drew from its region's tally (with a regional store).
+    /// What it drew from its region's tally (with a regional store), and the
+    /// field and epoch it was counted under (a stopping instance gives it back).
     tally: tally::Held,
+    drawn_under: Option<(String, i64)>,
     switch: ModeSwitch,
     global: Option<GlobalView>,
     /// Tokens out on leases, all holders, as the last take reported.
@@ -142,7 +158,7 @@ impl Held {
         let in_flight = self
             .refilling
             .is_some_and(|at| now - at < REFILL_LOST_AFTER);
-        if in_flight || self.at_hand(soon) >= size {
+        if in_flight || now < self.retry_at || self.at_hand(soon) >= size {
             return false;
         }
         self.refilling = Some(now);
@@ -251,6 +267,15 @@ pub struct GiveBack {
     pub emission: Micros,
 }
 
+/// What a stopping instance gives up ([`Leases::surrender`]).
+#[derive(Debug, Default)]
+pub struct Surrendered {
+    /// Instance leases, to give back to the global buckets.
+    pub leases: Vec<GiveBack>,
+    /// Tokens drawn from a region's tally and not spent: (field, epoch, tokens).
+    pub draws: Vec<(String, i64, u64)>,
+}
+
 impl Leases {
     /// What an instance holds: instance leases, or with `regional` what it drew
     /// from its region's tallies.
@@ -290,12 +315,13 @@ impl Leases {
     }
 
     /// Whether this instance tries to settle its region's tally in `epoch`:
-    /// every fourth epoch, by two bits of its random id prefix (a quarter of
-    /// a region's instances try each epoch: a lock attempt costs a region a
-    /// quarter of a command per instance and epoch; a region of one instance
-    /// settles every fourth epoch, its ring holding the rest meanwhile).
+    /// every other epoch, by a bit of its random id prefix (half of a region's
+    /// instances try each epoch: a lock attempt costs a region half a command
+    /// per instance and epoch; a region of one instance settles every other
+    /// epoch, an epoch it skips merged into the next use of its slot and
+    /// settled with it).
     pub fn coin(&self, epoch: i64) -> bool {
-        (self.prefix as i64 ^ epoch) & 3 == 0
+        (self.prefix as i64 ^ epoch) & 1 == 0
     }
 
     /// A fresh lease id.
@@ -323,7 +349,11 @@ impl Leases {
         match policy.consistency() {
             Consistency::Exact => false,
             Consistency::Bounded => {
-                let cfg = self.settings.for_policy(policy, 0);
+                let cfg = LeaseConfig {
+                    hot_per_sec: self.settings.regional_hot_per_sec,
+                    cool_per_sec: self.settings.regional_cool_per_sec,
+                    ..self.settings.for_policy(policy, 0)
+                };
                 let regional = self.regional;
                 let gave_up = self.with(key, now, |h| {
                     h.keep_terms(policy);
@@ -389,28 +419,36 @@ impl Leases {
         std::mem::take(&mut *lock(&self.given_back))
     }
 
-    /// The instance leases this instance holds, given up as it stops (it holds
-    /// nothing afterwards): the live ones with their unspent tokens, the spent
-    /// ones still in the global lease book with none. (What it drew from a
-    /// region's tally is counted there already: it lapses.)
-    pub fn surrender(&self, now: Micros) -> Vec<GiveBack> {
-        let mut out = vec![];
+    /// What this instance holds, given up as it stops (it holds nothing
+    /// afterwards): its instance leases — the live ones with their unspent
+    /// tokens, the spent ones still in the global lease book with none — and
+    /// what it drew from its region's tally and has not spent yet, while its
+    /// epoch lasts (to be taken off the count it was counted in).
+    pub fn surrender(&self, now: Micros) -> Surrendered {
+        let mut out = Surrendered::default();
         for (key, h) in lock(&self.held).iter_mut() {
-            h.tally = tally::Held::default();
+            let drawn = std::mem::take(&mut h.tally);
+            if let Some((field, e)) = h.drawn_under.take()
+                && drawn.tokens > 0
+                && drawn.until > now
+            {
+                out.draws.push((field, e, drawn.tokens));
+            }
             let leases = std::mem::take(&mut h.leases);
             let spent = std::mem::take(&mut h.retire).into_iter().map(|m| (m, 0));
             let live = leases
                 .into_iter()
                 .filter(|l| l.live(now))
                 .map(|l| (l.member, l.tokens));
-            out.extend(spent.chain(live).map(|(member, unused)| GiveBack {
-                key: key.clone(),
-                member,
-                unused,
-                emission: h.emission,
-            }));
+            out.leases
+                .extend(spent.chain(live).map(|(member, unused)| GiveBack {
+                    key: key.clone(),
+                    member,
+                    unused,
+                    emission: h.emission,
+                }));
         }
-        out.extend(self.take_given_back());
+        out.leases.extend(self.take_given_back());
         out
     }
 
@@ -474,19 +512,23 @@ impl Leases {
             .collect()
     }
 
-    /// The tally counted `ask` of `key` (`after`: the count it replied): what
-    /// that means, and whether this instance tops the slot up.
+    /// The tally counted `ask` of `key` under `field` (`after`: the count it
+    /// replied): what that means, and whether this instance tops the slot up.
     pub fn tally_counted(
         &self,
         key: &str,
         policy: &Policy,
         regions: u32,
-        (ask, after): (Ask, i64),
+        (ask, after, field): (Ask, i64, &str),
         now: Micros,
     ) -> (Counted, bool) {
         let (tally, shares) = (self.settings.tally, shares(policy, regions));
         self.with(key, now, |h| {
-            h.tally.counted(&tally, &shares, ask, after, now)
+            let counted = h.tally.counted(&tally, &shares, ask, after, now);
+            if counted.0 == Counted::Admitted && ask.draw > 0 {
+                h.drawn_under = Some((field.to_string(), ask.epoch));
+            }
+            counted
         })
     }
 
@@ -579,6 +621,9 @@ impl Leases {
                 h.global = Some(GlobalView { full_at: f });
             }
             h.emission = refill.emission;
+            if t.leased == 0 {
+                h.retry_at = sent + self.settings.lifetime / 4;
+            }
             if t.leased > 0 {
                 h.leases.push(LocalLease {
                     member: refill.member(t),
@@ -751,7 +796,7 @@ mod tests {
                 let ask = l.tally_asks(&[("k", &p)], 1, now).unwrap()[0];
                 // a bound of 40 over one region: a credit of 2
                 let ask = Ask { draw: 1, ..ask };
-                let (c, _) = l.tally_counted("k", &p, 1, (ask, 2), now);
+                let (c, _) = l.tally_counted("k", &p, 1, (ask, 2, "f"), now);
                 assert_eq!(c, Counted::Admitted);
                 assert!(l.spend(&[("k", &p)], now).is_some(), "a drawn token");
             } else {
@@ -783,7 +828,16 @@ mod tests {
             draw: 3,
             ..l.tally_asks(&[("k", &p)], 1, T0).unwrap()[0]
         };
-        let (c, _) = l.tally_counted("k", &p, 1, (ask, 4), T0);
+        let (c, _) = l.tally_counted("k", &p, 1, (ask, 4, "f"), T0);
+        assert_eq!(c, Counted::Admitted);
+        let drawn = l.surrender(T0 + 1).draws;
+        assert_eq!(
+            drawn,
+            [("f".to_string(), ask.epoch, 3)],
+            "what a stop gives back"
+        );
+        let (c, _) = l.tally_counted("k", &p, 1, (ask, 4, "f"), T0);
+        assert_eq!(c, Counted::Admitted);
         assert_eq!(c, Counted::Admitted);
         assert!(l.leased("k", &lower, T0 + 10));
         assert!(l.spend(&[("k", &lower)], T0 + 10).is_none());

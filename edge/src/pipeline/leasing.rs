@@ -148,16 +148,18 @@ where
 
     /// As the instance stops (nothing spends its leases any more): its instance
     /// leases go back to the global buckets, their unspent tokens with them
-    /// (`lua/lease_return.lua`, one call per lease). (What it drew from a
-    /// region's tally was counted there already: it lapses.)
+    /// (`lua/lease_return.lua`, one call per lease), and what it drew from its
+    /// region's tally and did not spend is taken off the counts (one pipeline
+    /// of `HINCRBY`s, while their epochs last).
     pub(super) async fn hand_back(&self) {
         let now = self.clock.now();
-        let calls: Vec<Task> = self
+        let surrendered = self.leases.surrender(now);
+        let mut calls: Vec<Task> = surrendered
             .leases
-            .surrender(now)
             .into_iter()
             .map(|g| self.give_back(g))
             .collect();
+        calls.extend(self.give_draws_back(surrendered.draws));
         futures_util::future::join_all(calls).await;
     }
 
@@ -191,9 +193,16 @@ where
     }
 }
 
-/// Counts a refill of `key` of `policy` about to be sent, with the tokens its
-/// leases had outstanding when last heard of.
-fn count_refill(stats: &Stats, leases: &Leases, now: Micros, key: &str, policy: &Policy) {
+/// Counts a refill of `key` of `policy` about to be sent (a lease's, or a
+/// tally's top-up), with the tokens its leases had outstanding when last
+/// heard of.
+pub(super) fn count_refill(
+    stats: &Stats,
+    leases: &Leases,
+    now: Micros,
+    key: &str,
+    policy: &Policy,
+) {
     let name = policy.name().to_string();
     stats.bump(now, StatsField::Leasing(name.clone(), Leasing::Refills), 1);
     let outstanding = leases.outstanding(key);

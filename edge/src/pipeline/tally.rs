@@ -73,15 +73,18 @@ where
         // a late increment counts a request the exact path decides: a shortfall
         let afters = region.call_now(&self.clock, fut).await.or_drain(later)?;
         self.settle_when_due(region, now, later);
+        // a bucket hot here leases: it needs no chunk
+        let hot = self.leases.hot(buckets);
         let mut admitted = true;
         let mut give_back = vec![];
         for (i, ((k, p), (ask, after))) in buckets.iter().zip(asks.iter().zip(&afters)).enumerate()
         {
-            let (c, top_up) = self
-                .leases
-                .tally_counted(k, p, regions, (*ask, *after), now);
-            if top_up {
-                let epoch = self.leases.settings().tally.top_up_epoch(now);
+            let counted = (*ask, *after, fields[i].as_str());
+            let (c, top_up) = self.leases.tally_counted(k, p, regions, counted, now);
+            if top_up && !hot.iter().any(|(h, _)| h == k) {
+                super::leasing::count_refill(&self.stats, &self.leases, now, k, p);
+                let out = c == Counted::Over;
+                let epoch = self.leases.settings().tally.top_up_epoch(now, out);
                 later.push(self.top_up(region, k, p, regions, epoch));
             }
             match c {
@@ -107,6 +110,23 @@ where
             .map(|((_, p), after)| (shares(p, regions).credit as i64 - after).max(0) as u64)
             .collect();
         Some(self.leases.tally_decisions(buckets, &left, now))
+    }
+
+    /// A stopping instance's unspent draws taken off the counts they were
+    /// counted in (one pipeline): they are not charged as if spent.
+    pub(super) fn give_draws_back(&self, draws: Vec<(String, i64, u64)>) -> Option<Task> {
+        let region = self.regional.as_ref()?;
+        let commands: Vec<Vec<Vec<u8>>> = draws
+            .iter()
+            .map(|(f, e, n)| incr(&slot_key(*e), f, -(*n as i64)))
+            .collect();
+        if commands.is_empty() {
+            return None;
+        }
+        let store = region.store.clone();
+        Some(boxed(async move {
+            let _ = store.pipeline(&commands).await;
+        }))
     }
 
     /// `HINCRBY -n` of what a request's increments should not have counted, in
@@ -202,7 +222,7 @@ where
 
     /// Once per epoch on about half the instances of a region (each tries
     /// every other epoch), at least [`SETTLE_AFTER`] into it: tries to become
-    /// the region's settler and, if it does, settles the epochs before it.
+    /// the region's settler and, if it does, settles the epoch before the last.
     fn settle_when_due(&self, region: &Guarded<S>, now: Micros, later: &mut Vec<Task>) {
         let settings = self.leases.settings().tally;
         let epoch = settings.epoch_of(now);
@@ -236,8 +256,8 @@ struct Settler<S> {
 }
 
 impl<S: Store> Settler<S> {
-    /// Settles the two epochs before `epoch` (oldest first) if this instance
-    /// takes the region's lock for it (`SET NX PX`, half an epoch).
+    /// Settles the epoch before the last if this instance takes the region's
+    /// lock for `epoch` (`SET NX PX`, half an epoch).
     async fn settle(&self, epoch: i64) -> Result<(), StoreError> {
         let ttl = std::time::Duration::from_micros((self.settings.epoch / 2).max(1) as u64);
         let lock = SetOptions {
@@ -251,11 +271,8 @@ impl<S: Store> Settler<S> {
         {
             return Ok(());
         }
-        for e in [epoch - 2, epoch - 1] {
-            if !self.settle_one(e, epoch).await? {
-                break;
-            }
-        }
+        // (the epoch before this one: its draws of credit live until it ends)
+        self.settle_one(epoch - 2, epoch).await?;
         Ok(())
     }
 

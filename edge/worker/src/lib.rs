@@ -16,7 +16,7 @@
 //! `X-Request-Id` when well-formed, else a new one; passed upstream as
 //! `X-Request-Id`, like the native host).
 //!
-//! Regional pools (bounded consistency): `REGIONAL_REST_URLS`, a JSON object from a
+//! Regional tallies (bounded consistency): `REGIONAL_REST_URLS`, a JSON object from a
 //! region name to the REST URL of that region's Upstash database, and the secret
 //! `REGIONAL_REST_TOKENS`, the same keys to their tokens. An isolate's region is the
 //! request's `cf.continent` (`EU`, `NA`, `AS`, `OC`, `SA`, `AF`, `AN`), or `REGION`

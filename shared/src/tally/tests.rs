@@ -218,17 +218,17 @@ impl System {
         }
     }
 
-    /// One settlement attempt of `region` at `now`: the slots of the two
-    /// epochs before the current one, oldest first, each taken, charged and
-    /// done — unless the settler dies (`crash` 0: after a take, 1: after a
-    /// charge) or the global store is down (stops after the take).
+    /// One settlement attempt of `region` at `now`: the slot of the epoch
+    /// before the last taken, charged and done — unless the settler dies
+    /// (`crash` 0: after a take, 1: after a charge) or the global store is
+    /// down (stops after the take).
     fn settle(&mut self, region: usize, crash: u8, now: Micros) {
         let s = settings();
         let current = s.epoch_of(now);
         if now < s.end_of(current - 1) + SETTLE_AFTER {
             return;
         }
-        for e in [current - 2, current - 1] {
+        for e in [current - 2] {
             let tally = &mut self.tallies[region];
             let Some(taken) = Taken::from_reply(&tally.take(&slot_key(e))).unwrap() else {
                 continue;
@@ -334,22 +334,38 @@ fn an_increment_is_admitted_with_or_without_its_draw_or_taken_back() {
         "chunks: below zero"
     );
     assert_eq!(counted(BLOCKED + 1, 1, 0, 10), Counted::Blocked);
-    assert!(tops_up(4, 6, 12), "crossed half the credit");
-    assert!(!tops_up(6, 8, 12));
-    assert!(tops_up(12, 13, 12), "found the credit spent");
-    assert!(!tops_up(0, 1, 2), "a small credit: not at half of it");
-    assert!(tops_up(2, 3, 2), "but once spent");
+    let shares = |credit, chunk| Shares {
+        credit,
+        carry: 0,
+        book: 4 * chunk,
+        chunk,
+    };
+    assert!(tops_up(4, 6, &shares(12, 10)), "crossed half the credit");
+    assert!(!tops_up(6, 8, &shares(12, 10)));
+    assert!(tops_up(12, 13, &shares(12, 10)), "found the credit spent");
+    assert!(
+        !tops_up(0, 1, &shares(2, 10)),
+        "a small credit: not at half of it"
+    );
+    assert!(tops_up(2, 3, &shares(2, 10)), "but once spent");
+    assert!(tops_up(-6, -4, &shares(2, 10)), "the chunks run low");
+    assert!(!tops_up(-9, -7, &shares(2, 10)));
 }
 
 #[test]
-fn a_draw_is_half_the_keys_rate_on_the_instance_within_a_quarter_of_the_credit() {
+fn a_draw_follows_the_keys_rate_on_the_instance_within_a_quarter_of_the_credit() {
     let s = Shares::of(2_000, 1);
     assert_eq!(s.credit, 100);
-    // 4 requests in 2 s, 3 s left: half the 6 expected, 3 tokens
-    assert_eq!(draw_size(4, 2 * MICROS_PER_SEC, 3_000_000, &s), 3);
-    assert_eq!(draw_size(1_000, MICROS_PER_SEC, 4 * MICROS_PER_SEC, &s), 25);
-    assert_eq!(draw_size(0, MICROS_PER_SEC, MICROS_PER_SEC, &s), 0);
-    assert_eq!(draw_size(5, MICROS_PER_SEC, 0, &s), 0);
+    // 4 requests in 2 s, 3 s left: half the 6 expected, 3 tokens; all 6 after
+    // a draw spent out
+    assert_eq!(draw_size(4, 2 * MICROS_PER_SEC, 3_000_000, &s, false), 3);
+    assert_eq!(draw_size(4, 2 * MICROS_PER_SEC, 3_000_000, &s, true), 6);
+    assert_eq!(
+        draw_size(1_000, MICROS_PER_SEC, 4 * MICROS_PER_SEC, &s, true),
+        25
+    );
+    assert_eq!(draw_size(0, MICROS_PER_SEC, MICROS_PER_SEC, &s, true), 0);
+    assert_eq!(draw_size(5, MICROS_PER_SEC, 0, &s, true), 0);
 }
 
 #[test]
@@ -383,7 +399,20 @@ fn an_instance_spends_its_draw_then_counts_then_goes_exact_once_out() {
     let (c, _) = h.counted(&s, &shares, ask, 1 + ask.by(), t0 + 80_000);
     assert_eq!(c, Counted::Admitted);
     assert!(h.can_spend(1, t0 + 90_000));
-    // past its epoch the draw is gone
+    // a draw of credit lives until the next epoch ends, then it is gone
+    assert!(h.can_spend(1, s.draw_until(10)));
+    assert!(!h.can_spend(1, s.draw_until(11)));
+    // a draw of chunk tokens (the count below zero) dies with its own epoch
+    let chunked = Ask {
+        epoch: 10,
+        cost: 1,
+        draw: 2,
+    };
+    assert_eq!(
+        h.counted(&s, &shares, chunked, -7, t0 + 85_000).0,
+        Counted::Admitted
+    );
+    assert!(h.can_spend(1, s.draw_until(10) - 1));
     assert!(!h.can_spend(1, s.draw_until(10)));
     // the credit found spent: exact for a while, one chunk asked for per epoch
     let t1 = 11 * EPOCH;

@@ -17,7 +17,7 @@ use floodgate_shared::time::Micros;
 use floodgate_tests::RedisServer;
 use floodgate_tests::scale::{
     Edge, Limit, Mode, Run, Subjects, WorkerRegions, WorkerSetup, World, Zipf, billed_by_name,
-    billed_commands, burst, burst_http, config, offer, offer_http, regional_scripts, settle,
+    billed_commands, burst, burst_http, config, offer, offer_http, regional_calls, settle,
 };
 
 /// Upstash's published price: dollars per 100,000 commands.
@@ -97,7 +97,7 @@ pub fn cost(cpu: Option<usize>, scale: usize, lifetimes_ms: &[u32], rt: &tokio::
         lifetimes = vec![default_life];
     }
     let mut cases = vec![(Mode::ExactGlobal, default_life)];
-    cases.extend(lifetimes.iter().map(|&l| (Mode::RegionalPools, l)));
+    cases.extend(lifetimes.iter().map(|&l| (Mode::RegionalTally, l)));
     for &(mode, lifetime) in &cases {
         rows.extend(rt.block_on(native(&world, &zipf, mode, lifetime, warm, secs)));
     }
@@ -301,14 +301,14 @@ async fn worker(
         stats_flush_ms: 10_000,
         env: vec![("TALLY_EPOCH_MS".to_string(), (lifetime / 1_000).to_string())],
     };
-    let workers = WorkerRegions::start_with(world, mode == Mode::RegionalPools, &setup).await;
+    let workers = WorkerRegions::start_with(world, mode == Mode::RegionalTally, &setup).await;
     workers.set_one_way(ONE_WAY);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let calls = || (workers.global_calls(), regional_scripts(&world.regionals));
+    let calls = || (workers.global_calls(), regional_calls(&world.regionals));
     let urls = workers.urls();
     let each = |secret: Vec<String>| vec![secret[0].clone(); urls.len()];
     let none = each(world.key(mode, "none").await);

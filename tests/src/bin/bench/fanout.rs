@@ -19,7 +19,7 @@ use floodgate_shared::simulate::fanout as model;
 use floodgate_shared::time::{MICROS_PER_SEC, Micros};
 use floodgate_tests::scale::{
     Bills, Edge, Limit, Mode, Run, Subjects, WorkerRegions, WorkerSetup, World, Zipf, burst,
-    burst_http, config, gate_verdict, http_verdict, offer_with, regional_scripts, settle,
+    burst_http, config, gate_verdict, http_verdict, offer_with, regional_calls, settle,
     subject_index,
 };
 
@@ -179,7 +179,7 @@ impl Slots {
         let mut edges = vec![];
         for j in 0..n {
             let edge = world
-                .edge(Mode::RegionalPools, j % REGIONS, PipelineConfig::default())
+                .edge(Mode::RegionalTally, j % REGIONS, PipelineConfig::default())
                 .await;
             edges.push(Mutex::new(edge));
         }
@@ -212,7 +212,7 @@ impl Slots {
         for (j, slot) in self.edges.iter().enumerate() {
             tokio::time::sleep(every / 2).await;
             let fresh = world
-                .edge(Mode::RegionalPools, j % REGIONS, PipelineConfig::default())
+                .edge(Mode::RegionalTally, j % REGIONS, PipelineConfig::default())
                 .await;
             *slot.lock().unwrap() = fresh;
             tokio::time::sleep(every / 2).await;
@@ -274,10 +274,10 @@ fn zipf(shape: Shape) -> Subjects {
 async fn native(world: &World, n: usize, shapes: &[Shape], churn: bool, len: Lengths) -> Vec<Row> {
     let slots = Arc::new(Slots::start(world, n).await);
     let flusher = slots.flush_periodically();
-    let none = keys(world, Mode::RegionalPools, "none", 1).await;
+    let none = keys(world, Mode::RegionalTally, "none", 1).await;
     let mut rows = vec![];
     for &shape in shapes {
-        for mode in [Mode::RegionalPools, Mode::ExactGlobal] {
+        for mode in [Mode::RegionalTally, Mode::ExactGlobal] {
             let load = keys(world, mode, &LOAD.plan(mode), shape.keys).await;
             let hammer = keys(world, mode, &QUOTA.plan(mode), 1).await;
             // the pass-through's own record warm first, as every instance's
@@ -332,7 +332,7 @@ async fn workers(world: &World, fleet: usize, shapes: &[Shape], len: Lengths) ->
         .build()
         .unwrap();
     let urls = workers.urls();
-    let calls = || (workers.global_calls(), regional_scripts(&world.regionals));
+    let calls = || (workers.global_calls(), regional_calls(&world.regionals));
     let offer = |keys: Vec<String>, subjects: Subjects, secs: f64, seed: u64| {
         let (client, urls, calls) = (&client, &urls, &calls);
         async move {
@@ -347,10 +347,10 @@ async fn workers(world: &World, fleet: usize, shapes: &[Shape], len: Lengths) ->
             offer_with(calls, decide, &subjects, RATE, secs, seed).await
         }
     };
-    let none = keys(world, Mode::RegionalPools, "none", 1).await;
+    let none = keys(world, Mode::RegionalTally, "none", 1).await;
     let mut rows = vec![];
     for &shape in shapes {
-        for mode in [Mode::RegionalPools, Mode::ExactGlobal] {
+        for mode in [Mode::RegionalTally, Mode::ExactGlobal] {
             let load = keys(world, mode, &LOAD.plan(mode), shape.keys).await;
             let hammer = keys(world, mode, &QUOTA.plan(mode), 1).await;
             offer(none.clone(), Subjects::One, 1.0, 0).await;

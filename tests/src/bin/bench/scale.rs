@@ -12,7 +12,7 @@ use floodgate_tests::RedisServer;
 use floodgate_tests::cluster::RedisCluster;
 use floodgate_tests::scale::{
     Limit, Mode, Run, Subjects, WorkerRegions, World, Zipf, burst, burst_http, config, offer,
-    offer_http, regional_scripts, settle, worst_excess,
+    offer_http, regional_calls, settle, worst_excess,
 };
 
 use crate::{Section, drive};
@@ -411,7 +411,7 @@ impl WorkerLoad<'_> {
     ) -> WorkerRow {
         let (world, client, zipf, rate) = (self.world, &self.client, &self.zipf, self.rate);
         let (secs, warm, one_way) = (self.secs, self.warm, Duration::from_millis(d));
-        let calls = || (workers.global_calls(), regional_scripts(&world.regionals));
+        let calls = || (workers.global_calls(), regional_calls(&world.regionals));
         let urls = workers.urls();
         let none = world.key(mode, "none").await;
         offer_http(&calls, client, &urls, &none, &Subjects::One, rate, 0.3, 1).await;
@@ -481,7 +481,7 @@ fn worker_region(
         let cases = [
             ("exact, global Redis", &plain, Mode::ExactGlobal),
             ("bounded, isolate leases", &plain, Mode::InstanceLeases),
-            ("bounded, regional pools", &pools, Mode::RegionalPools),
+            ("bounded, regional tally", &pools, Mode::RegionalTally),
         ];
         for (name, workers, mode) in cases {
             rows.push(rt.block_on(load.runs(name, workers, mode, d)));
