@@ -514,66 +514,17 @@ impl<'a> KeyRun<'a> {
     }
 
     fn run_work(&mut self, at: Micros, work: Work) {
-        let (ow, limit) = (self.d.global_one_way, self.limit);
-        let shares = limit.shares(self.d.regions);
         match work {
             Work::Take {
                 region,
                 instance,
                 epoch,
-            } => {
-                let until = self.d.edge.tally.end_of(epoch) + CHUNK_MARGIN;
-                let cfg = LeaseConfig {
-                    max_overshoot: shares.book,
-                    max_lease: shares.chunk,
-                    lifetime: (until - at).max(1),
-                    ..LeaseConfig::default()
-                };
-                let (burst, t) = (limit.burst(), limit.emission());
-                let taken = self
-                    .central
-                    .take(&cfg, at, burst, t, 0, shares.chunk, "c", None);
-                self.bill(
-                    at,
-                    billed::LEASE_TAKE_BASE + 2 * u64::from(taken.leased > 0),
-                    0,
-                );
-                if taken.leased > 0 {
-                    let add = Work::Add {
-                        region,
-                        instance,
-                        epoch,
-                        tokens: taken.leased,
-                        until,
-                    };
-                    self.schedule(at + ow, add);
-                }
-            }
+            } => self.top_up_take(at, region, instance, epoch),
             Work::Lease {
                 instance,
                 want,
                 retire,
-            } => {
-                let cfg = instance_leases(&limit, self.d.regions);
-                let (burst, t) = (limit.burst(), limit.emission());
-                self.seq += 1;
-                let id = self.seq.to_string();
-                let taken = self
-                    .central
-                    .take(&cfg, at, burst, t, 0, want, &id, Some(&retire));
-                self.bill(
-                    at,
-                    billed::LEASE_TAKE_BASE + 2 * u64::from(taken.leased > 0),
-                    0,
-                );
-                let back = Work::Leased {
-                    instance,
-                    member: taken.member(&id, t),
-                    tokens: taken.leased,
-                    sent: at - ow,
-                };
-                self.schedule(at + ow, back);
-            }
+            } => self.lease_take(at, instance, want, &retire),
             Work::Leased {
                 instance,
                 member,
@@ -597,22 +548,83 @@ impl<'a> KeyRun<'a> {
                 epoch,
                 tokens,
                 until,
-            } => {
-                self.bill(at, 0, billed::TALLY_ADD);
-                let r = &mut self.regions[region];
-                if at < until && (r.epoch == epoch || r.epoch + 1 == epoch) {
-                    if r.epoch == epoch {
-                        r.count -= tokens as i64;
-                    } else if r.ahead.0 == epoch {
-                        r.ahead.1 += tokens as i64;
-                    } else {
-                        r.ahead = (epoch, tokens as i64);
-                    }
-                    let h = self.held(instance, at);
-                    h.tally.topped_up();
-                }
-            }
+            } => self.top_up_add(at, region, instance, (epoch, tokens, until)),
         }
+    }
+
+    /// A top-up's lease take at the global store: a chunk for `epoch`, on its
+    /// way to the region.
+    fn top_up_take(&mut self, at: Micros, region: usize, instance: usize, epoch: i64) {
+        let (ow, limit) = (self.d.global_one_way, self.limit);
+        let shares = limit.shares(self.d.regions);
+        let until = self.d.edge.tally.end_of(epoch) + CHUNK_MARGIN;
+        let cfg = LeaseConfig {
+            max_overshoot: shares.book,
+            max_lease: shares.chunk,
+            lifetime: (until - at).max(1),
+            ..LeaseConfig::default()
+        };
+        let (burst, t) = (limit.burst(), limit.emission());
+        let taken = self
+            .central
+            .take(&cfg, at, burst, t, 0, shares.chunk, "c", None);
+        let sets = 2 * u64::from(taken.leased > 0);
+        self.bill(at, billed::LEASE_TAKE_BASE + sets, 0);
+        if taken.leased > 0 {
+            let add = Work::Add {
+                region,
+                instance,
+                epoch,
+                tokens: taken.leased,
+                until,
+            };
+            self.schedule(at + ow, add);
+        }
+    }
+
+    /// An instance lease's take at the global store, on its way back.
+    fn lease_take(&mut self, at: Micros, instance: usize, want: u64, retire: &str) {
+        let (ow, limit) = (self.d.global_one_way, self.limit);
+        let cfg = instance_leases(&limit, self.d.regions);
+        let (burst, t) = (limit.burst(), limit.emission());
+        self.seq += 1;
+        let id = self.seq.to_string();
+        let taken = self
+            .central
+            .take(&cfg, at, burst, t, 0, want, &id, Some(retire));
+        let sets = 2 * u64::from(taken.leased > 0);
+        self.bill(at, billed::LEASE_TAKE_BASE + sets, 0);
+        let back = Work::Leased {
+            instance,
+            member: taken.member(&id, t),
+            tokens: taken.leased,
+            sent: at - ow,
+        };
+        self.schedule(at + ow, back);
+    }
+
+    /// A chunk reaches its region (`lua/tally_add.lua`: nothing past its lease),
+    /// counted in its epoch or ahead in the next.
+    fn top_up_add(
+        &mut self,
+        at: Micros,
+        region: usize,
+        instance: usize,
+        (epoch, tokens, until): (i64, u64, Micros),
+    ) {
+        self.bill(at, 0, billed::TALLY_ADD);
+        let r = &mut self.regions[region];
+        if at >= until || (r.epoch != epoch && r.epoch + 1 != epoch) {
+            return;
+        }
+        if r.epoch == epoch {
+            r.count -= tokens as i64;
+        } else if r.ahead.0 == epoch {
+            r.ahead.1 += tokens as i64;
+        } else {
+            r.ahead = (epoch, tokens as i64);
+        }
+        self.held(instance, at).tally.topped_up();
     }
 
     /// The key's record on `instance` (`records.rs`): read on the path when
