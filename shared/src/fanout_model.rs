@@ -696,11 +696,11 @@ impl<'a> KeyRun<'a> {
         };
         let h = &mut self.held(i, at).tally;
         let (c, top_up) = h.counted(&settings, &shares, ask, after, at);
-        if top_up {
+        if let Some(why) = top_up {
             let take = Work::Take {
                 region,
                 instance: i,
-                epoch: settings.top_up_epoch(at, c == Counted::Over),
+                epoch: settings.top_up_epoch(at, why),
             };
             self.schedule(at + self.d.global_one_way, take);
         }

@@ -29,14 +29,17 @@
 //!   charged: the long tail's keys cost a charge every few epochs, not every
 //!   one; the whole carry is charged every [`CARRY_SWEEP_EPOCHS`].
 //! - **Chunks for hot keys.** The request whose increment takes a key past half
-//!   its credit in an epoch (or finds the credit spent) tops the slot up in the
-//!   background: a lease of [`Shares::chunk`] tokens taken from the global
-//!   bucket (`lua/lease_take.lua`, cost 0: granted only while the bucket has
-//!   room and the lease book has [`Shares::book`] free), living until the
-//!   epoch ends, then taken off the count (`lua/tally_add.lua`, which adds
-//!   nothing past the lease's end). In an epoch's last quarter the chunk goes
-//!   to the next epoch's slot instead ([`TallySettings::top_up_epoch`]). A hot key's count then goes below zero and
-//!   its requests keep being admitted by the region.
+//!   its credit in an epoch, past half its last chunk or past its chunks (or
+//!   finds the credit spent) tops the slot up in the background ([`tops_up`]):
+//!   a lease of [`Shares::chunk`] tokens taken from the global bucket
+//!   (`lua/lease_take.lua`, cost 0: granted only while the bucket has room and
+//!   the lease book has [`Shares::book`] free), living until the epoch ends,
+//!   then taken off the count (`lua/tally_add.lua`, which adds nothing past the
+//!   lease's end). A hot key's count then goes below zero and its requests keep
+//!   being admitted by the region. In an epoch's last quarter a chunk asked for
+//!   because the last one is half spent goes to the next epoch's slot instead,
+//!   so that epoch starts with tokens; one asked for because the epoch's tokens
+//!   are nearly out still goes to this one ([`TallySettings::top_up_epoch`]).
 //!
 //! **The bound.** Per region and bucket, what was admitted and not yet charged
 //! is at most three slots and the one settling (each within the credit, the
@@ -185,13 +188,15 @@ impl TallySettings {
     }
 
     /// The epoch a chunk asked for at `now` goes to: the current one, or in
-    /// its last quarter the next one (so a hot key's next epoch starts with
-    /// tokens, not with its instances' first draws racing its credit) —
-    /// unless it was asked for because this epoch's credit and chunks are
-    /// spent (`now_out`).
-    pub fn top_up_epoch(&self, now: Micros, now_out: bool) -> i64 {
+    /// its last quarter the next one when it was asked for because the last
+    /// chunk is half spent (so a hot key's next epoch starts with tokens, not
+    /// with its instances' first draws racing its credit). A chunk asked for
+    /// because this epoch's tokens are nearly out or spent goes to this epoch
+    /// whenever it is asked for: sent ahead, the epoch's last requests would
+    /// wait for the global store.
+    pub fn top_up_epoch(&self, now: Micros, why: TopUp) -> i64 {
         let epoch = self.epoch_of(now);
-        if !now_out && now >= self.end_of(epoch) - self.epoch / 4 {
+        if why == TopUp::ChunkHalfSpent && now >= self.end_of(epoch) - self.epoch / 4 {
             epoch + 1
         } else {
             epoch
@@ -266,17 +271,33 @@ pub fn counted(after: i64, cost: u64, draw: u64, credit: u64) -> Counted {
 /// chunk costs a lease take and an add, five commands and more).
 pub const TOP_UP_FROM: i64 = 4;
 
-/// Whether the increment that took a count from `before` to `after` asks for a
-/// chunk (of `chunk` tokens): it crossed half the credit (exactly one request
-/// does per crossing; not below [`TOP_UP_FROM`]), or half a chunk below zero
-/// (the chunks it holds run low: a count is below zero only with chunks), or
-/// it found the credit spent.
-pub fn tops_up(before: i64, after: i64, shares: &Shares) -> bool {
+/// Why a count asks for a chunk ([`tops_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopUp {
+    /// Half a chunk below zero: the chunks it holds run low (a count is below
+    /// zero only with chunks).
+    ChunkHalfSpent,
+    /// The chunks spent (zero crossed from below), or half the credit.
+    NearlyOut,
+    /// The credit found spent.
+    Out,
+}
+
+/// Whether (and why) the increment that took a count from `before` to
+/// `after` asks for a chunk (of `chunk` tokens). Exactly one request of a
+/// region crosses each level; half the credit counts from [`TOP_UP_FROM`] on.
+pub fn tops_up(before: i64, after: i64, shares: &Shares) -> Option<TopUp> {
     let crossed = |level: i64| before < level && after >= level;
     let half = ((shares.credit / 2) as i64).max(TOP_UP_FROM);
-    crossed(half)
-        || crossed(-((shares.chunk / 2) as i64))
-        || counted(after, 1, 0, shares.credit) == Counted::Over
+    if counted(after, 1, 0, shares.credit) == Counted::Over {
+        Some(TopUp::Out)
+    } else if crossed(half) || crossed(0) {
+        Some(TopUp::NearlyOut)
+    } else if crossed(-((shares.chunk / 2) as i64)) {
+        Some(TopUp::ChunkHalfSpent)
+    } else {
+        None
+    }
 }
 
 /// A key's draw on one instance: what its rate there says it will spend in
@@ -514,7 +535,7 @@ impl Held {
     }
 
     /// The region counted `cost + draw` in `epoch`: what that means, and
-    /// whether this instance tops the slot up now.
+    /// whether (why) this instance tops the slot up now.
     pub fn counted(
         &mut self,
         settings: &TallySettings,
@@ -522,7 +543,7 @@ impl Held {
         ask: Ask,
         after: i64,
         now: Micros,
-    ) -> (Counted, bool) {
+    ) -> (Counted, Option<TopUp>) {
         let Ask { epoch, cost, draw } = ask;
         let by = ask.by();
         let c = counted(after, cost, draw, shares.credit);
@@ -542,10 +563,10 @@ impl Held {
                 self.out_until = now + OUT_FOR;
             }
         }
-        let mut top_up = c != Counted::Blocked && tops_up(after - by, after, shares);
-        if top_up && c == Counted::Over {
+        let mut top_up = tops_up(after - by, after, shares).filter(|_| c != Counted::Blocked);
+        if top_up.is_some() && c == Counted::Over {
             // once per epoch from the one that found the credit spent
-            top_up = self.asked != epoch;
+            top_up = top_up.filter(|_| self.asked != epoch);
             self.asked = epoch;
         }
         (c, top_up)

@@ -521,7 +521,7 @@ impl Leases {
         regions: u32,
         (ask, after, field): (Ask, i64, &str),
         now: Micros,
-    ) -> (Counted, bool) {
+    ) -> (Counted, Option<tally::TopUp>) {
         let (tally, shares) = (self.settings.tally, shares(policy, regions));
         self.with(key, now, |h| {
             let counted = h.tally.counted(&tally, &shares, ask, after, now);

@@ -81,10 +81,9 @@ where
         {
             let counted = (*ask, *after, fields[i].as_str());
             let (c, top_up) = self.leases.tally_counted(k, p, regions, counted, now);
-            if top_up && !hot.iter().any(|(h, _)| h == k) {
+            if let Some(why) = top_up.filter(|_| !hot.iter().any(|(h, _)| h == k)) {
                 super::leasing::count_refill(&self.stats, &self.leases, now, k, p);
-                let out = c == Counted::Over;
-                let epoch = self.leases.settings().tally.top_up_epoch(now, out);
+                let epoch = self.leases.settings().tally.top_up_epoch(now, why);
                 later.push(self.top_up(region, k, p, regions, epoch));
             }
             match c {

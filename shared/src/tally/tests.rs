@@ -60,7 +60,7 @@ fn event() -> impl Strategy<Value = (Event, Micros)> {
 
 /// A top-up on its way: the lease take reaches the global store at `take_at`,
 /// the chunk the region at `add_at`.
-struct TopUp {
+struct InFlight {
     take_at: Micros,
     add_at: Micros,
     region: usize,
@@ -84,7 +84,7 @@ struct System {
     global_up: bool,
     tallies: Vec<RegionTally>,
     held: Vec<Held>,
-    top_ups: Vec<TopUp>,
+    top_ups: Vec<InFlight>,
     admitted: Vec<Micros>,
     /// Requests the exact path decided.
     exact_calls: usize,
@@ -167,13 +167,13 @@ impl System {
                 self.exact(now);
             }
         }
-        if top_up {
-            self.top_ups.push(TopUp {
+        if let Some(why) = top_up {
+            self.top_ups.push(InFlight {
                 take_at: now + self.delay,
                 add_at: now + 2 * self.delay,
                 region,
                 instance: i,
-                epoch,
+                epoch: s.top_up_epoch(now, why),
                 granted: None,
             });
         }
@@ -340,16 +340,36 @@ fn an_increment_is_admitted_with_or_without_its_draw_or_taken_back() {
         book: 4 * chunk,
         chunk,
     };
-    assert!(tops_up(4, 6, &shares(12, 10)), "crossed half the credit");
-    assert!(!tops_up(6, 8, &shares(12, 10)));
-    assert!(tops_up(12, 13, &shares(12, 10)), "found the credit spent");
-    assert!(
-        !tops_up(0, 1, &shares(2, 10)),
+    let up = |before, after, s: &Shares| tops_up(before, after, s);
+    assert_eq!(
+        up(4, 6, &shares(12, 10)),
+        Some(TopUp::NearlyOut),
+        "crossed half the credit"
+    );
+    assert_eq!(up(6, 8, &shares(12, 10)), None);
+    assert_eq!(
+        up(12, 13, &shares(12, 10)),
+        Some(TopUp::Out),
+        "found the credit spent"
+    );
+    assert_eq!(
+        up(0, 1, &shares(2, 10)),
+        None,
         "a small credit: not at half of it"
     );
-    assert!(tops_up(2, 3, &shares(2, 10)), "but once spent");
-    assert!(tops_up(-6, -4, &shares(2, 10)), "the chunks run low");
-    assert!(!tops_up(-9, -7, &shares(2, 10)));
+    assert_eq!(up(2, 3, &shares(2, 10)), Some(TopUp::Out), "but once spent");
+    assert_eq!(
+        up(-6, -4, &shares(2, 10)),
+        Some(TopUp::ChunkHalfSpent),
+        "the chunks run low"
+    );
+    assert_eq!(up(-9, -7, &shares(2, 10)), None);
+    assert_eq!(
+        up(-1, 1, &shares(2, 10)),
+        Some(TopUp::NearlyOut),
+        "the chunks spent"
+    );
+    assert_eq!(up(0, 1, &shares(12, 10)), None, "not at an epoch's start");
 }
 
 #[test]
@@ -388,7 +408,7 @@ fn an_instance_spends_its_draw_then_counts_then_goes_exact_once_out() {
     );
     assert_eq!(
         h.counted(&s, &shares, ask, 1, t0),
-        (Counted::Admitted, false)
+        (Counted::Admitted, None)
     );
     // four more requests within 100 ms: a draw
     for k in 1..5 {
@@ -421,10 +441,13 @@ fn an_instance_spends_its_draw_then_counts_then_goes_exact_once_out() {
         cost: 1,
         draw: 0,
     };
-    assert_eq!(h.counted(&s, &shares, ask, 21, t1), (Counted::Over, true));
+    assert_eq!(
+        h.counted(&s, &shares, ask, 21, t1),
+        (Counted::Over, Some(TopUp::Out))
+    );
     assert_eq!(h.ask(&s, &shares, 1, t1 + 1), None, "exact for a while");
     let (_, top) = h.counted(&s, &shares, ask, 22, t1 + OUT_FOR);
-    assert!(!top, "asked once this epoch");
+    assert_eq!(top, None, "asked once this epoch");
     h.topped_up();
     assert!(h.ask(&s, &shares, 1, t1 + OUT_FOR + 1).is_some());
 }
@@ -633,4 +656,18 @@ fn a_hot_key_is_served_from_chunks_past_its_credit() {
     assert!(sys.exact_calls < 20, "{} exact", sys.exact_calls);
     assert!(sys.global.full_at > 0, "chunks came from the bucket");
     assert!(worst_excess(&sys.admitted, capacity) <= bound as i64);
+}
+
+#[test]
+fn in_an_epochs_last_quarter_only_a_half_spent_chunk_is_topped_up_ahead() {
+    let s = settings();
+    let early = 10 * EPOCH + EPOCH / 2;
+    let late = 11 * EPOCH - EPOCH / 8;
+    for why in [TopUp::ChunkHalfSpent, TopUp::NearlyOut, TopUp::Out] {
+        assert_eq!(s.top_up_epoch(early, why), 10, "{why:?}");
+    }
+    assert_eq!(s.top_up_epoch(late, TopUp::ChunkHalfSpent), 11);
+    // the epoch's last requests would wait for the global store otherwise
+    assert_eq!(s.top_up_epoch(late, TopUp::NearlyOut), 10);
+    assert_eq!(s.top_up_epoch(late, TopUp::Out), 10);
 }
