@@ -277,7 +277,9 @@ pub enum TopUp {
     /// Half a chunk below zero: the chunks it holds run low (a count is below
     /// zero only with chunks).
     ChunkHalfSpent,
-    /// The chunks spent (zero crossed from below), or half the credit.
+    /// The chunks spent (zero crossed from below, with a credit left to spend
+    /// while the chunk travels: without one, the next count is `Out`), or
+    /// half the credit.
     NearlyOut,
     /// The credit found spent.
     Out,
@@ -291,7 +293,7 @@ pub fn tops_up(before: i64, after: i64, shares: &Shares) -> Option<TopUp> {
     let half = ((shares.credit / 2) as i64).max(TOP_UP_FROM);
     if counted(after, 1, 0, shares.credit) == Counted::Over {
         Some(TopUp::Out)
-    } else if crossed(half) || crossed(0) {
+    } else if crossed(half) || (shares.credit > 0 && crossed(0)) {
         Some(TopUp::NearlyOut)
     } else if crossed(-((shares.chunk / 2) as i64)) {
         Some(TopUp::ChunkHalfSpent)

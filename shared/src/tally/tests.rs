@@ -370,6 +370,11 @@ fn an_increment_is_admitted_with_or_without_its_draw_or_taken_back() {
         "the chunks spent"
     );
     assert_eq!(up(0, 1, &shares(12, 10)), None, "not at an epoch's start");
+    assert_eq!(
+        up(-1, 0, &shares(0, 10)),
+        None,
+        "no credit: the next count is out (asked once per instance and epoch)"
+    );
 }
 
 #[test]
