@@ -138,10 +138,53 @@ impl Drop for Cleanup {
                     .status();
             }
         }
-        if std::env::var_os("FLOODGATE_KEEP_RECIPE").is_none() {
+        if std::thread::panicking() || std::env::var_os("FLOODGATE_KEEP_RECIPE").is_some() {
+            eprintln!(
+                "the recipe's scratch directory is kept: {}",
+                self.0.display()
+            );
+        } else {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
+}
+
+/// What a failure needs to be read: whether each process the stand-ins started
+/// still runs, and the last lines of each log they wrote.
+fn processes(scratch: &Path) -> String {
+    let mut out = String::from("the stand-ins' processes:\n");
+    for pid in std::fs::read_to_string(scratch.join("pids"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let alive = Command::new("kill")
+            .args(["-0", "--", &format!("-{pid}")])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let command = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .replace('\0', " ");
+        out.push_str(&format!(
+            "  group {pid}: {} {command}\n",
+            if alive { "running" } else { "GONE" }
+        ));
+    }
+    let mut logs: Vec<_> = std::fs::read_dir(scratch)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log") && !p.ends_with("recipe.log"));
+    logs.sort();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("--- the last lines of {}:\n", log.display()));
+        for line in &lines[lines.len().saturating_sub(12)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The script: the stand-ins, the settings, then each recipe's blocks.
@@ -353,8 +396,11 @@ async fn the_worker_and_dashboard_recipes_reach_a_429_and_show_it() {
         11,
         "the checkout loop's statuses:\n{transcript}"
     );
-    assert!(codes[..10].iter().all(|c| *c == 200), "{codes:?}");
-    assert_eq!(codes[10], 429, "{codes:?}");
+    assert!(
+        codes[..10].iter().all(|c| *c == 200) && codes[10] == 429,
+        "ten checkouts admitted, the 11th refused: {codes:?}\n{}",
+        processes(&scratch)
+    );
     let bundle: Vec<_> = std::fs::read_dir(scratch.join("bundle"))
         .expect("wrangler deploy --dry-run wrote the bundle")
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -381,7 +427,9 @@ async fn the_worker_and_dashboard_recipes_reach_a_429_and_show_it() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // the Worker flushes its counters when a request comes: one without a key
-        let nudge = reqwest::get(format!("{api}/v1/search")).await.unwrap();
+        let nudge = reqwest::get(format!("{api}/v1/search"))
+            .await
+            .unwrap_or_else(|e| panic!("the Worker: {e}\n{}", processes(&scratch)));
         assert_eq!(nudge.status(), 401);
         let traffic: Value = http
             .post(format!("{url}/api/traffic"))
@@ -395,16 +443,17 @@ async fn the_worker_and_dashboard_recipes_reach_a_429_and_show_it() {
             ])
             .send()
             .await
-            .unwrap()
+            .unwrap_or_else(|e| panic!("the dashboard through Caddy: {e}\n{}", processes(&scratch)))
             .json()
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("the dashboard's traffic: {e}\n{}", processes(&scratch)));
         if throttled(&traffic, "route:checkout") >= 1 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the dashboard never counted the Worker's 429: {traffic}"
+            "the dashboard never counted the Worker's 429: {traffic}\n{}",
+            processes(&scratch)
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -419,8 +468,8 @@ async fn the_worker_and_dashboard_recipes_reach_a_429_and_show_it() {
         .bearer_auth(key)
         .send()
         .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
+        .unwrap_or_else(|e| panic!("the native edge: {e}\n{}", processes(&scratch)));
+    assert_eq!(res.status(), 200, "{}", processes(&scratch));
     assert_eq!(res.headers()["x-ratelimit-limit"], "1000");
     assert!(
         transcript.contains("systemd-analyze verify floodgate-edge.service: clean")
